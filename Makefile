@@ -1,0 +1,22 @@
+# The two commands people need: `make run` (the main job) and `make test` (the whole suite).
+# Both bootstrap uv with pip when it is missing, then install the locked dependencies.
+PY ?= python3
+UV := $(shell command -v uv 2>/dev/null || echo "$(PY) -m uv")
+
+.PHONY: setup run test lint bench
+setup:
+	@$(UV) --version >/dev/null 2>&1 || $(PY) -m pip install --quiet "uv>=0.5"
+	@$(UV) sync --frozen --quiet
+
+run: setup
+	$(UV) run runledger demo
+
+lint: setup
+	$(UV) run ruff check store flows deployments tests bench
+	$(UV) run mypy store
+
+test: lint
+	$(UV) run pytest -q
+
+bench: setup
+	$(UV) run python bench/ledger_bench.py

@@ -1,0 +1,60 @@
+"""One exception root; each subclass says what went wrong and its docstring is the default message."""
+
+from __future__ import annotations
+
+
+class RunledgerError(Exception):
+    """A runledger operation failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class InvalidInput(RunledgerError, ValueError):
+    """The input is invalid; nothing was written."""
+
+
+class InvalidIdentity(InvalidInput):
+    """A Run identity field is invalid."""
+
+
+class InvalidPeriod(InvalidInput):
+    """A period or cadence is invalid."""
+
+
+class InvalidMessage(InvalidInput):
+    """An outbox message is invalid (recipient, header or size)."""
+
+
+class OutputTooLarge(InvalidInput):
+    """The output is larger than the configured byte limit."""
+
+
+class RunConflict(RunledgerError):
+    """The Run already exists with different parameters; nothing was written."""
+
+
+class RunNotFound(RunledgerError, LookupError):
+    """No Run has that id."""
+
+
+class MessageNotFound(RunledgerError, LookupError):
+    """No outbox message has that id."""
+
+
+class LeaseLost(RunledgerError):
+    """The lease moved to another owner (the fence changed); this write changed nothing."""
+
+
+class DeliveryLeaseLost(LeaseLost):
+    """The delivery lease on this outbox message moved on; this write changed nothing."""
+
+
+class InvalidTransition(RunledgerError):
+    """The requested state change is not allowed from the current state."""
+
+
+class LedgerBusy(RunledgerError):
+    """The ledger stayed locked by other writers; retry later (nothing was written)."""
+
+    retryable = True

@@ -1,0 +1,88 @@
+"""Run identity: the stable id of one logical run and the fingerprint of its parameters."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from hashlib import sha256
+from typing import Any
+
+from store.errors import InvalidIdentity, InvalidInput
+
+SEPARATOR = "|"
+
+
+def require_aware(value: datetime, field: str) -> datetime:
+    """Return ``value`` in UTC; a naive datetime is refused because its instant is unknown."""
+    if not isinstance(value, datetime):
+        raise InvalidIdentity(f"{field} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+        raise InvalidIdentity(f"{field} must be timezone-aware, got naive {value.isoformat()}")
+    return value.astimezone(UTC)
+
+
+def _field(value: str, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidIdentity(f"{name} must be a string, got {type(value).__name__}")
+    stripped = value.strip()
+    if not stripped:
+        raise InvalidIdentity(f"{name} must not be empty")
+    if SEPARATOR in stripped or any(c in stripped for c in "\r\n\0"):
+        raise InvalidIdentity(f"{name} must not contain {SEPARATOR!r}, CR, LF or NUL: {value!r}")
+    return stripped
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """(job, subject, period_start, version): what one logical run is, normalized on creation."""
+
+    job: str
+    subject: str
+    period_start: datetime
+    version: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "job", _field(self.job, "job"))
+        object.__setattr__(self, "subject", _field(self.subject, "subject"))
+        object.__setattr__(self, "version", _field(self.version, "version"))
+        start = require_aware(self.period_start, "period_start").replace(microsecond=0)
+        object.__setattr__(self, "period_start", start)
+
+    @property
+    def run_id(self) -> str:
+        return run_key(self.job, self.subject, self.period_start, self.version)
+
+
+def run_key(job: str, subject: str, period_start: datetime, version: str) -> str:
+    """sha256 of the normalized identity: stripped fields, period start in UTC, ISO seconds."""
+    canonical = SEPARATOR.join(
+        [
+            _field(job, "job"),
+            _field(subject, "subject"),
+            require_aware(period_start, "period_start").isoformat(timespec="seconds"),
+            _field(version, "version"),
+        ]
+    )
+    return sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def canonical_json(value: Any, what: str = "value") -> str:
+    """JSON with sorted keys and no spaces, so equal values give equal bytes."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{what} must be JSON-serializable: {exc}") from exc
+
+
+def params_fingerprint(params: dict[str, Any] | None) -> str:
+    """sha256 of the canonical JSON of the parameters that shape a Run's output."""
+    if params is not None and not isinstance(params, dict):
+        raise InvalidInput(f"params must be a dict, got {type(params).__name__}")
+    return sha256(canonical_json(params or {}, "params").encode("utf-8")).hexdigest()
+
+
+def message_key(run_id: str, channel: str, recipient: str) -> str:
+    """Stable idempotency key of one outbox message: the same on every delivery attempt."""
+    return sha256(SEPARATOR.join([run_id, channel, recipient]).encode("utf-8")).hexdigest()

@@ -1,0 +1,85 @@
+"""OutboxMessage: what a job asks to deliver, validated when it is queued (never at send time)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from email_validator import EmailNotValidError, validate_email
+
+from store.errors import InvalidMessage
+
+CHANNELS = ("email",)
+MAX_MESSAGE_BYTES = 256 * 1024
+MAX_SUBJECT_CHARS = 998  # RFC 5322 line limit
+_HEADER_NAME = re.compile(r"^[!-9;-~]+$")  # printable ASCII except ':' (RFC 5322 ftext)
+_FORBIDDEN = ("\r", "\n", "\0")
+_ENCODED_WORD = re.compile(r"=\?[^?]*\?[bqBQ]\?", re.ASCII)
+# Headers the dispatcher owns: a job may not set them.
+RESERVED_HEADERS = frozenset(
+    h.lower() for h in ("From", "To", "Cc", "Bcc", "Subject", "Message-ID", "Date",
+                        "X-Idempotency-Key", "Content-Type", "Content-Transfer-Encoding",
+                        "MIME-Version", "Sender", "Return-Path")
+)
+
+
+def check_header_value(value: str, what: str) -> str:
+    """Reject CR, LF, NUL and RFC 2047 encoded words: each can inject a header on Python 3.11.7."""
+    if not isinstance(value, str):
+        raise InvalidMessage(f"{what} must be a string, got {type(value).__name__}")
+    for ch in _FORBIDDEN:
+        if ch in value:
+            raise InvalidMessage(f"{what} must not contain CR, LF or NUL: {value!r}")
+    if _ENCODED_WORD.search(value):
+        raise InvalidMessage(f"{what} must not contain an RFC 2047 encoded word (=?...?=): {value!r}")
+    return value
+
+
+def normalize_address(address: str, what: str = "recipient") -> str:
+    """A syntactically valid email address, normalized (no deliverability lookup)."""
+    if not isinstance(address, str) or not address.strip():
+        raise InvalidMessage(f"{what} must be a non-empty email address")
+    check_header_value(address, what)
+    try:
+        return validate_email(address.strip(), check_deliverability=False).normalized
+    except EmailNotValidError as exc:
+        raise InvalidMessage(f"{what} {address!r} is not a valid email address: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    """One message to deliver once a Run completes; unique per (run, channel, recipient)."""
+
+    recipient: str
+    subject: str
+    body: str
+    channel: str = "email"
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.channel not in CHANNELS:
+            raise InvalidMessage(f"channel must be one of {CHANNELS}, got {self.channel!r}")
+        object.__setattr__(self, "recipient", normalize_address(self.recipient))
+        check_header_value(self.subject, "subject")
+        if not self.subject.strip():
+            raise InvalidMessage("subject must not be empty")
+        if len(self.subject) > MAX_SUBJECT_CHARS:
+            raise InvalidMessage(f"subject is longer than {MAX_SUBJECT_CHARS} characters")
+        if not isinstance(self.body, str):
+            raise InvalidMessage(f"body must be a string, got {type(self.body).__name__}")
+        if "\0" in self.body:
+            raise InvalidMessage("body must not contain NUL")
+        for name, value in self.headers.items():
+            if not isinstance(name, str) or not _HEADER_NAME.match(name):
+                raise InvalidMessage(f"header name {name!r} is not a valid RFC 5322 field name")
+            if name.lower() in RESERVED_HEADERS:
+                raise InvalidMessage(f"header {name!r} is set by the dispatcher, not by a job")
+            check_header_value(value, f"header {name}")
+        size = self.size_bytes()
+        if size > MAX_MESSAGE_BYTES:
+            raise InvalidMessage(f"message is {size} bytes, above the {MAX_MESSAGE_BYTES}-byte limit")
+
+    def size_bytes(self) -> int:
+        parts: list[Any] = [self.subject, self.body, *self.headers.keys(), *self.headers.values()]
+        return sum(len(str(p).encode("utf-8")) for p in parts)

@@ -1,0 +1,179 @@
+"""The ledger's tables as SQLModel classes; Alembic migrations create them (see migrations/)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlmodel import Field, SQLModel
+
+from store.identity import require_aware
+
+SQLModel.metadata.naming_convention = {
+    "ix": "ix_%(table_name)s_%(column_0_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+RUN_STATUSES = ("pending", "running", "completed", "failed")
+ATTEMPT_OUTCOMES = ("completed", "released", "failed", "expired")
+MESSAGE_STATUSES = ("pending", "sending", "sent", "retry", "uncertain", "dead")
+DELIVERY_OUTCOMES = ("sent", "retry", "uncertain", "dead")
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """Timestamps are stored in UTC and always come back timezone-aware (SQLite forgets zones)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        utc = require_aware(value, "timestamp")
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JSONDoc = sa.JSON().with_variant(JSONB(), "postgresql")
+
+
+def _ts(nullable: bool = True, **kw: Any) -> Any:
+    return Field(default=None, sa_column=sa.Column(UTCDateTime(), nullable=nullable, **kw))
+
+
+def _json() -> Any:
+    return Field(default=None, sa_column=sa.Column(JSONDoc, nullable=True))
+
+
+def _check_in(column: str, values: tuple[str, ...], name: str) -> sa.CheckConstraint:
+    listed = ", ".join(f"'{v}'" for v in values)
+    return sa.CheckConstraint(f"{column} IN ({listed})", name=name)
+
+
+class Run(SQLModel, table=True):
+    """One logical run: (job, subject, period_start, version); one row, forever."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        sa.UniqueConstraint("job", "subject", "period_start", "version", name="uq_runs_identity"),
+        _check_in("status", RUN_STATUSES, "status"),
+        sa.CheckConstraint("fence >= 0", name="fence_non_negative"),
+        sa.Index("ix_runs_job_status", "job", "status"),
+    )
+
+    run_id: str = Field(primary_key=True, max_length=64)
+    job: str = Field(max_length=200)
+    subject: str = Field(max_length=500)
+    period_start: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
+    version: str = Field(max_length=100)
+    params_fingerprint: str = Field(max_length=64)
+    params: dict[str, Any] | None = _json()
+    status: str = Field(default="pending", max_length=16)
+    fence: int = 0
+    owner: str | None = Field(default=None, max_length=300)
+    lease_expires_at: datetime | None = _ts()
+    attempts: int = 0
+    raw_input: dict[str, Any] | None = _json()
+    output: dict[str, Any] | None = _json()
+    error: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    completed_attempt_id: str | None = Field(default=None, max_length=36)
+    created_at: datetime | None = _ts(nullable=False)
+    updated_at: datetime | None = _ts(nullable=False)
+    completed_at: datetime | None = _ts()
+
+
+class Attempt(SQLModel, table=True):
+    """One execution trying to finish a Run; one row per successful claim (per fence)."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "fence", name="uq_attempts_run_fence"),
+        sa.CheckConstraint(
+            "outcome IS NULL OR outcome IN ("
+            + ", ".join(f"'{v}'" for v in ATTEMPT_OUTCOMES) + ")",
+            name="outcome",
+        ),
+    )
+
+    attempt_id: str = Field(primary_key=True, max_length=36)
+    run_id: str = Field(
+        sa_column=sa.Column(sa.String(64), sa.ForeignKey("runs.run_id"), nullable=False)
+    )
+    owner: str = Field(max_length=300)
+    fence: int
+    started_at: datetime | None = _ts(nullable=False)
+    finished_at: datetime | None = _ts()
+    outcome: str | None = Field(default=None, max_length=16)
+    error: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+
+
+class QueuedMessage(SQLModel, table=True):
+    """An outbox message: a durable intent to deliver, keyed by a stable idempotency key."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "channel", "recipient", name="uq_outbox_run_channel_recipient"),
+        _check_in("status", MESSAGE_STATUSES, "status"),
+        sa.Index("ix_outbox_due", "status", "next_attempt_at"),
+    )
+
+    message_id: str = Field(primary_key=True, max_length=64)
+    run_id: str = Field(
+        sa_column=sa.Column(sa.String(64), sa.ForeignKey("runs.run_id"), nullable=False)
+    )
+    channel: str = Field(max_length=32)
+    recipient: str = Field(max_length=320)
+    subject: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+    body: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+    headers: dict[str, Any] | None = _json()
+    status: str = Field(default="pending", max_length=16)
+    attempts: int = 0
+    fence: int = 0
+    lease_owner: str | None = Field(default=None, max_length=300)
+    lease_expires_at: datetime | None = _ts()
+    claimed_at: datetime | None = _ts()
+    next_attempt_at: datetime | None = _ts()
+    last_error: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    provider_message_id: str | None = Field(default=None, max_length=300)
+    created_at: datetime | None = _ts(nullable=False)
+    updated_at: datetime | None = _ts(nullable=False)
+    sent_at: datetime | None = _ts()
+
+
+class DeliveryAttempt(SQLModel, table=True):
+    """One try to send an outbox message; the message's key never changes between them."""
+
+    __tablename__ = "delivery_attempts"
+    __table_args__ = (
+        sa.UniqueConstraint("message_id", "attempt", name="uq_delivery_attempts_message_attempt"),
+        _check_in("outcome", DELIVERY_OUTCOMES, "outcome"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    message_id: str = Field(
+        sa_column=sa.Column(sa.String(64), sa.ForeignKey("outbox.message_id"), nullable=False)
+    )
+    attempt: int
+    owner: str = Field(max_length=300)
+    started_at: datetime | None = _ts(nullable=False)
+    finished_at: datetime | None = _ts(nullable=False)
+    outcome: str = Field(max_length=16)
+    reply_code: int | None = None
+    reply_text: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    provider_message_id: str | None = Field(default=None, max_length=300)
+
+
+runs_table: sa.Table = Run.__table__  # type: ignore[attr-defined]
+attempts_table: sa.Table = Attempt.__table__  # type: ignore[attr-defined]
+outbox_table: sa.Table = QueuedMessage.__table__  # type: ignore[attr-defined]
+delivery_attempts_table: sa.Table = DeliveryAttempt.__table__  # type: ignore[attr-defined]

@@ -1,0 +1,237 @@
+"""Outbox transitions used by the dispatcher. A message is claimed with a delivery lease and a
+fence; only the current holder can record the outcome of its delivery attempt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+
+from store.dialect import db_now, is_postgres, seconds
+from store.errors import DeliveryLeaseLost, InvalidInput, InvalidTransition, MessageNotFound
+from store.models import DeliveryAttempt, QueuedMessage, delivery_attempts_table, outbox_table
+
+outbox = outbox_table
+deliveries = delivery_attempts_table
+
+DUE_STATUSES = ("pending", "retry", "uncertain")
+REQUEUEABLE = ("retry", "uncertain", "dead")
+
+
+@dataclass(frozen=True)
+class MessageClaim:
+    """Proof of holding one message's delivery lease, with what is needed to send it."""
+
+    message_id: str
+    owner: str
+    fence: int
+    attempt: int
+    run_id: str
+    channel: str
+    recipient: str
+    subject: str
+    body: str
+    headers: dict[str, str]
+    created_at: datetime
+    claimed_at: datetime
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the receiver or provider answered (all optional)."""
+
+    code: int | None = None
+    text: str | None = None
+    provider_message_id: str | None = None
+
+
+def claim_messages_txn(
+    conn: Connection, owner: str, limit: int, lease_seconds: float, channel: str | None = None
+) -> list[MessageClaim]:
+    """Lease up to ``limit`` due messages (or ones whose delivery lease expired), skipping rows
+    another dispatcher has locked; each claim bumps the message's fence and attempt count."""
+    if limit < 1:
+        raise InvalidInput(f"limit must be at least 1, got {limit}")
+    if not owner or not owner.strip():
+        raise InvalidInput("owner must be a non-empty string such as host:pid")
+    now = db_now()
+    due = (
+        sa.select(outbox.c.message_id)
+        .where(
+            sa.or_(
+                sa.and_(outbox.c.status.in_(DUE_STATUSES), outbox.c.next_attempt_at <= now),
+                sa.and_(outbox.c.status == "sending", outbox.c.lease_expires_at <= now),
+            )
+        )
+        .order_by(outbox.c.next_attempt_at, outbox.c.message_id)
+        .limit(limit)
+    )
+    if channel is not None:
+        due = due.where(outbox.c.channel == channel)
+    if is_postgres(conn):
+        due = due.with_for_update(skip_locked=True)
+    rows = conn.execute(
+        sa.update(outbox)
+        .where(outbox.c.message_id.in_(due.scalar_subquery()))
+        .values(
+            status="sending", lease_owner=owner, fence=outbox.c.fence + 1,
+            attempts=outbox.c.attempts + 1, claimed_at=now, updated_at=now,
+            lease_expires_at=db_now(seconds(lease_seconds, "lease")),
+        )
+        .returning(*outbox.c)
+    ).all()
+    claims = [
+        MessageClaim(
+            message_id=r.message_id, owner=owner, fence=r.fence, attempt=r.attempts,
+            run_id=r.run_id, channel=r.channel, recipient=r.recipient, subject=r.subject,
+            body=r.body, headers=dict(r.headers or {}), created_at=r.created_at,
+            claimed_at=r.claimed_at,
+        )
+        for r in rows
+    ]
+    return sorted(claims, key=lambda c: (c.created_at, c.message_id))
+
+
+def _holder(claim: MessageClaim) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        outbox.c.message_id == claim.message_id,
+        outbox.c.fence == claim.fence,
+        outbox.c.lease_owner == claim.owner,
+        outbox.c.status == "sending",
+    )
+
+
+def _record_outcome(
+    conn: Connection, claim: MessageClaim, outcome: str, reply: Reply, values: dict[str, Any]
+) -> None:
+    now = db_now()
+    update = (
+        sa.update(outbox)
+        .where(_holder(claim))
+        .values(status=outcome, lease_owner=None, lease_expires_at=None, updated_at=now, **values)
+        .returning(outbox.c.message_id)
+    )
+    attempt = {
+        "message_id": claim.message_id, "attempt": claim.attempt, "owner": claim.owner,
+        "started_at": claim.claimed_at, "outcome": outcome, "reply_code": reply.code,
+        "reply_text": reply.text, "provider_message_id": reply.provider_message_id,
+    }
+    if is_postgres(conn):
+        # One round trip: the attempt row is written only if the guarded update matched.
+        updated = update.cte("updated")
+        names = list(attempt)
+        record = postgresql.insert(deliveries).from_select(
+            [*names, "finished_at"],
+            sa.select(
+                *[sa.literal(attempt[n], deliveries.c[n].type) for n in names], now
+            ).where(sa.exists(sa.select(updated.c.message_id))),
+        ).cte("recorded")
+        matched = conn.execute(sa.select(updated).add_cte(record)).first()
+    else:
+        matched = conn.execute(update).first()
+        if matched is not None:
+            conn.execute(sa.insert(deliveries).values(**attempt, finished_at=now))
+    if matched is None:
+        raise DeliveryLeaseLost(
+            f"message {claim.message_id}: delivery fence {claim.fence} of {claim.owner} is no "
+            "longer current; its outcome was not recorded"
+        )
+
+
+def mark_sent_txn(conn: Connection, claim: MessageClaim, reply: Reply = Reply()) -> None:
+    """sending -> sent; only the current delivery-lease holder can."""
+    _record_outcome(conn, claim, "sent", reply, {
+        "sent_at": db_now(), "next_attempt_at": None, "last_error": None,
+        "provider_message_id": reply.provider_message_id,
+    })
+
+
+def schedule_retry_txn(
+    conn: Connection, claim: MessageClaim, delay_seconds: float, error: str, reply: Reply = Reply()
+) -> None:
+    """sending -> retry, due again after ``delay_seconds`` by the database clock."""
+    _record_outcome(conn, claim, "retry", reply, {
+        "next_attempt_at": db_now(seconds(delay_seconds, "delay")), "last_error": error,
+    })
+
+
+def mark_uncertain_txn(
+    conn: Connection,
+    claim: MessageClaim,
+    error: str,
+    retry_in_seconds: float | None,
+    reply: Reply = Reply(),
+) -> None:
+    """sending -> uncertain: the receiver may have it; due again (same key) only if a delay is given."""
+    next_at = None if retry_in_seconds is None else db_now(seconds(retry_in_seconds, "delay"))
+    _record_outcome(conn, claim, "uncertain", reply, {"next_attempt_at": next_at, "last_error": error})
+
+
+def mark_dead_txn(conn: Connection, claim: MessageClaim, error: str, reply: Reply = Reply()) -> None:
+    """sending -> dead: permanent rejection or limits exhausted; only an operator requeues it."""
+    _record_outcome(conn, claim, "dead", reply, {"next_attempt_at": None, "last_error": error})
+
+
+def release_message_txn(conn: Connection, claim: MessageClaim) -> None:
+    """Give back a claimed message that was never handed to a transport; the try is not counted."""
+    conn.execute(
+        sa.update(outbox)
+        .where(_holder(claim))
+        .values(
+            status=sa.case((outbox.c.attempts <= 1, "pending"), else_="retry"),
+            attempts=outbox.c.attempts - 1, lease_owner=None, lease_expires_at=None,
+            next_attempt_at=db_now(), updated_at=db_now(),
+        )
+    )
+
+
+def requeue_message_txn(conn: Connection, message_id: str) -> QueuedMessage:
+    """Operator action: a retry, uncertain or dead message is due now, with the same key."""
+    row = conn.execute(
+        sa.update(outbox)
+        .where(outbox.c.message_id == message_id, outbox.c.status.in_(REQUEUEABLE))
+        .values(status="pending", next_attempt_at=db_now(), updated_at=db_now())
+        .returning(*outbox.c)
+    ).first()
+    if row is None:
+        current = get_message(conn, message_id)
+        if current is None:
+            raise MessageNotFound(f"no outbox message with id {message_id!r}")
+        raise InvalidTransition(
+            f"message {message_id} is {current.status}; only {', '.join(REQUEUEABLE)} can be requeued"
+        )
+    return QueuedMessage.model_validate(dict(row._mapping))
+
+
+def get_message(conn: Connection, message_id: str) -> QueuedMessage | None:
+    row = conn.execute(sa.select(outbox).where(outbox.c.message_id == message_id)).first()
+    return QueuedMessage.model_validate(dict(row._mapping)) if row else None
+
+
+def list_messages(
+    conn: Connection, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+) -> list[QueuedMessage]:
+    query = sa.select(outbox).order_by(outbox.c.created_at, outbox.c.message_id).limit(limit)
+    if status is not None:
+        query = query.where(outbox.c.status == status)
+    if run_id is not None:
+        query = query.where(outbox.c.run_id == run_id)
+    return [QueuedMessage.model_validate(dict(r._mapping)) for r in conn.execute(query)]
+
+
+def list_delivery_attempts(conn: Connection, message_id: str) -> list[DeliveryAttempt]:
+    query = (
+        sa.select(deliveries).where(deliveries.c.message_id == message_id)
+        .order_by(deliveries.c.attempt)
+    )
+    return [DeliveryAttempt.model_validate(dict(r._mapping)) for r in conn.execute(query)]
+
+
+def count_messages(conn: Connection) -> dict[str, int]:
+    """Messages per status (for summaries and the CLI)."""
+    query = sa.select(outbox.c.status, sa.func.count()).group_by(outbox.c.status)
+    return {status: n for status, n in conn.execute(query).tuples()}

@@ -1,0 +1,130 @@
+"""Shared fixtures: every ledger test runs on a fresh SQLite file AND a fresh PostgreSQL database.
+
+PostgreSQL databases are cloned from a template migrated once per session. When PostgreSQL is
+unreachable the tests are skipped locally, but FAIL when RUNLEDGER_REQUIRE_POSTGRES=1 (CI)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from store import Ledger
+
+ADMIN_URL = os.environ.get(
+    "RUNLEDGER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+REQUIRE_POSTGRES = os.environ.get("RUNLEDGER_REQUIRE_POSTGRES") == "1"
+DIALECTS = ["sqlite", "postgres"]
+
+
+def _admin() -> sa.Engine:
+    return sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT", pool_size=1)
+
+
+class PostgresDatabases:
+    """Creates databases cloned from one migrated template, and drops them afterwards."""
+
+    def __init__(self) -> None:
+        self.engine = _admin()
+        self.prefix = f"rltest_{uuid.uuid4().hex[:8]}"
+        self.template = f"{self.prefix}_template"
+        self.created: list[str] = []
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{self.template}"')
+        ledger = Ledger.connect(self.url(self.template))
+        ledger.migrate()
+        ledger.close()
+
+    def url(self, name: str) -> str:
+        return str(sa.engine.make_url(ADMIN_URL).set(database=name).render_as_string(False))
+
+    def create(self) -> str:
+        name = f"{self.prefix}_{len(self.created)}_{uuid.uuid4().hex[:6]}"
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        self.created.append(name)
+        return self.url(name)
+
+    def drop(self, url: str) -> None:
+        name = sa.engine.make_url(url).database
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def close(self) -> None:
+        with self.engine.connect() as conn:
+            for name in [*self.created, self.template]:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_databases() -> Iterator[PostgresDatabases]:
+    try:
+        with _admin().connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except sa.exc.OperationalError as exc:
+        message = f"PostgreSQL is not reachable at {ADMIN_URL}: {exc.orig}"
+        if REQUIRE_POSTGRES:
+            pytest.fail(message + " (RUNLEDGER_REQUIRE_POSTGRES=1: these tests must run)")
+        pytest.skip(message)
+    databases = PostgresDatabases()
+    yield databases
+    databases.close()
+
+
+def _sqlite_url(directory: Path) -> str:
+    return f"sqlite:///{directory / 'ledger.db'}"
+
+
+@pytest.fixture(params=DIALECTS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A URL of an empty, migrated ledger database: a SQLite file, or a PostgreSQL database."""
+    if request.param == "sqlite":
+        url = _sqlite_url(tmp_path)
+        ledger = Ledger.connect(url)
+        ledger.migrate()
+        ledger.close()
+        yield url
+        return
+    databases: PostgresDatabases = request.getfixturevalue("postgres_databases")
+    url = databases.create()
+    yield url
+    databases.drop(url)
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Ledger]:
+    """A migrated Ledger on each dialect."""
+    opened = Ledger.connect(db_url)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def fresh_db_url(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A factory of further fresh migrated databases of the same dialect as ``db_url``."""
+    dialect = request.node.callspec.params["db_url"]
+    made: list[str] = []
+
+    def make() -> str:
+        if dialect == "sqlite":
+            directory = tmp_path / f"db{len(made)}"
+            directory.mkdir()
+            url = _sqlite_url(directory)
+            opened = Ledger.connect(url)
+            opened.migrate()
+            opened.close()
+        else:
+            url = request.getfixturevalue("postgres_databases").create()
+        made.append(url)
+        return url
+
+    yield make
+    if dialect == "postgres":
+        for url in made:
+            request.getfixturevalue("postgres_databases").drop(url)

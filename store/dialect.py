@@ -28,7 +28,7 @@ SQLITE_LOCKED_RETRIES = 8
 READ_ONLY = "runledger_read_only"
 
 
-class db_now(FunctionElement[Any]):  # noqa: N801 - reads like the SQL function it stands for
+class db_now(FunctionElement[Any]):
     """The database clock, optionally shifted by a number of seconds (a bound value).
 
     Ownership decisions (lease expiry, due times) compare against this, never a worker's clock."""

@@ -146,24 +146,24 @@ class Ledger:
             autocommit=True,
         )
 
-    def mark_sent(self, claim: ob.MessageClaim, reply: ob.Reply = ob.Reply()) -> None:
+    def mark_sent(self, claim: ob.MessageClaim, reply: ob.Reply = ob.NO_REPLY) -> None:
         run_write(self.engine, lambda c: ob.mark_sent_txn(c, claim, reply), autocommit=True)
 
     def schedule_retry(
-        self, claim: ob.MessageClaim, delay: float, error: str, reply: ob.Reply = ob.Reply()
+        self, claim: ob.MessageClaim, delay: float, error: str, reply: ob.Reply = ob.NO_REPLY
     ) -> None:
         run_write(self.engine, lambda c: ob.schedule_retry_txn(c, claim, delay, error, reply),
                   autocommit=True)
 
     def mark_uncertain(
         self, claim: ob.MessageClaim, error: str, retry_in: float | None,
-        reply: ob.Reply = ob.Reply(),
+        reply: ob.Reply = ob.NO_REPLY,
     ) -> None:
         run_write(self.engine,
                   lambda c: ob.mark_uncertain_txn(c, claim, error, retry_in, reply),
                   autocommit=True)
 
-    def mark_dead(self, claim: ob.MessageClaim, error: str, reply: ob.Reply = ob.Reply()) -> None:
+    def mark_dead(self, claim: ob.MessageClaim, error: str, reply: ob.Reply = ob.NO_REPLY) -> None:
         run_write(self.engine, lambda c: ob.mark_dead_txn(c, claim, error, reply), autocommit=True)
 
     def release_message(self, claim: ob.MessageClaim) -> None:

@@ -49,6 +49,9 @@ class Reply:
     provider_message_id: str | None = None
 
 
+NO_REPLY = Reply()
+
+
 def claim_messages_txn(
     conn: Connection, owner: str, limit: int, lease_seconds: float, channel: str | None = None
 ) -> list[MessageClaim]:
@@ -142,7 +145,7 @@ def _record_outcome(
         )
 
 
-def mark_sent_txn(conn: Connection, claim: MessageClaim, reply: Reply = Reply()) -> None:
+def mark_sent_txn(conn: Connection, claim: MessageClaim, reply: Reply = NO_REPLY) -> None:
     """sending -> sent; only the current delivery-lease holder can."""
     _record_outcome(conn, claim, "sent", reply, {
         "sent_at": db_now(), "next_attempt_at": None, "last_error": None,
@@ -151,7 +154,7 @@ def mark_sent_txn(conn: Connection, claim: MessageClaim, reply: Reply = Reply())
 
 
 def schedule_retry_txn(
-    conn: Connection, claim: MessageClaim, delay_seconds: float, error: str, reply: Reply = Reply()
+    conn: Connection, claim: MessageClaim, delay_seconds: float, error: str, reply: Reply = NO_REPLY
 ) -> None:
     """sending -> retry, due again after ``delay_seconds`` by the database clock."""
     _record_outcome(conn, claim, "retry", reply, {
@@ -164,14 +167,14 @@ def mark_uncertain_txn(
     claim: MessageClaim,
     error: str,
     retry_in_seconds: float | None,
-    reply: Reply = Reply(),
+    reply: Reply = NO_REPLY,
 ) -> None:
     """sending -> uncertain: the receiver may have it; due again (same key) only if a delay is given."""
     next_at = None if retry_in_seconds is None else db_now(seconds(retry_in_seconds, "delay"))
     _record_outcome(conn, claim, "uncertain", reply, {"next_attempt_at": next_at, "last_error": error})
 
 
-def mark_dead_txn(conn: Connection, claim: MessageClaim, error: str, reply: Reply = Reply()) -> None:
+def mark_dead_txn(conn: Connection, claim: MessageClaim, error: str, reply: Reply = NO_REPLY) -> None:
     """sending -> dead: permanent rejection or limits exhausted; only an operator requeues it."""
     _record_outcome(conn, claim, "dead", reply, {"next_attempt_at": None, "last_error": error})
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import text
+from sqlmodel import SQLModel
 
-from store.models import SQLModel
+import store.models  # noqa: F401  (registers the tables on SQLModel.metadata)
 
 MIGRATION_LOCK = 7_340_001  # pg_advisory_xact_lock key: one migrator at a time across hosts
 

@@ -4,21 +4,24 @@ write locking (BEGIN IMMEDIATE / SKIP LOCKED), upserts and engine set-up."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, StatementError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 
-from store.errors import InvalidInput, LedgerBusy
+from store.errors import InvalidInput, LedgerBusy, RunledgerError
 from store.models import UTCDateTime
 
 T = TypeVar("T")
@@ -26,6 +29,11 @@ T = TypeVar("T")
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_LOCKED_RETRIES = 8
 READ_ONLY = "runledger_read_only"
+IDLE_PING_SECONDS = 30.0  # a pooled connection idle longer than this is pinged before use
+MAX_SECONDS = 366 * 24 * 3600  # longest lease or delay; SQLite's date functions overflow to NULL
+# SQLAlchemy stores SQLite datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' text; the clock must render
+# the same shape (strftime's %f has milliseconds only) so that text comparison is time order.
+_SQLITE_CLOCK = "strftime('%Y-%m-%d %H:%M:%f', 'now'{shift}) || '000'"
 
 
 class db_now(FunctionElement[Any]):
@@ -49,42 +57,96 @@ def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(db_now, "sqlite")
 def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     args = list(element.clauses)
-    if not args:
-        return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
-    shift = compiler.process(args[0], **kw)
-    return f"strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', {shift}))"
+    shift = ""
+    if args:
+        shift = ", printf('%+.6f seconds', " + compiler.process(args[0], **kw) + ")"
+    return "(" + _SQLITE_CLOCK.format(shift=shift) + ")"
+
+
+def check_seconds(value: float, name: str = "seconds") -> float:
+    """A duration in seconds that both databases' clocks can add (0 to ``MAX_SECONDS``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_SECONDS:
+        raise InvalidInput(
+            f"{name} must be a number of seconds between 0 and {MAX_SECONDS}, got {value!r}"
+        )
+    return float(value)
 
 
 def seconds(value: float, name: str = "seconds") -> ColumnElement[Any]:
     """A bound, validated duration in seconds for ``db_now(seconds(...))``."""
-    if value < 0 or value != value:
-        raise InvalidInput(f"{name} must be a non-negative number of seconds, got {value!r}")
-    return sa.literal(float(value), sa.Float())
+    return sa.literal(check_seconds(value, name), sa.Float())
 
 
-def insert_ignoring_conflicts(conn: Connection, table: sa.Table) -> Insert:
-    """INSERT ... ON CONFLICT DO NOTHING (any unique constraint) for the dialect of ``conn``."""
-    if conn.dialect.name == "postgresql":
+def insert_ignoring_conflicts(dialect: str, table: sa.Table) -> Insert:
+    """INSERT ... ON CONFLICT DO NOTHING (any unique constraint) for ``dialect``."""
+    if dialect == "postgresql":
         return postgresql.insert(table).on_conflict_do_nothing()
     return sqlite.insert(table).on_conflict_do_nothing()
+
+
+def json_rows(dialect: str, param: str, columns: Sequence[sa.Column[Any]]) -> sa.Select[Any]:
+    """The rows of a JSON array of objects bound as ``param``, as a SELECT of ``columns`` (by
+    name and type): a whole batch is one parameter, so one prepared statement fits any size."""
+    if dialect == "postgresql":
+        given = (
+            sa.func.jsonb_to_recordset(sa.bindparam(param, type_=JSONB))
+            .table_valued(*[sa.column(c.key, c.type) for c in columns])
+            .render_derived(name="given", with_types=True)
+        )
+        return sa.select(*[given.c[c.key] for c in columns])
+    each = sa.func.json_each(sa.bindparam(param, type_=sa.JSON)).table_valued("value")
+    return sa.select(
+        *[sa.func.json_extract(each.c.value, f"$.{c.key}").label(c.key) for c in columns]
+    )
 
 
 def is_postgres(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
-def create_engine(url: str) -> Engine:
-    """An engine for a PostgreSQL (psycopg 3) or SQLite URL, set up for the ledger."""
-    parsed = sa.engine.make_url(url)
-    if parsed.get_backend_name() == "postgresql":
-        if parsed.drivername == "postgresql":
-            parsed = parsed.set(drivername="postgresql+psycopg")
-        return sa.create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=10)
-    if parsed.get_backend_name() != "sqlite":
-        raise InvalidInput(f"unsupported database URL {url!r}: use postgresql+psycopg:// or sqlite:///")
-    if parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+@dataclass(frozen=True)
+class Busy:
+    """How long a SQLite writer waits for the write lock per try, and how many tries it makes
+    before giving up with ``LedgerBusy``."""
+
+    timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS
+    retries: int = SQLITE_LOCKED_RETRIES
+
+    def __post_init__(self) -> None:
+        if self.timeout_ms < 0 or self.retries < 0:
+            raise InvalidInput(f"busy timeout and retries must not be negative, got {self}")
+
+
+DEFAULT_BUSY = Busy()
+
+
+def _postgres_engine(url: sa.URL, **options: Any) -> Engine:
+    engine = sa.create_engine(url, pool_size=5, max_overflow=10, **options)
+
+    # Pessimistic disconnect handling only for connections that sat idle in the pool: pinging
+    # on every checkout would double the round trips of a one-statement transition.
+    @sa.event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get("idle_since", time.monotonic()) < IDLE_PING_SECONDS:
+            return
+        try:
+            dbapi_conn.execute("SELECT 1")
+            if not dbapi_conn.autocommit:
+                dbapi_conn.rollback()
+        except psycopg.Error as exc:
+            raise sa.exc.DisconnectionError(f"pooled connection is dead: {exc}") from exc
+
+    return engine
+
+
+def _sqlite_engine(url: sa.URL, busy: Busy) -> Engine:
+    if url.database and url.database != ":memory:":
+        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"timeout": busy.timeout_ms / 1000})
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -92,7 +154,7 @@ def create_engine(url: str) -> Engine:
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy.timeout_ms)}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
@@ -114,37 +176,76 @@ def _is_locked(exc: OperationalError) -> bool:
 
 
 @contextmanager
-def _transaction(engine: Engine) -> Iterator[Connection]:
-    with engine.begin() as conn:
-        yield conn
+def _domain_errors() -> Iterator[None]:
+    """Our own validation errors raised inside SQLAlchemy (a naive datetime reaching a bind
+    parameter) come out as themselves, not wrapped in a StatementError."""
+    try:
+        yield
+    except StatementError as exc:
+        if isinstance(exc.orig, RunledgerError):
+            raise exc.orig from None
+        raise
 
 
-def run_write(engine: Engine, work: Callable[[Connection], T], *, autocommit: bool = False) -> T:
-    """Run ``work`` in one write transaction and commit it; the caller owns nothing else.
+class Database:
+    """The ledger's connections to one PostgreSQL (psycopg 3) or SQLite database.
 
-    ``autocommit`` (PostgreSQL) sends a single-statement transition in one round trip.
-    On SQLite, "database is locked" is retried a bounded number of times, then raised as
-    ``LedgerBusy``: a locked database is never taken for a win."""
-    if autocommit and engine.dialect.name == "postgresql":
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    ``engine`` runs transactions (on SQLite each write one ``BEGIN IMMEDIATE``); on PostgreSQL a
+    second pool in autocommit sends a one-statement transition in one round trip."""
+
+    def __init__(self, url: str, busy: Busy = DEFAULT_BUSY) -> None:
+        parsed = sa.engine.make_url(url)
+        self.busy = busy
+        self.autocommit: Engine | None = None
+        if parsed.get_backend_name() == "postgresql":
+            if parsed.drivername == "postgresql":
+                parsed = parsed.set(drivername="postgresql+psycopg")
+            self.engine = _postgres_engine(parsed)
+            self.autocommit = _postgres_engine(parsed, isolation_level="AUTOCOMMIT")
+        elif parsed.get_backend_name() == "sqlite":
+            self.engine = _sqlite_engine(parsed, busy)
+        else:
+            raise InvalidInput(
+                f"unsupported database URL {url!r}: use postgresql+psycopg:// or sqlite:///"
+            )
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        if self.autocommit is not None:
+            self.autocommit.dispose()
+
+    def write(self, work: Callable[[Connection], T], *, single_statement: bool = False) -> T:
+        """Run ``work`` in one write transaction and commit it.
+
+        ``single_statement`` work (one guarded statement, or a guarded statement followed only
+        by reads) runs in autocommit on PostgreSQL: one round trip, no BEGIN/COMMIT. On SQLite,
+        "database is locked" is retried ``busy.retries`` times, then raised as ``LedgerBusy``:
+        a locked database is never taken for a win."""
+        with _domain_errors():
+            if single_statement and self.autocommit is not None:
+                with self.autocommit.connect() as conn:
+                    return work(conn)
+            for attempt in range(self.busy.retries + 1):
+                try:
+                    with self.engine.begin() as conn:
+                        return work(conn)
+                except OperationalError as exc:
+                    if self.dialect != "sqlite" or not _is_locked(exc):
+                        raise
+                    if attempt == self.busy.retries:
+                        raise LedgerBusy(
+                            f"the SQLite ledger stayed locked after {self.busy.retries + 1} tries "
+                            f"of {self.busy.timeout_ms} ms each; nothing was written, retry later"
+                        ) from exc
+                    time.sleep(min(0.05 * 2**attempt, 1.0))
+        raise AssertionError("unreachable")
+
+    def read(self, work: Callable[[Connection], T]) -> T:
+        """Run a read-only ``work`` without taking the write lock."""
+        engine = self.autocommit or self.engine
+        with _domain_errors(), engine.connect().execution_options(**{READ_ONLY: True}) as conn:
             return work(conn)
-    for attempt in range(SQLITE_LOCKED_RETRIES + 1):
-        try:
-            with _transaction(engine) as conn:
-                return work(conn)
-        except OperationalError as exc:
-            if engine.dialect.name != "sqlite" or not _is_locked(exc):
-                raise
-            if attempt == SQLITE_LOCKED_RETRIES:
-                raise LedgerBusy(
-                    f"the SQLite ledger stayed locked after {SQLITE_LOCKED_RETRIES + 1} tries "
-                    f"of {SQLITE_BUSY_TIMEOUT_MS} ms; nothing was written"
-                ) from exc
-            time.sleep(min(0.05 * 2**attempt, 1.0))
-    raise AssertionError("unreachable")
-
-
-def run_read(engine: Engine, work: Callable[[Connection], T]) -> T:
-    """Run a read-only ``work`` without taking the write lock."""
-    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-        return work(conn)

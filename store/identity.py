@@ -11,14 +11,17 @@ from typing import Any
 from store.errors import InvalidIdentity, InvalidInput
 
 SEPARATOR = "|"
+MAX_CHARS = {"job": 200, "subject": 500, "version": 100}  # the column sizes in store.models
 
 
-def require_aware(value: datetime, field: str) -> datetime:
+def require_aware(
+    value: datetime, field: str, error: type[InvalidInput] = InvalidIdentity
+) -> datetime:
     """Return ``value`` in UTC; a naive datetime is refused because its instant is unknown."""
     if not isinstance(value, datetime):
-        raise InvalidIdentity(f"{field} must be a datetime, got {type(value).__name__}")
+        raise error(f"{field} must be a datetime, got {type(value).__name__}")
     if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
-        raise InvalidIdentity(f"{field} must be timezone-aware, got naive {value.isoformat()}")
+        raise error(f"{field} must be timezone-aware, got naive {value.isoformat()}")
     return value.astimezone(UTC)
 
 
@@ -30,6 +33,8 @@ def _field(value: str, name: str) -> str:
         raise InvalidIdentity(f"{name} must not be empty")
     if SEPARATOR in stripped or any(c in stripped for c in "\r\n\0"):
         raise InvalidIdentity(f"{name} must not contain {SEPARATOR!r}, CR, LF or NUL: {value!r}")
+    if len(stripped) > MAX_CHARS[name]:
+        raise InvalidIdentity(f"{name} is longer than {MAX_CHARS[name]} characters")
     return stripped
 
 
@@ -67,13 +72,27 @@ def run_key(job: str, subject: str, period_start: datetime, version: str) -> str
     return sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\0" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 def canonical_json(value: Any, what: str = "value") -> str:
     """JSON with sorted keys and no spaces, so equal values give equal bytes."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{what} must be JSON-serializable: {exc}") from exc
+    # PostgreSQL's jsonb cannot store NUL; refuse it on both dialects alike.
+    if "\\u0000" in text and _has_nul(value):
+        raise InvalidInput(f"{what} must not contain NUL characters")
+    return text
 
 
 def params_fingerprint(params: dict[str, Any] | None) -> str:

@@ -3,19 +3,17 @@ of work (one transaction) around one transition from ``store.runs`` or ``store.o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from sqlalchemy.engine import Connection, Engine
 
 from store import outbox as ob
 from store import runs as rn
-from store.dialect import create_engine, run_read, run_write
+from store.dialect import Busy, Database, T
 from store.dialect import db_now as db_clock
 from store.errors import InvalidInput, RunNotFound
 from store.faults import fault_point
@@ -37,28 +35,58 @@ def _lease_seconds(lease: timedelta | float) -> float:
 class Ledger:
     """Runs, attempts and outbox messages on PostgreSQL (many hosts) or SQLite (one host)."""
 
-    def __init__(self, engine: Engine, *, max_output_bytes: int = 1_000_000) -> None:
-        self.engine = engine
+    def __init__(self, database: Database, *, max_output_bytes: int = 1_000_000) -> None:
+        if max_output_bytes < 1:
+            raise InvalidInput(f"max_output_bytes must be positive, got {max_output_bytes}")
+        self.database = database
         self.max_output_bytes = max_output_bytes
 
     @classmethod
-    def connect(cls, url: str | None = None, *, max_output_bytes: int | None = None) -> Ledger:
-        """Open the ledger at ``url`` (default: $RUNLEDGER_DATABASE_URL, else ./runledger.db)."""
+    def connect(
+        cls,
+        url: str | None = None,
+        *,
+        max_output_bytes: int | None = None,
+        busy_timeout_ms: int | None = None,
+        locked_retries: int | None = None,
+    ) -> Ledger:
+        """Open the ledger at ``url`` (default: $RUNLEDGER_DATABASE_URL, else ./runledger.db);
+        unset options come from the RUNLEDGER_* environment (see ``LedgerSettings``)."""
         settings = LedgerSettings()
+        busy = Busy(
+            settings.sqlite_busy_timeout_ms if busy_timeout_ms is None else busy_timeout_ms,
+            settings.sqlite_locked_retries if locked_retries is None else locked_retries,
+        )
         return cls(
-            create_engine(url or settings.database_url),
-            max_output_bytes=max_output_bytes or settings.max_output_bytes,
+            Database(url or settings.database_url, busy),
+            max_output_bytes=settings.max_output_bytes if max_output_bytes is None
+            else max_output_bytes,
         )
 
     @property
+    def engine(self) -> Engine:
+        """The transactional engine (for migrations, tests and operator tools)."""
+        return self.database.engine
+
+    def _write(self, work: Callable[[Connection], T], *, autocommit: bool = False) -> T:
+        return self.database.write(work, single_statement=autocommit)
+
+    def _read(self, work: Callable[[Connection], T]) -> T:
+        return self.database.read(work)
+
+    @property
     def dialect(self) -> str:
-        return self.engine.dialect.name
+        return self.database.dialect
 
     def close(self) -> None:
-        self.engine.dispose()
+        self.database.dispose()
 
     def migrate(self, revision: str = "head") -> None:
         """Bring the schema to ``revision`` with Alembic (safe to call from many processes)."""
+        # Alembic is imported here: workers that never migrate do not pay for it at start-up.
+        from alembic import command
+        from alembic.config import Config
+
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
         with self.engine.begin() as conn:
@@ -68,21 +96,23 @@ class Ledger:
     # --- Runs -----------------------------------------------------------------------------
 
     def register(self, identity: RunIdentity, params: dict[str, Any] | None = None) -> Run:
-        return run_write(self.engine, lambda c: rn.register_txn(c, identity, params),
-                         autocommit=True)
+        """Create the Run as pending, or return the existing one (see ``register_txn``)."""
+        return self._write(lambda c: rn.register_txn(c, identity, params), autocommit=True)
 
     def claim(self, run_id: str, owner: str, lease: timedelta | float) -> rn.Claim | None:
+        """Take the Run's lease, or None if it is completed, failed or leased by someone else."""
         seconds = _lease_seconds(lease)
-        return run_write(self.engine, lambda c: rn.claim_txn(c, run_id, owner, seconds),
-                         autocommit=True)
+        return self._write(lambda c: rn.claim_txn(c, run_id, owner, seconds), autocommit=True)
 
     def renew(self, claim: rn.Claim, lease: timedelta | float) -> datetime:
+        """Extend the lease by ``lease`` from now (database clock); ``LeaseLost`` if stale."""
         seconds = _lease_seconds(lease)
-        return run_write(self.engine, lambda c: rn.renew_txn(c, claim, seconds), autocommit=True)
+        return self._write(lambda c: rn.renew_txn(c, claim, seconds), autocommit=True)
 
     def save_input(self, claim: rn.Claim, raw: dict[str, Any]) -> dict[str, Any]:
+        """Store the raw input once and return the stored one (the first writer's)."""
         raw = rn.json_document(raw, "raw input", self.max_output_bytes)
-        return run_write(self.engine, lambda c: rn.save_input_txn(c, claim, raw), autocommit=True)
+        return self._write(lambda c: rn.save_input_txn(c, claim, raw), autocommit=True)
 
     def complete(
         self,
@@ -104,21 +134,23 @@ class Ledger:
         """Like ``complete`` but also says whether this call completed the Run."""
         output = rn.json_document(output, "output", self.max_output_bytes)
         messages = list(messages)
-        done = run_write(
-            self.engine, lambda c: rn.complete_txn(c, claim, output, messages, effect),
+        done = self._write(
+            lambda c: rn.complete_txn(c, claim, output, messages, effect),
             autocommit=effect is None,
         )
         fault_point("after_complete_commit")
         return done
 
     def fail(self, claim: rn.Claim, error: str, retryable: bool = True) -> Run:
-        return run_write(self.engine, lambda c: rn.fail_txn(c, claim, error, retryable))
+        """Record the error: retryable releases the lease, otherwise the Run is failed."""
+        text = rn.error_text(error)
+        return self._write(lambda c: rn.fail_txn(c, claim, text, retryable))
 
     def requeue_run(self, run_id: str) -> Run:
-        return run_write(self.engine, lambda c: rn.requeue_run_txn(c, run_id))
+        return self._write(lambda c: rn.requeue_run_txn(c, run_id))
 
     def get(self, run_id: str) -> Run | None:
-        return run_read(self.engine, lambda c: rn.get_run(c, run_id))
+        return self._read(lambda c: rn.get_run(c, run_id))
 
     def require(self, run_id: str) -> Run:
         run = self.get(run_id)
@@ -127,13 +159,13 @@ class Ledger:
         return run
 
     def get_many(self, run_ids: Sequence[str]) -> dict[str, Run]:
-        return run_read(self.engine, lambda c: rn.get_runs(c, run_ids))
+        return self._read(lambda c: rn.get_runs(c, run_ids))
 
     def runs(self, *, job: str | None = None, status: str | None = None, limit: int = 100) -> list[Run]:
-        return run_read(self.engine, lambda c: rn.list_runs(c, job=job, status=status, limit=limit))
+        return self._read(lambda c: rn.list_runs(c, job=job, status=status, limit=limit))
 
     def attempts(self, run_id: str) -> list[Attempt]:
-        return run_read(self.engine, lambda c: rn.list_attempts(c, run_id))
+        return self._read(lambda c: rn.list_attempts(c, run_id))
 
     # --- Outbox ---------------------------------------------------------------------------
 
@@ -141,53 +173,46 @@ class Ledger:
         self, owner: str, limit: int, lease: timedelta | float, channel: str | None = None
     ) -> list[ob.MessageClaim]:
         seconds = _lease_seconds(lease)
-        return run_write(
-            self.engine, lambda c: ob.claim_messages_txn(c, owner, limit, seconds, channel),
-            autocommit=True,
+        return self._write(
+            lambda c: ob.claim_messages_txn(c, owner, limit, seconds, channel), autocommit=True
         )
 
     def mark_sent(self, claim: ob.MessageClaim, reply: ob.Reply = ob.NO_REPLY) -> None:
-        run_write(self.engine, lambda c: ob.mark_sent_txn(c, claim, reply), autocommit=True)
+        self._write(lambda c: ob.mark_sent_txn(c, claim, reply), autocommit=True)
 
     def schedule_retry(
         self, claim: ob.MessageClaim, delay: float, error: str, reply: ob.Reply = ob.NO_REPLY
     ) -> None:
-        run_write(self.engine, lambda c: ob.schedule_retry_txn(c, claim, delay, error, reply),
-                  autocommit=True)
+        self._write(lambda c: ob.schedule_retry_txn(c, claim, delay, error, reply), autocommit=True)
 
     def mark_uncertain(
         self, claim: ob.MessageClaim, error: str, retry_in: float | None,
         reply: ob.Reply = ob.NO_REPLY,
     ) -> None:
-        run_write(self.engine,
-                  lambda c: ob.mark_uncertain_txn(c, claim, error, retry_in, reply),
-                  autocommit=True)
+        self._write(lambda c: ob.mark_uncertain_txn(c, claim, error, retry_in, reply), autocommit=True)
 
     def mark_dead(self, claim: ob.MessageClaim, error: str, reply: ob.Reply = ob.NO_REPLY) -> None:
-        run_write(self.engine, lambda c: ob.mark_dead_txn(c, claim, error, reply), autocommit=True)
+        self._write(lambda c: ob.mark_dead_txn(c, claim, error, reply), autocommit=True)
 
     def release_message(self, claim: ob.MessageClaim) -> None:
-        run_write(self.engine, lambda c: ob.release_message_txn(c, claim), autocommit=True)
+        self._write(lambda c: ob.release_message_txn(c, claim), autocommit=True)
 
     def requeue_message(self, message_id: str) -> QueuedMessage:
-        return run_write(self.engine, lambda c: ob.requeue_message_txn(c, message_id),
-                         autocommit=True)
+        return self._write(lambda c: ob.requeue_message_txn(c, message_id), autocommit=True)
 
     def message(self, message_id: str) -> QueuedMessage | None:
-        return run_read(self.engine, lambda c: ob.get_message(c, message_id))
+        return self._read(lambda c: ob.get_message(c, message_id))
 
     def messages(
         self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
     ) -> list[QueuedMessage]:
-        return run_read(
-            self.engine, lambda c: ob.list_messages(c, status=status, run_id=run_id, limit=limit)
-        )
+        return self._read(lambda c: ob.list_messages(c, status=status, run_id=run_id, limit=limit))
 
     def delivery_attempts(self, message_id: str) -> list[DeliveryAttempt]:
-        return run_read(self.engine, lambda c: ob.list_delivery_attempts(c, message_id))
+        return self._read(lambda c: ob.list_delivery_attempts(c, message_id))
 
     def message_counts(self) -> dict[str, int]:
-        return run_read(self.engine, ob.count_messages)
+        return self._read(ob.count_messages)
 
     def db_now(self) -> datetime:
         """The database clock (what lease expiry is judged by)."""
@@ -196,4 +221,4 @@ class Ledger:
             value = conn.execute(sa.select(db_clock())).scalar_one()
             return value  # type: ignore[no-any-return]
 
-        return run_read(self.engine, read)
+        return self._read(read)

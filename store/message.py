@@ -14,7 +14,9 @@ CHANNELS = ("email",)
 MAX_MESSAGE_BYTES = 256 * 1024
 MAX_SUBJECT_CHARS = 998  # RFC 5322 line limit
 _HEADER_NAME = re.compile(r"^[!-9;-~]+$")  # printable ASCII except ':' (RFC 5322 ftext)
-_FORBIDDEN = ("\r", "\n", "\0")
+# CR, LF and NUL, plus every other character that str.splitlines() (used when Python's email
+# package folds headers) treats as a line break, and the remaining C0 controls except TAB.
+_FORBIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")
 _ENCODED_WORD = re.compile(r"=\?[^?]*\?[bqBQ]\?", re.ASCII)
 # Headers the dispatcher owns: a job may not set them.
 RESERVED_HEADERS = frozenset(
@@ -25,26 +27,33 @@ RESERVED_HEADERS = frozenset(
 
 
 def check_header_value(value: str, what: str) -> str:
-    """Reject CR, LF, NUL and RFC 2047 encoded words: each can inject a header on Python 3.11.7."""
+    """Reject CR, LF, NUL, other line breaks and controls, and RFC 2047 encoded words: each can
+    inject a header on Python 3.11.7."""
     if not isinstance(value, str):
         raise InvalidMessage(f"{what} must be a string, got {type(value).__name__}")
-    for ch in _FORBIDDEN:
-        if ch in value:
-            raise InvalidMessage(f"{what} must not contain CR, LF or NUL: {value!r}")
+    bad = _FORBIDDEN.search(value)
+    if bad:
+        raise InvalidMessage(
+            f"{what} must not contain CR, LF, NUL or another control or line-break character "
+            f"(found {bad.group()!r}): {value!r}"
+        )
     if _ENCODED_WORD.search(value):
         raise InvalidMessage(f"{what} must not contain an RFC 2047 encoded word (=?...?=): {value!r}")
     return value
 
 
 def normalize_address(address: str, what: str = "recipient") -> str:
-    """A syntactically valid email address, normalized (no deliverability lookup)."""
+    """A syntactically valid email address, normalized to ASCII (an internationalized domain
+    becomes its IDNA form; a non-ASCII local part, which needs SMTPUTF8, is refused). No
+    deliverability lookup."""
     if not isinstance(address, str) or not address.strip():
         raise InvalidMessage(f"{what} must be a non-empty email address")
     check_header_value(address, what)
     try:
-        return validate_email(address.strip(), check_deliverability=False).normalized
+        valid = validate_email(address.strip(), check_deliverability=False, allow_smtputf8=False)
     except EmailNotValidError as exc:
         raise InvalidMessage(f"{what} {address!r} is not a valid email address: {exc}") from exc
+    return valid.ascii_email or valid.normalized
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
-from store.identity import require_aware
+from store.errors import InvalidInput
+from store.identity import MAX_CHARS, require_aware
 
 SQLModel.metadata.naming_convention = {
     "ix": "ix_%(table_name)s_%(column_0_name)s",
@@ -20,6 +21,7 @@ SQLModel.metadata.naming_convention = {
     "pk": "pk_%(table_name)s",
 }
 
+MAX_OWNER = 300  # characters of a lease owner such as host:pid
 RUN_STATUSES = ("pending", "running", "completed", "failed")
 ATTEMPT_OUTCOMES = ("completed", "released", "failed", "expired")
 MESSAGE_STATUSES = ("pending", "sending", "sent", "retry", "uncertain", "dead")
@@ -35,7 +37,7 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        utc = require_aware(value, "timestamp")
+        utc = require_aware(value, "timestamp", InvalidInput)
         return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
@@ -72,15 +74,15 @@ class Run(SQLModel, table=True):
     )
 
     run_id: str = Field(primary_key=True, max_length=64)
-    job: str = Field(max_length=200)
-    subject: str = Field(max_length=500)
+    job: str = Field(max_length=MAX_CHARS["job"])
+    subject: str = Field(max_length=MAX_CHARS["subject"])
     period_start: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
-    version: str = Field(max_length=100)
+    version: str = Field(max_length=MAX_CHARS["version"])
     params_fingerprint: str = Field(max_length=64)
     params: dict[str, Any] | None = _json()
     status: str = Field(default="pending", max_length=16)
     fence: int = 0
-    owner: str | None = Field(default=None, max_length=300)
+    owner: str | None = Field(default=None, max_length=MAX_OWNER)
     lease_expires_at: datetime | None = _ts()
     attempts: int = 0
     raw_input: dict[str, Any] | None = _json()
@@ -109,7 +111,7 @@ class Attempt(SQLModel, table=True):
     run_id: str = Field(
         sa_column=sa.Column(sa.String(64), sa.ForeignKey("runs.run_id"), nullable=False)
     )
-    owner: str = Field(max_length=300)
+    owner: str = Field(max_length=MAX_OWNER)
     fence: int
     started_at: datetime | None = _ts(nullable=False)
     finished_at: datetime | None = _ts()
@@ -139,7 +141,7 @@ class QueuedMessage(SQLModel, table=True):
     status: str = Field(default="pending", max_length=16)
     attempts: int = 0
     fence: int = 0
-    lease_owner: str | None = Field(default=None, max_length=300)
+    lease_owner: str | None = Field(default=None, max_length=MAX_OWNER)
     lease_expires_at: datetime | None = _ts()
     claimed_at: datetime | None = _ts()
     next_attempt_at: datetime | None = _ts()
@@ -164,7 +166,7 @@ class DeliveryAttempt(SQLModel, table=True):
         sa_column=sa.Column(sa.String(64), sa.ForeignKey("outbox.message_id"), nullable=False)
     )
     attempt: int
-    owner: str = Field(max_length=300)
+    owner: str = Field(max_length=MAX_OWNER)
     started_at: datetime | None = _ts(nullable=False)
     finished_at: datetime | None = _ts(nullable=False)
     outcome: str = Field(max_length=16)
@@ -177,3 +179,7 @@ runs_table: sa.Table = Run.__table__  # type: ignore[attr-defined]
 attempts_table: sa.Table = Attempt.__table__  # type: ignore[attr-defined]
 outbox_table: sa.Table = QueuedMessage.__table__  # type: ignore[attr-defined]
 delivery_attempts_table: sa.Table = DeliveryAttempt.__table__  # type: ignore[attr-defined]
+
+# Table models are built with model_construct when read back (no re-validation); SQLAlchemy
+# must have configured their mappers before such an instance's attributes are used.
+sa.orm.configure_mappers()

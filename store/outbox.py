@@ -38,6 +38,7 @@ class MessageClaim:
     headers: dict[str, str]
     created_at: datetime
     claimed_at: datetime
+    previous_status: str = "pending"
 
 
 @dataclass(frozen=True)
@@ -57,13 +58,13 @@ def claim_messages_txn(
 ) -> list[MessageClaim]:
     """Lease up to ``limit`` due messages (or ones whose delivery lease expired), skipping rows
     another dispatcher has locked; each claim bumps the message's fence and attempt count."""
-    if limit < 1:
-        raise InvalidInput(f"limit must be at least 1, got {limit}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidInput(f"limit must be a positive integer, got {limit!r}")
     if not owner or not owner.strip():
         raise InvalidInput("owner must be a non-empty string such as host:pid")
     now = db_now()
     due = (
-        sa.select(outbox.c.message_id)
+        sa.select(outbox.c.message_id, outbox.c.status)
         .where(
             sa.or_(
                 sa.and_(outbox.c.status.in_(DUE_STATUSES), outbox.c.next_attempt_at <= now),
@@ -75,24 +76,31 @@ def claim_messages_txn(
     )
     if channel is not None:
         due = due.where(outbox.c.channel == channel)
+    claim = sa.update(outbox).values(
+        status="sending", lease_owner=owner, fence=outbox.c.fence + 1,
+        attempts=outbox.c.attempts + 1, claimed_at=now, updated_at=now,
+        lease_expires_at=db_now(seconds(lease_seconds, "lease")),
+    )
     if is_postgres(conn):
-        due = due.with_for_update(skip_locked=True)
-    rows = conn.execute(
-        sa.update(outbox)
-        .where(outbox.c.message_id.in_(due.scalar_subquery()))
-        .values(
-            status="sending", lease_owner=owner, fence=outbox.c.fence + 1,
-            attempts=outbox.c.attempts + 1, claimed_at=now, updated_at=now,
-            lease_expires_at=db_now(seconds(lease_seconds, "lease")),
-        )
-        .returning(*outbox.c)
-    ).all()
+        # One statement: the locked rows' previous status comes back through the join.
+        locked = due.with_for_update(skip_locked=True).cte("due")
+        rows = conn.execute(
+            claim.where(outbox.c.message_id == locked.c.message_id)
+            .returning(*outbox.c, locked.c.status.label("previous_status"))
+        ).all()
+        previous = {r.message_id: r.previous_status for r in rows}
+    else:
+        # BEGIN IMMEDIATE already holds the write lock: nobody can change these rows in between.
+        previous = {r.message_id: r.status for r in conn.execute(due)}
+        rows = conn.execute(
+            claim.where(outbox.c.message_id.in_(list(previous))).returning(*outbox.c)
+        ).all() if previous else []
     claims = [
         MessageClaim(
             message_id=r.message_id, owner=owner, fence=r.fence, attempt=r.attempts,
             run_id=r.run_id, channel=r.channel, recipient=r.recipient, subject=r.subject,
             body=r.body, headers=dict(r.headers or {}), created_at=r.created_at,
-            claimed_at=r.claimed_at,
+            claimed_at=r.claimed_at, previous_status=previous[r.message_id],
         )
         for r in rows
     ]
@@ -180,14 +188,18 @@ def mark_dead_txn(conn: Connection, claim: MessageClaim, error: str, reply: Repl
 
 
 def release_message_txn(conn: Connection, claim: MessageClaim) -> None:
-    """Give back a claimed message that was never handed to a transport; the try is not counted."""
+    """Give back a claimed message that was never handed to a transport: it returns to the
+    status it was claimed from, due now, and the try is not counted."""
+    restored = claim.previous_status
+    if restored not in DUE_STATUSES:
+        # Taken over from an expired lease: its earlier holder's try already counts.
+        restored = "pending" if claim.attempt <= 1 else "retry"
     conn.execute(
         sa.update(outbox)
         .where(_holder(claim))
         .values(
-            status=sa.case((outbox.c.attempts <= 1, "pending"), else_="retry"),
-            attempts=outbox.c.attempts - 1, lease_owner=None, lease_expires_at=None,
-            next_attempt_at=db_now(), updated_at=db_now(),
+            status=restored, attempts=outbox.c.attempts - 1, lease_owner=None,
+            lease_expires_at=None, next_attempt_at=db_now(), updated_at=db_now(),
         )
     )
 
@@ -237,4 +249,4 @@ def list_delivery_attempts(conn: Connection, message_id: str) -> list[DeliveryAt
 def count_messages(conn: Connection) -> dict[str, int]:
     """Messages per status (for summaries and the CLI)."""
     query = sa.select(outbox.c.status, sa.func.count()).group_by(outbox.c.status)
-    return {status: n for status, n in conn.execute(query).tuples()}
+    return {status: n for status, n in conn.execute(query).all()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -12,6 +13,10 @@ from store.errors import InvalidPeriod
 from store.identity import require_aware
 
 NAMED_CADENCES = ("hourly", "daily", "weekly", "monthly")
+# Further than any DST shift: a cron scan looks this far past the nominal wall time, because a
+# shifted or repeated wall time can land on the other side of it.
+_DST_SLACK = timedelta(hours=3)
+_MAX_CRON_STEPS = 10_000
 
 
 def zone(name: str) -> ZoneInfo:
@@ -34,6 +39,37 @@ def validate_cadence(cadence: str) -> str:
     return cadence
 
 
+def _fires(wall: datetime, tz: ZoneInfo, repeats: bool) -> list[datetime]:
+    """The UTC instants at which a cron schedule fires for the naive local wall time ``wall``.
+
+    A wall time skipped by spring-forward fires shifted by the gap (02:30 -> 03:30, PEP 495
+    fold=0). A wall time the clock repeats at fall-back fires at its first occurrence, and at
+    its second one too when the schedule ``repeats`` with the clock (its minute or hour field
+    is a wildcard, as Vixie cron does): an hourly schedule gets two distinct repeated hours."""
+    first = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    second = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
+    return [first, second] if repeats and second > first else [first]
+
+
+def _cron_scan(
+    cadence: str, tz: ZoneInfo, origin: datetime, forward: bool, keep: Callable[[datetime], bool]
+) -> datetime:
+    """The first (forward) or last (backward) fire instant that ``keep`` accepts, scanning the
+    schedule's wall times from beyond ``origin`` (an instant) by the DST slack."""
+    fields = cadence.split()
+    repeats = fields[0].startswith("*") or fields[1].startswith("*")
+    wall = origin.astimezone(tz).replace(tzinfo=None)
+    schedule = croniter(cadence, wall - _DST_SLACK if forward else wall + _DST_SLACK)
+    found: list[datetime] = []
+    for _ in range(_MAX_CRON_STEPS):
+        step = schedule.get_next(datetime) if forward else schedule.get_prev(datetime)
+        found += [f for f in _fires(step, tz, repeats) if keep(f)]
+        past = step > wall + _DST_SLACK if forward else step < wall - _DST_SLACK
+        if found and past:
+            return min(found) if forward else max(found)
+    raise InvalidPeriod(f"cron cadence {cadence!r} does not fire near {origin.isoformat()}")
+
+
 def _local_midnight(day: date, tz: ZoneInfo) -> datetime:
     # A zone may skip local midnight (DST at 00:00); round-tripping through UTC lands on the
     # first instant that exists that day.
@@ -49,8 +85,8 @@ class Period:
     timezone: str = "UTC"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "start", require_aware(self.start, "period start"))
-        object.__setattr__(self, "end", require_aware(self.end, "period end"))
+        object.__setattr__(self, "start", require_aware(self.start, "period start", InvalidPeriod))
+        object.__setattr__(self, "end", require_aware(self.end, "period end", InvalidPeriod))
         if self.end <= self.start:
             raise InvalidPeriod(f"period end {self.end} must be after start {self.start}")
 
@@ -58,7 +94,7 @@ class Period:
     def containing(cls, nominal: datetime, cadence: str, timezone: str) -> Period:
         """The period of ``cadence`` in ``timezone`` that contains the nominal instant."""
         tz = zone(timezone)
-        local = require_aware(nominal, "nominal time").astimezone(tz)
+        local = require_aware(nominal, "nominal time", InvalidPeriod).astimezone(tz)
         cadence = validate_cadence(cadence)
         if cadence == "hourly":
             # Truncating keeps `fold`, so the repeated fall-back hour gives two distinct periods.
@@ -76,15 +112,18 @@ class Period:
                 first = day.replace(day=1)
                 after = (first + timedelta(days=32)).replace(day=1)
             return cls(_local_midnight(first, tz), _local_midnight(after, tz), timezone)
-        # cron: the latest fire time at or before the nominal instant, to the next fire time.
-        start_local = croniter(cadence, local + timedelta(seconds=1)).get_prev(datetime)
-        end_local = croniter(cadence, start_local).get_next(datetime)
-        return cls(start_local, end_local, timezone)
+        # cron: the latest fire instant at or before the nominal one, to the next fire instant.
+        instant = local.astimezone(UTC)
+        start = _cron_scan(cadence, tz, instant, forward=False, keep=lambda f: f <= instant)
+        end = _cron_scan(cadence, tz, start, forward=True, keep=lambda f: f > start)
+        return cls(start, end, timezone)
 
     @classmethod
     def parse(cls, text: str, cadence: str, timezone: str) -> Period:
-        """The period named by ``text``: a date (``2026-11-29``) in the job's timezone, or an
-        ISO-8601 datetime with an offset (``2026-11-29T09:00:00+01:00``) inside the period."""
+        """The period named by ``text``: an ISO-8601 datetime with an offset
+        (``2026-11-29T09:00:00+01:00``) inside the period, or a date (``2026-11-29``) in the
+        job's timezone: the period containing its local midnight, unless that one ends the same
+        day (a cron schedule firing at 02:30), then the first period starting that day."""
         if not isinstance(text, str) or not text.strip():
             raise InvalidPeriod("period must be a non-empty string such as 2026-11-29")
         value = text.strip()
@@ -104,7 +143,12 @@ class Period:
                 f"period {text!r} is a naive datetime: add an offset such as +00:00, "
                 "or give a date (YYYY-MM-DD) in the job's timezone"
             )
-        return cls.containing(nominal, cadence, timezone)
+        period = cls.containing(nominal, cadence, timezone)
+        if len(value) == 10 and period.start < nominal and period.end.astimezone(
+            zone(timezone)
+        ).date() == nominal.date():
+            period = cls.containing(period.end, cadence, timezone)
+        return period
 
     @property
     def label(self) -> str:

@@ -1,5 +1,9 @@
 """Run transitions. Each ``*_txn`` function is one state transition: it takes an open
-connection, never commits (the caller owns the transaction) and states its rule in one line."""
+connection, never commits (the caller owns the transaction) and states its rule in one line.
+
+Every transition is one guarded statement (a ``Prepared`` one, built once per dialect); on
+PostgreSQL the follow-up writes of a transition (the Attempt row, the outbox rows) ride in the
+same statement as data-modifying CTEs, so a transition is one round trip."""
 
 from __future__ import annotations
 
@@ -11,10 +15,10 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection
 from sqlmodel import Session
 
-from store.dialect import db_now, insert_ignoring_conflicts, is_postgres, seconds
+from store.dialect import check_seconds, db_now, insert_ignoring_conflicts, json_rows
 from store.errors import (
     InvalidInput,
     InvalidTransition,
@@ -26,18 +30,22 @@ from store.errors import (
 from store.identity import RunIdentity, canonical_json, message_key, params_fingerprint
 from store.message import OutboxMessage
 from store.models import (
+    MAX_OWNER,
     Attempt,
-    JSONDoc,
     Run,
     attempts_table,
     outbox_table,
     runs_table,
 )
+from store.prepared import Prepared
 
 runs = runs_table
 attempts = attempts_table
 outbox = outbox_table
 
+
+# A business effect committed atomically with a completion (seed 003's daily credit): it gets a
+# Session on the completion's own transaction.
 Effect = Callable[[Session], None]
 
 
@@ -70,22 +78,221 @@ def json_document(value: Any, what: str, max_bytes: int) -> dict[str, Any]:
     return value
 
 
-def _run(row: Row[Any]) -> Run:
-    return Run.model_validate(dict(row._mapping))
+def error_text(error: str) -> str:
+    """A failure's error as storable text: required, and NUL (refused by PostgreSQL) escaped."""
+    if not isinstance(error, str) or not error.strip():
+        raise InvalidInput("error must be a non-empty string describing the failure")
+    return error.replace("\0", "\\0")
 
 
-def _holder(claim: Claim) -> sa.ColumnElement[bool]:
+def check_owner(owner: str) -> str:
+    """A lease owner such as host:pid: non-empty text that fits the owner column."""
+    if not isinstance(owner, str) or not owner.strip() or "\0" in owner or len(owner) > MAX_OWNER:
+        raise InvalidInput(
+            f"owner must be a non-empty string such as host:pid, at most {MAX_OWNER} characters "
+            f"and without NUL, got {owner!r}"
+        )
+    return owner
+
+
+def _p(column: sa.Column[Any], name: str | None = None) -> sa.BindParameter[Any]:
+    return sa.bindparam(name or column.key, type_=column.type)
+
+
+def _run(row: dict[str, Any]) -> Run:
+    # Rows come from our own table through typed result processing: no re-validation needed.
+    return Run.model_construct(**row)
+
+
+def _holder() -> sa.ColumnElement[bool]:
+    """The guard of every worker write: the Run is running under this exact fence and owner."""
     return sa.and_(
-        runs.c.run_id == claim.run_id,
-        runs.c.fence == claim.fence,
-        runs.c.owner == claim.owner,
+        runs.c.run_id == _p(runs.c.run_id),
+        runs.c.fence == _p(runs.c.fence),
+        runs.c.owner == _p(runs.c.owner),
         runs.c.status == "running",
     )
 
 
+def _lease_until() -> sa.ColumnElement[Any]:
+    return db_now(sa.bindparam("lease", type_=sa.Float()))
+
+
+def _holder_params(claim: Claim) -> dict[str, Any]:
+    return {"run_id": claim.run_id, "fence": claim.fence, "owner": claim.owner}
+
+
+def _lease_lost(claim: Claim, run: Run | None = None) -> LeaseLost:
+    now = f" (now fence {run.fence}, owner {run.owner}, status {run.status})" if run else ""
+    return LeaseLost(
+        f"run {claim.run_id}: fence {claim.fence} of {claim.owner} is no longer current{now}"
+    )
+
+
+# --- statements -----------------------------------------------------------------------------
+
+_GET = Prepared(lambda d: sa.select(runs).where(runs.c.run_id == _p(runs.c.run_id)))
+
+_REGISTER = Prepared(
+    lambda d: insert_ignoring_conflicts(d, runs)
+    .values(
+        run_id=_p(runs.c.run_id), job=_p(runs.c.job), subject=_p(runs.c.subject),
+        period_start=_p(runs.c.period_start), version=_p(runs.c.version),
+        params_fingerprint=_p(runs.c.params_fingerprint), params=_p(runs.c.params),
+        status="pending", fence=0, attempts=0, created_at=db_now(), updated_at=db_now(),
+    )
+    .returning(*runs.c)
+)
+
+
+def _take() -> sa.Update:
+    return (
+        sa.update(runs)
+        .where(
+            runs.c.run_id == _p(runs.c.run_id),
+            sa.or_(runs.c.status == "pending", runs.c.status == "running"),
+            sa.or_(
+                runs.c.lease_expires_at.is_(None),
+                runs.c.lease_expires_at <= db_now(),
+                runs.c.owner == _p(runs.c.owner),
+            ),
+        )
+        .values(
+            fence=runs.c.fence + 1, owner=_p(runs.c.owner), status="running",
+            attempts=runs.c.attempts + 1, lease_expires_at=_lease_until(), updated_at=db_now(),
+        )
+        .returning(runs.c.run_id, runs.c.fence, runs.c.lease_expires_at)
+    )
+
+
+def _close_attempts(run_id: sa.ColumnElement[Any]) -> sa.Update:
+    """A new claim ends the previous holder's open Attempt: its lease expired or was re-taken."""
+    return (
+        sa.update(attempts)
+        .where(attempts.c.run_id == run_id, attempts.c.finished_at.is_(None))
+        .values(outcome="expired", finished_at=db_now())
+    )
+
+
+def _open_attempt_values() -> dict[str, Any]:
+    return {"attempt_id": _p(attempts.c.attempt_id), "owner": _p(runs.c.owner),
+            "started_at": db_now()}
+
+
+def _claim_in_one_statement(_: str) -> sa.Select[Any]:
+    taken = _take().cte("taken")
+    opened = _open_attempt_values()
+    return sa.select(taken).add_cte(
+        _close_attempts(taken.c.run_id).cte("closed"),
+        postgresql.insert(attempts).from_select(
+            ["attempt_id", "run_id", "owner", "fence", "started_at"],
+            sa.select(opened["attempt_id"], taken.c.run_id, opened["owner"], taken.c.fence,
+                      opened["started_at"]),
+        ).cte("opened"),
+    )
+
+
+_CLAIM_PG = Prepared(_claim_in_one_statement)
+_TAKE = Prepared(lambda d: _take())
+_CLOSE_ATTEMPTS = Prepared(lambda d: _close_attempts(_p(runs.c.run_id)))
+_OPEN_ATTEMPT = Prepared(
+    lambda d: sa.insert(attempts).values(
+        run_id=_p(runs.c.run_id), fence=_p(runs.c.fence), **_open_attempt_values()
+    )
+)
+
+_RENEW = Prepared(
+    lambda d: sa.update(runs).where(_holder())
+    .values(lease_expires_at=_lease_until(), updated_at=db_now())
+    .returning(runs.c.lease_expires_at)
+)
+
+_SAVE_INPUT = Prepared(
+    lambda d: sa.update(runs).where(_holder())
+    .values(raw_input=sa.func.coalesce(runs.c.raw_input, _p(runs.c.raw_input)), updated_at=db_now())
+    .returning(runs.c.raw_input)
+)
+
+
+def _accept() -> sa.Update:
+    return (
+        sa.update(runs).where(_holder())
+        .values(
+            status="completed", output=_p(runs.c.output), owner=sa.null(),
+            lease_expires_at=sa.null(), error=sa.null(), completed_at=db_now(), updated_at=db_now(),
+            completed_attempt_id=_p(attempts.c.attempt_id),
+        )
+        .returning(*runs.c)
+    )
+
+
+def _finish_attempt() -> sa.Update:
+    return (
+        sa.update(attempts).where(attempts.c.attempt_id == _p(attempts.c.attempt_id))
+        .values(outcome=sa.bindparam("outcome", type_=attempts.c.outcome.type),
+                error=_p(attempts.c.error), finished_at=db_now())
+    )
+
+
+_GIVEN = ("message_id", "run_id", "channel", "recipient", "subject", "body", "headers")
+
+
+def _queue(d: str, only_if: sa.ColumnElement[bool] | None = None) -> sa.Insert:
+    """The Run's outbox rows, from one JSON array parameter; a row already queued is a no-op."""
+    given = json_rows(d, "messages", [outbox.c[n] for n in _GIVEN]).subquery("given")
+    now = db_now()
+    # Always a WHERE: SQLite cannot otherwise tell ON CONFLICT from a join's ON.
+    rows = sa.select(
+        *[given.c[n] for n in _GIVEN], sa.literal("pending"), sa.literal(0), sa.literal(0),
+        now, now, now,
+    ).where(sa.true() if only_if is None else only_if)
+    return insert_ignoring_conflicts(d, outbox).from_select(
+        [*_GIVEN, "status", "attempts", "fence", "next_attempt_at", "created_at", "updated_at"],
+        rows,
+    )
+
+
+def _complete_in_one_statement(d: str) -> sa.Select[Any]:
+    accepted = _accept().cte("accepted")
+    if_accepted = sa.exists(sa.select(accepted.c.run_id))
+    return sa.select(accepted).add_cte(
+        _finish_attempt().where(if_accepted).cte("finished"), _queue(d, if_accepted).cte("queued")
+    )
+
+
+_COMPLETE_PG = Prepared(_complete_in_one_statement)
+_ACCEPT = Prepared(lambda d: _accept())
+_QUEUE = Prepared(_queue)
+_FINISH_ATTEMPT = Prepared(lambda d: _finish_attempt())
+
+_RELEASE_OR_FAIL = Prepared(
+    lambda d: sa.update(runs).where(_holder())
+    .values(status=_p(runs.c.status), owner=sa.null(), lease_expires_at=sa.null(),
+            error=_p(runs.c.error), updated_at=db_now())
+    .returning(*runs.c)
+)
+
+_REQUEUE = Prepared(
+    lambda d: sa.update(runs)
+    .where(runs.c.run_id == _p(runs.c.run_id), runs.c.status == "failed")
+    .values(status="pending", updated_at=db_now())
+    .returning(*runs.c)
+)
+
+
+# --- reads ----------------------------------------------------------------------------------
+
+
 def get_run(conn: Connection, run_id: str) -> Run | None:
-    row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).first()
+    row = _GET.first(conn, run_id=run_id)
     return _run(row) if row else None
+
+
+def _require(conn: Connection, run_id: str) -> Run:
+    run = get_run(conn, run_id)
+    if run is None:
+        raise RunNotFound(f"no run with id {run_id!r}")
+    return run
 
 
 def get_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, Run]:
@@ -94,7 +301,7 @@ def get_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, Run]:
     for start in range(0, len(run_ids), 500):
         chunk = list(run_ids[start : start + 500])
         for row in conn.execute(sa.select(runs).where(runs.c.run_id.in_(chunk))):
-            found[row.run_id] = _run(row)
+            found[row.run_id] = _run(dict(row._mapping))
     return found
 
 
@@ -106,33 +313,28 @@ def list_runs(
         query = query.where(runs.c.job == job)
     if status is not None:
         query = query.where(runs.c.status == status)
-    return [_run(row) for row in conn.execute(query)]
+    return [_run(dict(row._mapping)) for row in conn.execute(query)]
 
 
 def list_attempts(conn: Connection, run_id: str) -> list[Attempt]:
     query = sa.select(attempts).where(attempts.c.run_id == run_id).order_by(attempts.c.fence)
-    return [Attempt.model_validate(dict(row._mapping)) for row in conn.execute(query)]
+    return [Attempt.model_construct(**row._mapping) for row in conn.execute(query)]
+
+
+# --- transitions ----------------------------------------------------------------------------
 
 
 def register_txn(conn: Connection, identity: RunIdentity, params: dict[str, Any] | None) -> Run:
     """Insert the Run as pending or return the existing row; a different fingerprint is a conflict."""
     fingerprint = params_fingerprint(params)
-    now = db_now()
-    inserted = conn.execute(
-        insert_ignoring_conflicts(conn, runs)
-        .values(
-            run_id=identity.run_id, job=identity.job, subject=identity.subject,
-            period_start=identity.period_start, version=identity.version,
-            params_fingerprint=fingerprint, params=params or {}, status="pending",
-            fence=0, attempts=0, created_at=now, updated_at=now,
-        )
-        .returning(*runs.c)
-    ).first()
+    inserted = _REGISTER.first(
+        conn, run_id=identity.run_id, job=identity.job, subject=identity.subject,
+        period_start=identity.period_start, version=identity.version,
+        params_fingerprint=fingerprint, params=params or {},
+    )
     if inserted is not None:
         return _run(inserted)
-    existing = get_run(conn, identity.run_id)
-    if existing is None:  # pragma: no cover - rows are never deleted
-        raise RunNotFound(f"run {identity.run_id} vanished during register")
+    existing = _require(conn, identity.run_id)
     if existing.params_fingerprint != fingerprint:
         raise RunConflict(
             f"run {identity.run_id} ({identity.job}/{identity.subject}/"
@@ -146,89 +348,37 @@ def register_txn(conn: Connection, identity: RunIdentity, params: dict[str, Any]
 def claim_txn(conn: Connection, run_id: str, owner: str, lease_seconds: float) -> Claim | None:
     """Take the lease if the Run is not finished and its lease is free, expired (database
     clock) or ours; bump the fence, count the attempt and open an Attempt row."""
-    if not owner or not owner.strip():
-        raise InvalidInput("owner must be a non-empty string such as host:pid")
-    now = db_now()
+    check_owner(owner)
     attempt_id = str(uuid.uuid4())
-    take = (
-        sa.update(runs)
-        .where(
-            runs.c.run_id == run_id,
-            runs.c.status.in_(("pending", "running")),
-            sa.or_(
-                runs.c.lease_expires_at.is_(None),
-                runs.c.lease_expires_at <= now,
-                runs.c.owner == owner,
-            ),
-        )
-        .values(
-            fence=runs.c.fence + 1, owner=owner, status="running", attempts=runs.c.attempts + 1,
-            lease_expires_at=db_now(seconds(lease_seconds, "lease")), updated_at=now,
-        )
-        .returning(runs.c.run_id, runs.c.fence, runs.c.lease_expires_at)
-    )
-    if is_postgres(conn):
-        # One round trip: take the lease, close the previous attempt, open this one.
-        taken = take.cte("taken")
-        closed = (
-            sa.update(attempts)
-            .where(attempts.c.run_id == taken.c.run_id, attempts.c.finished_at.is_(None))
-            .values(outcome="expired", finished_at=now)
-            .cte("closed")
-        )
-        opened = postgresql.insert(attempts).from_select(
-            ["attempt_id", "run_id", "owner", "fence", "started_at"],
-            sa.select(sa.literal(attempt_id), taken.c.run_id, sa.literal(owner), taken.c.fence, now),
-        ).cte("opened")
-        row = conn.execute(sa.select(taken).add_cte(closed, opened)).first()
+    lease = check_seconds(lease_seconds, "lease")
+    given = {"run_id": run_id, "owner": owner, "lease": lease, "attempt_id": attempt_id}
+    if conn.dialect.name == "postgresql":
+        row = _CLAIM_PG.first(conn, **given)
     else:
-        row = conn.execute(take).first()
+        row = _TAKE.first(conn, **given)
         if row is not None:
-            conn.execute(
-                sa.update(attempts)
-                .where(attempts.c.run_id == run_id, attempts.c.finished_at.is_(None))
-                .values(outcome="expired", finished_at=now)
-            )
-            conn.execute(
-                sa.insert(attempts).values(
-                    attempt_id=attempt_id, run_id=run_id, owner=owner, fence=row.fence,
-                    started_at=now,
-                )
-            )
+            _CLOSE_ATTEMPTS.rows(conn, run_id=run_id)
+            _OPEN_ATTEMPT.rows(conn, **given, fence=row["fence"])
     if row is None:
-        if get_run(conn, run_id) is None:
-            raise RunNotFound(f"no run with id {run_id!r}")
+        _require(conn, run_id)
         return None
-    return Claim(run_id, owner, row.fence, attempt_id, row.lease_expires_at)
+    return Claim(run_id, owner, row["fence"], attempt_id, row["lease_expires_at"])
 
 
 def renew_txn(conn: Connection, claim: Claim, lease_seconds: float) -> datetime:
     """Extend the lease from the database clock; only the current fence holder can."""
-    expires = conn.execute(
-        sa.update(runs)
-        .where(_holder(claim))
-        .values(lease_expires_at=db_now(seconds(lease_seconds, "lease")), updated_at=db_now())
-        .returning(runs.c.lease_expires_at)
-    ).scalar()
-    if expires is None:
-        raise LeaseLost(f"run {claim.run_id}: fence {claim.fence} of {claim.owner} is no longer current")
-    return expires  # type: ignore[no-any-return]
+    row = _RENEW.first(conn, **_holder_params(claim), lease=check_seconds(lease_seconds, "lease"))
+    if row is None:
+        raise _lease_lost(claim, get_run(conn, claim.run_id))
+    return row["lease_expires_at"]  # type: ignore[no-any-return]
 
 
 def save_input_txn(conn: Connection, claim: Claim, raw: dict[str, Any]) -> dict[str, Any]:
     """Store the raw input once (first writer wins) and return the stored value; fence holder only."""
-    stored = conn.execute(
-        sa.update(runs)
-        .where(_holder(claim))
-        .values(
-            raw_input=sa.func.coalesce(runs.c.raw_input, sa.literal(raw, JSONDoc)),
-            updated_at=db_now(),
-        )
-        .returning(runs.c.raw_input)
-    ).first()
-    if stored is None:
-        raise LeaseLost(f"run {claim.run_id}: fence {claim.fence} of {claim.owner} is no longer current")
-    return stored.raw_input  # type: ignore[no-any-return]
+    row = _SAVE_INPUT.first(conn, **_holder_params(claim), raw_input=raw)
+    if row is None:
+        raise _lease_lost(claim, get_run(conn, claim.run_id))
+    return row["raw_input"]  # type: ignore[no-any-return]
 
 
 def _outbox_rows(run_id: str, messages: Iterable[OutboxMessage]) -> list[dict[str, Any]]:
@@ -245,19 +395,6 @@ def _outbox_rows(run_id: str, messages: Iterable[OutboxMessage]) -> list[dict[st
     return list(rows.values())
 
 
-def _why_not_held(conn: Connection, claim: Claim) -> Run:
-    """The completed Run if someone else completed it; otherwise the reason as an error."""
-    run = get_run(conn, claim.run_id)
-    if run is None:
-        raise RunNotFound(f"no run with id {claim.run_id!r}")
-    if run.status == "completed":
-        return run
-    raise LeaseLost(
-        f"run {claim.run_id}: fence {claim.fence} of {claim.owner} is no longer current "
-        f"(now fence {run.fence}, owner {run.owner}, status {run.status})"
-    )
-
-
 def complete_txn(
     conn: Connection,
     claim: Claim,
@@ -267,101 +404,47 @@ def complete_txn(
 ) -> Completion:
     """Accept the output, clear the lease, queue the outbox rows and apply the effect together;
     only the fence holder can; a Run completed by someone else is returned unchanged."""
-    now = db_now()
     rows = _outbox_rows(claim.run_id, messages)
-    accept = (
-        sa.update(runs)
-        .where(_holder(claim))
-        .values(
-            status="completed", output=output, owner=None, lease_expires_at=None, error=None,
-            completed_at=now, updated_at=now, completed_attempt_id=claim.attempt_id,
-        )
-        .returning(*runs.c)
-    )
-    finish = (
-        sa.update(attempts)
-        .where(attempts.c.attempt_id == claim.attempt_id)
-        .values(outcome="completed", finished_at=now)
-    )
-    queue_defaults = {"status": "pending", "attempts": 0, "fence": 0, "next_attempt_at": now,
-                      "created_at": now, "updated_at": now}
-    if is_postgres(conn) and effect is None:
-        # One round trip: accept, queue and close the attempt only if the accept matched.
-        accepted = accept.cte("accepted")
-        ctes = [finish.where(sa.exists(sa.select(accepted.c.run_id))).cte("finished")]
-        if rows:
-            names = list(rows[0].keys())
-            given = sa.values(
-                *[sa.column(n, outbox.c[n].type) for n in names], name="given"
-            ).data([tuple(r[n] for n in names) for r in rows])
-            queued = postgresql.insert(outbox).from_select(
-                names + list(queue_defaults),
-                sa.select(
-                    *given.c,
-                    *[
-                        v if isinstance(v, sa.ColumnElement) else sa.literal(v, outbox.c[k].type)
-                        for k, v in queue_defaults.items()
-                    ],
-                ).where(
-                    sa.exists(sa.select(accepted.c.run_id))
-                ),
-            ).on_conflict_do_nothing(constraint="uq_outbox_run_channel_recipient")
-            ctes.append(queued.cte("queued"))
-        row = conn.execute(sa.select(accepted).add_cte(*ctes)).first()
+    given = {**_holder_params(claim), "output": output, "attempt_id": claim.attempt_id,
+             "outcome": "completed", "error": None}
+    if conn.dialect.name == "postgresql":
+        row = _COMPLETE_PG.first(conn, **given, messages=rows)
     else:
-        row = conn.execute(accept).first()
+        row = _ACCEPT.first(conn, **given)
         if row is not None:
-            if effect is not None:
-                with Session(bind=conn) as session:
-                    effect(session)
-                    session.flush()
-            if rows:
-                conn.execute(
-                    insert_ignoring_conflicts(conn, outbox).values(
-                        [{**r, **queue_defaults} for r in rows]
-                    )
-                )
-            conn.execute(finish)
+            _QUEUE.rows(conn, messages=rows)
+            _FINISH_ATTEMPT.rows(conn, **given)
     if row is None:
-        return Completion(_why_not_held(conn, claim), new=False)
+        run = _require(conn, claim.run_id)
+        if run.status != "completed":
+            raise _lease_lost(claim, run)
+        return Completion(run, new=False)
+    if effect is not None:
+        with Session(bind=conn) as session:
+            effect(session)
+            session.flush()
     return Completion(_run(row), new=True)
 
 
 def fail_txn(conn: Connection, claim: Claim, error: str, retryable: bool) -> Run:
     """Record the error; a retryable failure releases the lease (pending), a permanent one marks
     the Run failed; only the fence holder can do either."""
-    now = db_now()
-    row = conn.execute(
-        sa.update(runs)
-        .where(_holder(claim))
-        .values(
-            status="pending" if retryable else "failed", owner=None, lease_expires_at=None,
-            error=error, updated_at=now,
-        )
-        .returning(*runs.c)
-    ).first()
+    row = _RELEASE_OR_FAIL.first(
+        conn, **_holder_params(claim), status="pending" if retryable else "failed", error=error
+    )
     if row is None:
-        run = _why_not_held(conn, claim)
-        raise LeaseLost(f"run {claim.run_id} was completed by another attempt (fence {run.fence})")
-    conn.execute(
-        sa.update(attempts)
-        .where(attempts.c.attempt_id == claim.attempt_id)
-        .values(outcome="released" if retryable else "failed", error=error, finished_at=now)
+        raise _lease_lost(claim, get_run(conn, claim.run_id))
+    _FINISH_ATTEMPT.rows(
+        conn, attempt_id=claim.attempt_id, outcome="released" if retryable else "failed",
+        error=error,
     )
     return _run(row)
 
 
 def requeue_run_txn(conn: Connection, run_id: str) -> Run:
     """Operator action: a failed Run goes back to pending; no other state can be requeued."""
-    row = conn.execute(
-        sa.update(runs)
-        .where(runs.c.run_id == run_id, runs.c.status == "failed")
-        .values(status="pending", updated_at=db_now())
-        .returning(*runs.c)
-    ).first()
+    row = _REQUEUE.first(conn, run_id=run_id)
     if row is None:
-        run = get_run(conn, run_id)
-        if run is None:
-            raise RunNotFound(f"no run with id {run_id!r}")
+        run = _require(conn, run_id)
         raise InvalidTransition(f"run {run_id} is {run.status}; only a failed run can be requeued")
     return _run(row)

@@ -5,7 +5,10 @@ unreachable the tests are skipped locally, but FAIL when RUNLEDGER_REQUIRE_POSTG
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +17,13 @@ import pytest
 import sqlalchemy as sa
 
 from store import Ledger
+
+# Prefect reads its settings when first imported: give the whole session a throwaway home
+# (never the developer's ~/.prefect) and a start-up timeout that a busy machine can meet.
+PREFECT_HOME = tempfile.mkdtemp(prefix="runledger-prefect-home-")
+atexit.register(shutil.rmtree, PREFECT_HOME, True)
+os.environ["PREFECT_HOME"] = PREFECT_HOME
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 
 ADMIN_URL = os.environ.get(
     "RUNLEDGER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -128,3 +138,13 @@ def fresh_db_url(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignor
     if dialect == "postgres":
         for url in made:
             request.getfixturevalue("postgres_databases").drop(url)
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """One temporary Prefect server (``prefect_test_harness``) for the session; its API URL."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield str(PREFECT_API_URL.value())

@@ -1,0 +1,78 @@
+"""Stack commands: `serve` (every deployment with its schedule, one process) and
+`stack up|automations` (the local stack without Docker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from flows.cli.app import app
+from flows.stack.automations import HEARTBEAT_SECONDS, install_crash_detector
+from flows.stack.local import StackConfig, up
+from flows.stack.prefect_server import client
+from flows.stack.work_pool import DEFAULT_POOL
+from store import RunledgerError
+
+console = Console()
+stack_app = typer.Typer(help="The local stack: Prefect server, SMTP sink, serve or workers.",
+                        no_args_is_help=True)
+app.add_typer(stack_app, name="stack")
+
+
+@app.command("serve")
+def serve(
+    limit: int | None = typer.Option(None, "--limit", min=1,
+                                     help="Most flow runs executed at once."),
+) -> None:
+    """Serve every deployment of deployments/prefect.yaml with its schedules (needs
+    PREFECT_API_URL). On exit Prefect pauses them and drops their future scheduled runs."""
+    from deployments.serve import serve_all
+
+    serve_all(limit=limit)
+
+
+@stack_app.command("up")
+def stack_up(
+    home: Path = typer.Option(Path(".runledger"), "--home",
+                              help="Folder for Prefect's files, logs and the mail folder."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address of the Prefect server."),
+    port: int = typer.Option(4200, "--port", min=1, max=65535, help="Port of the Prefect UI/API."),
+    workers: int = typer.Option(
+        0, "--workers", min=0,
+        help="0: `runledger serve`; N: a process work pool, `prefect deploy`, N workers."),
+    pool: str = typer.Option(DEFAULT_POOL, "--pool", help="Work pool name (with --workers)."),
+    kickoff: bool = typer.Option(True, "--kickoff/--no-kickoff",
+                                 help="Run the reference job and one delivery pass at start."),
+    prefect_db: str | None = typer.Option(
+        None, "--prefect-db", envvar="PREFECT_API_DATABASE_CONNECTION_URL",
+        help="Prefect's database (postgresql+asyncpg://...); default SQLite in --home."),
+) -> None:
+    """Start the whole local stack and run it until Ctrl-C, which stops everything."""
+    config = StackConfig(home=home.resolve(), host=host, port=port, workers=workers, pool=pool,
+                         kickoff=kickoff, prefect_database_url=prefect_db)
+    try:
+        up(config, say=console.print)
+    except RunledgerError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+
+
+@stack_app.command("automations")
+def stack_automations(
+    within: float = typer.Option(
+        3 * HEARTBEAT_SECONDS, "--within", min=HEARTBEAT_SECONDS + 1,
+        help="Seconds without any event after a heartbeat before a flow run counts as crashed."),
+) -> None:
+    """Install runledger's automations on the server in PREFECT_API_URL (workers must send
+    heartbeats: PREFECT_FLOWS_HEARTBEAT_FREQUENCY=30)."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        Console(stderr=True).print("[bold red]error:[/] set PREFECT_API_URL to your server's API")
+        raise typer.Exit(1)
+    with client(url) as api:
+        install_crash_detector(api, within)
+    console.print(f"installed the crash detector on {url} (within {within:.0f} s)")

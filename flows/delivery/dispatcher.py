@@ -1,0 +1,181 @@
+"""The dispatcher: claim due outbox messages with a delivery lease, send each with its stable key,
+and record the classified outcome with the lease's fence. No Prefect here: the flow and
+`runledger deliver` both run ``Dispatcher.run_pass``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from flows.delivery.policy import Decision, RetryPolicy, Status
+from flows.delivery.report import Delivery, DeliveryReport
+from flows.delivery.settings import DeliverySettings, open_transport
+from flows.mail.errors import MailConfigurationError
+from flows.mail.letter import Letter
+from flows.mail.settings import SmtpSettings, load_settings
+from flows.mail.transport import OutcomeKind, SendOutcome, Transport
+from store import DeliveryLeaseLost, Ledger, MessageClaim
+from store.faults import fault_point
+
+log = logging.getLogger("runledger.delivery")
+
+Observer = Callable[[Delivery], None]
+LEASE_MARGIN_SECONDS = 1.0
+
+
+def dispatcher_owner() -> str:
+    """host:pid:random, unique per dispatcher even with several in one process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Dispatcher:
+    """Delivers the outbox through one transport. Several dispatchers may run at once: each
+    message is leased to one of them, and only the lease holder's outcome is recorded."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        transport: Transport,
+        policy: RetryPolicy,
+        *,
+        lease_seconds: float = 600.0,
+        channel: str = "email",
+        owner: str | None = None,
+        observer: Observer | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        policy.check_retention(transport.key_retention_seconds, transport.name)
+        if lease_seconds < 2 * transport.send_reserve_seconds:
+            raise MailConfigurationError(
+                f"the delivery lease ({lease_seconds:g} s, RUNLEDGER_DELIVERY_LEASE_SECONDS) must be "
+                f"at least twice the longest send ({transport.send_reserve_seconds:g} s from the "
+                "transport timeout), or messages would be taken over while still being sent"
+            )
+        self.ledger = ledger
+        self.transport = transport
+        self.policy = policy
+        self.lease_seconds = lease_seconds
+        self.channel = channel
+        self.owner = owner or dispatcher_owner()
+        self.observer = observer
+        self.rng = rng or random.Random()
+
+    @classmethod
+    def from_settings(
+        cls, ledger: Ledger, *, smtp: SmtpSettings | None = None, observer: Observer | None = None
+    ) -> Dispatcher:
+        """A dispatcher configured from RUNLEDGER_DELIVERY_* and the transport's settings
+        (``smtp`` overrides RUNLEDGER_SMTP_*, e.g. from a Prefect block)."""
+        settings = load_settings(DeliverySettings)
+        return cls(ledger, open_transport(settings, smtp), settings.policy(),
+                   lease_seconds=settings.lease_seconds, observer=observer)
+
+    async def run_pass(self, batch_size: int = 100, max_seconds: float = 60.0) -> DeliveryReport:
+        """Deliver batches until nothing is due or ``max_seconds`` pass. Each message is tried at
+        most once per pass; a ``MailConfigurationError`` stops the pass after giving back every
+        untried claim."""
+        if batch_size < 1 or max_seconds <= 0:
+            raise ValueError(f"batch_size must be >= 1 and max_seconds > 0, got {batch_size}, "
+                             f"{max_seconds}")
+        started = time.monotonic()
+        deadline = started + max_seconds
+        report = DeliveryReport(owner=self.owner, transport=self.transport.name)
+        tried: set[str] = set()
+        try:
+            while time.monotonic() < deadline and report.stopped is None:
+                leased_at = time.monotonic()
+                claims = self.ledger.claim_messages(self.owner, batch_size, self.lease_seconds,
+                                                    self.channel)
+                if not claims:
+                    break
+                again = [c for c in claims if c.message_id in tried]
+                self._release(again, report)
+                fresh = [c for c in claims if c.message_id not in tried]
+                if not fresh:
+                    break  # everything due now was already tried in this pass
+                tried.update(c.message_id for c in fresh)
+                await self._deliver_batch(fresh, leased_at, deadline, report)
+        finally:
+            report.seconds = time.monotonic() - started
+            await self.transport.aclose()
+        log.info("delivery pass %s: %s", self.owner, report.counts)
+        return report
+
+    async def _deliver_batch(self, claims: Sequence[MessageClaim], leased_at: float,
+                             deadline: float, report: DeliveryReport) -> None:
+        for index, claim in enumerate(claims):
+            rest = claims[index:]
+            if time.monotonic() >= deadline:
+                self._release(rest, report)
+                return
+            lease_left = self.lease_seconds - (time.monotonic() - leased_at)
+            if lease_left < self.transport.send_reserve_seconds + LEASE_MARGIN_SECONDS:
+                self._release(rest, report)  # claim them again with a fresh lease
+                return
+            try:
+                outcome = await self.transport.send(Letter.from_claim(claim, self.transport.sender))
+            except MailConfigurationError as exc:
+                self._release(rest, report)
+                report.stopped = str(exc)
+                raise
+            except BaseException:
+                # Cancelled mid-send: this message's fate is unknown, so it stays leased until
+                # the lease expires; the untried ones go back now.
+                self._release(claims[index + 1:], report)
+                raise
+            self._record(claim, outcome, report)
+            if outcome.unreachable:
+                self._release(claims[index + 1:], report)
+                report.stopped = f"transport unreachable: {outcome.summary}"
+                return
+            if outcome.retry_after:
+                if time.monotonic() + outcome.retry_after >= deadline:
+                    self._release(claims[index + 1:], report)
+                    report.stopped = f"receiver asked to wait {outcome.retry_after:g} s"
+                    return
+                await asyncio.sleep(outcome.retry_after)
+
+    def _record(self, claim: MessageClaim, outcome: SendOutcome, report: DeliveryReport) -> None:
+        """Write the outcome (state first, then tell: invariant 9)."""
+        if outcome.kind is OutcomeKind.SENT:
+            fault_point("after_send_before_mark")
+        decision = self.policy.decide(claim, outcome, self.rng)
+        try:
+            self._write(claim, decision, outcome)
+        except DeliveryLeaseLost as exc:
+            report.lost += 1
+            log.warning("%s", exc)
+            return
+        delivery = Delivery(
+            message_id=claim.message_id, run_id=claim.run_id, recipient=claim.recipient,
+            attempt=claim.attempt, status=decision.status, delay=decision.delay,
+            error=decision.error, reply_code=outcome.reply.code,
+        )
+        report.add(delivery)
+        if decision.status is not Status.SENT:
+            log.info("message %s attempt %d: %s (%s)", claim.message_id[:12], claim.attempt,
+                     decision.status.value, decision.error)
+        if self.observer is not None:
+            self.observer(delivery)
+
+    def _write(self, claim: MessageClaim, decision: Decision, outcome: SendOutcome) -> None:
+        reply, error = outcome.reply, decision.error or outcome.summary
+        if decision.status is Status.SENT:
+            self.ledger.mark_sent(claim, reply)
+        elif decision.status is Status.RETRY:
+            self.ledger.schedule_retry(claim, decision.delay or 0.0, error, reply)
+        elif decision.status is Status.UNCERTAIN:
+            self.ledger.mark_uncertain(claim, error, decision.delay, reply)
+        else:
+            self.ledger.mark_dead(claim, error, reply)
+
+    def _release(self, claims: Sequence[MessageClaim], report: DeliveryReport) -> None:
+        for claim in claims:
+            self.ledger.release_message(claim)
+        report.released += len(claims)

@@ -1,0 +1,127 @@
+"""competitor-summary: every day, per workspace, summarize the competitor documents collected
+for it and email the summary to the workspace's subscribers.
+
+A source folder holds one sub-folder per workspace (the subjects) with the documents
+(``*.md``) and ``subscribers.txt`` (one address per line). The default source is the sample
+data shipped in this package; point RUNLEDGER_COMPETITOR_SUMMARY_SOURCE at your own folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from store import InvalidInput, OutboxMessage, Period
+from store.message import normalize_address
+
+from flows.jobs.errors import ValidationFailed
+from flows.jobs.job import Candidate, Job
+from flows.model import Model
+
+SAMPLE_DATA = Path(__file__).with_name("sample_data")
+SUBSCRIBERS = "subscribers.txt"
+INSTRUCTIONS = (
+    "You brief a product team on its competitors. Summarize the documents below in at most "
+    "five sentences of plain, factual text. Do not invent facts."
+)
+
+
+class CompetitorSummarySettings(BaseSettings):
+    """Where the documents are, which timezone a day is counted in, and how long a summary may be."""
+
+    model_config = SettingsConfigDict(env_prefix="RUNLEDGER_COMPETITOR_SUMMARY_", extra="ignore")
+
+    source: Path = SAMPLE_DATA
+    timezone: str = "Europe/Paris"
+    max_summary_chars: int = 2_000
+    max_source_bytes: int = 200_000
+
+
+def _settings() -> CompetitorSummarySettings:
+    return CompetitorSummarySettings()
+
+
+def _folder(workspace: str) -> Path:
+    source = _settings().source
+    folder = source / workspace
+    if not folder.is_dir() or folder.parent != source:
+        raise InvalidInput(f"workspace {workspace!r} has no folder in {source}")
+    return folder
+
+
+def workspaces() -> list[str]:
+    """Every workspace of the source folder: each sub-folder with a subscribers file."""
+    source = _settings().source
+    if not source.is_dir():
+        raise InvalidInput(f"competitor-summary source folder {source} does not exist")
+    return sorted(p.name for p in source.iterdir() if (p / SUBSCRIBERS).is_file())
+
+
+def subscribers(workspace: str) -> list[str]:
+    """The workspace's subscribers, normalized and sorted; an invalid address is an error."""
+    path = _folder(workspace) / SUBSCRIBERS
+    lines = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
+    found = {normalize_address(line, f"subscriber in {path}") for line in lines
+             if line and not line.startswith("#")}
+    return sorted(found)
+
+
+def collect(workspace: str, period: Period) -> dict[str, Any]:
+    """The workspace's documents (name and text), in name order."""
+    settings = _settings()
+    paths = sorted(_folder(workspace).glob("*.md"))
+    if not paths:
+        raise InvalidInput(f"workspace {workspace!r} has no documents (*.md) to summarize")
+    size = sum(p.stat().st_size for p in paths)
+    if size > settings.max_source_bytes:
+        raise InvalidInput(
+            f"workspace {workspace!r} has {size} bytes of documents, above the "
+            f"{settings.max_source_bytes}-byte limit (RUNLEDGER_COMPETITOR_SUMMARY_MAX_SOURCE_BYTES)"
+        )
+    documents = [{"name": p.name, "text": p.read_text(encoding="utf-8")} for p in paths]
+    return {"workspace": workspace, "period": period.label, "documents": documents}
+
+
+def transform(raw: dict[str, Any], model: Model) -> Candidate:
+    prompt = "\n\n".join(f"## {d['name']}\n\n{d['text'].strip()}" for d in raw["documents"])
+    answer = model.generate(prompt, system=INSTRUCTIONS)
+    return Candidate(answer.text, answer.model, {
+        "workspace": raw["workspace"], "documents": [d["name"] for d in raw["documents"]],
+    })
+
+
+def validate(candidate: Candidate) -> None:
+    limit = _settings().max_summary_chars
+    if not candidate.text.strip():
+        raise ValidationFailed("the model returned an empty summary")
+    if len(candidate.text) > limit:
+        raise ValidationFailed(
+            f"the summary has {len(candidate.text)} characters, above the {limit}-character limit"
+        )
+
+
+def messages(workspace: str, period: Period, output: dict[str, Any]) -> list[OutboxMessage]:
+    subject = f"Competitor summary for {workspace}, {period.label}"
+    body = f"{output['text']}\n\nSources: {', '.join(output['documents'])}\n"
+    return [OutboxMessage(recipient, subject, body) for recipient in subscribers(workspace)]
+
+
+def params(workspace: str, period: Period) -> dict[str, Any]:
+    """The recipients shape the Run: the same day with other recipients is a conflict."""
+    return {"recipients": subscribers(workspace)}
+
+
+job = Job(
+    name="competitor-summary",
+    version="1",
+    cadence="daily",
+    timezone=_settings().timezone,
+    subjects=workspaces,
+    collect=collect,
+    transform=transform,
+    validate=validate,
+    messages=messages,
+    params=params,
+    description="Daily competitor summary per workspace, emailed to its subscribers.",
+)

@@ -1,0 +1,95 @@
+"""Jobs by name. A job is found if a module of the ``flows.jobs`` package defines it, or if an
+installed package publishes it under the entry-point group ``runledger.jobs``
+(``my-job = "my_package.jobs:job"``; the value is a Job or a module defining Jobs)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+from collections.abc import Iterable
+from importlib.metadata import EntryPoint, entry_points
+from types import ModuleType
+
+from flows.jobs.errors import InvalidJob, UnknownJob
+from flows.jobs.job import Job
+
+ENTRY_POINT_GROUP = "runledger.jobs"
+PACKAGE = "flows.jobs"
+
+_jobs: dict[str, Job] = {}
+_discovered = False
+_lock = threading.RLock()
+
+
+def register(job: Job) -> Job:
+    """Add ``job`` to the registry; another job under the same name is an error."""
+    if not isinstance(job, Job):
+        raise InvalidJob(f"only Job objects can be registered, got {type(job).__name__}")
+    with _lock:
+        existing = _jobs.get(job.name)
+        if existing is not None and existing is not job:
+            raise InvalidJob(f"two different jobs are named {job.name!r}")
+        _jobs[job.name] = job
+    return job
+
+
+def jobs_in_module(module: ModuleType) -> list[Job]:
+    """The Job objects a module defines at its top level."""
+    return [value for value in vars(module).values() if isinstance(value, Job)]
+
+
+def jobs_from_entry_points(found: Iterable[EntryPoint]) -> list[Job]:
+    """The jobs published by entry points; one that cannot load is a clear error."""
+    jobs: list[Job] = []
+    for entry in found:
+        try:
+            value = entry.load()
+        except Exception as exc:
+            raise InvalidJob(
+                f"entry point {entry.name} = {entry.value!r} of group {ENTRY_POINT_GROUP} "
+                f"failed to load: {type(exc).__name__}: {exc}"
+            ) from exc
+        if isinstance(value, ModuleType):
+            jobs.extend(jobs_in_module(value))
+        elif isinstance(value, Job):
+            jobs.append(value)
+        else:
+            raise InvalidJob(
+                f"entry point {entry.name} = {entry.value!r} of group {ENTRY_POINT_GROUP} "
+                f"is a {type(value).__name__}, not a Job or a module"
+            )
+    return jobs
+
+
+def _discover() -> None:
+    global _discovered
+    with _lock:
+        if _discovered:
+            return
+        package = importlib.import_module(PACKAGE)
+        for info in pkgutil.iter_modules(package.__path__, prefix=f"{PACKAGE}."):
+            if not info.name.rsplit(".", 1)[-1].startswith("_"):
+                for job in jobs_in_module(importlib.import_module(info.name)):
+                    register(job)
+        for job in jobs_from_entry_points(entry_points(group=ENTRY_POINT_GROUP)):
+            register(job)
+        _discovered = True
+
+
+def registered_jobs() -> dict[str, Job]:
+    """Every known job by name, sorted."""
+    _discover()
+    with _lock:
+        return dict(sorted(_jobs.items()))
+
+
+def get_job(name: str) -> Job:
+    """The job called ``name``; an unknown name is an error listing the known ones."""
+    jobs = registered_jobs()
+    try:
+        return jobs[name]
+    except (KeyError, TypeError):
+        raise UnknownJob(
+            f"unknown job {name!r}; registered jobs: {', '.join(jobs) or '(none)'}"
+        ) from None

@@ -1,0 +1,2 @@
+"""Mail delivery: the transports (SMTP over aiosmtplib, a Resend-style HTTP provider), their
+settings, the rendering of an outbox message into a letter, and an SMTP sink for tests."""

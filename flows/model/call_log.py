@@ -1,0 +1,58 @@
+"""The model call log, a test and diagnostic hook: with $RUNLEDGER_MODEL_CALL_LOG set, every
+model call appends one JSON line (job, subject, run_id, pid, time) before it is made, so calls
+can be counted across worker processes, including calls whose process was killed mid-way."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from flows.model.protocol import Generation, Model
+
+
+@dataclass(frozen=True)
+class CallLog:
+    """An append-only file of model calls; one ``write`` per line under O_APPEND keeps lines
+    whole when many processes append at once."""
+
+    path: Path
+
+    def record(self, job: str, subject: str, run_id: str) -> None:
+        line = json.dumps({
+            "job": job, "subject": subject, "run_id": run_id, "pid": os.getpid(),
+            "time": datetime.now(UTC).isoformat(),
+        }) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode("utf-8"))
+        finally:
+            os.close(fd)
+
+    def entries(self) -> list[dict[str, object]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+
+class LoggedModel:
+    """The model a job's transform receives: it records each call for one Run, then delegates."""
+
+    def __init__(self, inner: Model, log: CallLog | None, job: str, subject: str,
+                 run_id: str) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.log = log
+        self.job = job
+        self.subject = subject
+        self.run_id = run_id
+
+    def generate(self, prompt: str, *, system: str | None = None) -> Generation:
+        if self.log is not None:
+            self.log.record(self.job, self.subject, self.run_id)
+        return self.inner.generate(prompt, system=system)
+
+    def close(self) -> None:
+        """The inner model outlives one Run: the flow run closes it."""

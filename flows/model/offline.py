@@ -1,0 +1,69 @@
+"""The offline model: an extractive summarizer that needs no network and no downloaded weights.
+
+It keeps the few sentences whose words are most frequent in the text, in their original order.
+Deterministic, so the same input always gives the same summary."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+
+from flows.model.protocol import Generation
+
+NAME = "offline-extractive-v1"
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
+_MARKUP = re.compile(r"^[ \t]*(?:#{1,6}[ \t]+|[-*+][ \t]+|\d+[.)][ \t]+|>[ \t]*)", re.MULTILINE)
+STOP_WORDS = frozenset(
+    "the and for are but not you all any can had her was one our out has have this that with "
+    "from they will would there their what about which when were been into more than then them "
+    "these some its also very just over such only other could should after before while where "
+    "who how our your his she him may might must each most both few those being".split()
+)
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of ``text``, with Markdown heading and list markers removed."""
+    plain = _MARKUP.sub("", text)
+    parts: list[str] = []
+    for block in re.split(r"\n\s*\n", plain):
+        flat = " ".join(block.split())
+        parts.extend(s.strip() for s in _SENTENCE_END.split(flat) if s.strip())
+    return parts
+
+
+def summarize(text: str, max_sentences: int) -> str:
+    """The ``max_sentences`` most representative sentences of ``text``, in reading order."""
+    found = sentences(text)
+    words = [w.lower() for w in _WORD.findall(text)]
+    frequency = Counter(w for w in words if w not in STOP_WORDS)
+    if not found or not frequency:
+        return " ".join(found[:max_sentences])
+
+    def score(index: int) -> float:
+        tokens = [w.lower() for w in _WORD.findall(found[index])]
+        useful = [frequency[w] for w in tokens if w in frequency]
+        # Dividing by the square root favours informative sentences without rewarding length.
+        return sum(useful) / max(len(tokens), 1) ** 0.5
+
+    best = sorted(range(len(found)), key=lambda i: (-score(i), i))[:max_sentences]
+    return " ".join(found[i] for i in sorted(best))
+
+
+class OfflineModel:
+    """A Model that summarizes the prompt by extraction; ``delay_seconds`` simulates latency."""
+
+    name = NAME
+
+    def __init__(self, *, max_sentences: int = 3, delay_seconds: float = 0.0) -> None:
+        self.max_sentences = max_sentences
+        self.delay_seconds = delay_seconds
+
+    def generate(self, prompt: str, *, system: str | None = None) -> Generation:
+        if self.delay_seconds:
+            time.sleep(self.delay_seconds)
+        return Generation(summarize(prompt, self.max_sentences), self.name)
+
+    def close(self) -> None:
+        return None

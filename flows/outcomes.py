@@ -1,0 +1,131 @@
+"""What happened to each subject of a tick, as people read it: Prefect state names, events,
+the per-flow-run artifact and the flow run's final state."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from prefect.events import emit_event
+from prefect.states import Completed, Failed, State
+
+from store import Period
+
+Outcome = Literal["new", "duplicate", "in-progress-elsewhere", "lease-lost", "failed"]
+OUTCOMES: tuple[Outcome, ...] = ("new", "duplicate", "in-progress-elsewhere", "lease-lost", "failed")
+EVENTS: dict[Outcome, str] = {
+    "new": "runledger.run.completed",
+    "duplicate": "runledger.run.duplicate",
+    "in-progress-elsewhere": "runledger.run.in-progress-elsewhere",
+    "lease-lost": "runledger.run.lease-lost",
+    "failed": "runledger.run.failed",
+}
+STATE_NAMES: dict[Outcome, str] = {
+    "new": "Completed",
+    "duplicate": "Duplicate",
+    "in-progress-elsewhere": "InProgressElsewhere",
+    "lease-lost": "LeaseLost",
+    "failed": "Failed",
+}
+
+
+@dataclass(frozen=True)
+class SubjectOutcome:
+    """One subject's result in one tick: its Run, what happened, and what was queued."""
+
+    subject: str
+    run_id: str
+    outcome: Outcome
+    attempts: int = 0
+    outbox_rows: int = 0
+    error: str | None = None
+    output: dict[str, Any] | None = field(default=None, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TickReport:
+    """Every subject's outcome for one job and period."""
+
+    job: str
+    version: str
+    period: Period
+    subjects: list[SubjectOutcome]
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}/{self.period.label}"
+
+    def counts(self) -> Counter[Outcome]:
+        return Counter(s.outcome for s in self.subjects)
+
+    def summary(self) -> str:
+        counts = self.counts()
+        parts = [f"{counts[o]} {o}" for o in OUTCOMES if counts[o]]
+        return f"{self.name}: {', '.join(parts) or 'no subjects'}"
+
+    def state_name(self) -> str:
+        """Failed beats everything; then the outcome that says the tick is not ours to finish;
+        Duplicate only when every subject was already completed."""
+        counts = self.counts()
+        for outcome in ("failed", "lease-lost", "in-progress-elsewhere"):
+            if counts[outcome]:
+                return STATE_NAMES[outcome]
+        if self.subjects and counts["duplicate"] == len(self.subjects):
+            return STATE_NAMES["duplicate"]
+        return STATE_NAMES["new"]
+
+    def final_state(self) -> State[Any]:
+        name = self.state_name()
+        if name == "Failed":
+            failed = [s for s in self.subjects if s.outcome == "failed"]
+            detail = "; ".join(f"{s.subject}: {s.error}" for s in failed[:5])
+            return Failed(message=f"{self.summary()} ({detail})", data=self)
+        return Completed(name=name, message=self.summary(), data=self)
+
+    def markdown(self) -> str:
+        lines = [
+            f"# {self.name}",
+            "",
+            f"Job `{self.job}` version `{self.version}`, period "
+            f"`{self.period.start.isoformat()}` to `{self.period.end.isoformat()}` "
+            f"({self.period.timezone}).",
+            "",
+            f"**{self.summary()}**",
+            "",
+            "| subject | Run id | outcome | attempts | outbox rows queued | error |",
+            "|---|---|---|---|---|---|",
+        ]
+        for s in self.subjects:
+            error = (s.error or "").replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {s.subject} | `{s.run_id}` | {s.outcome} | {s.attempts} | "
+                         f"{s.outbox_rows} | {error} |")
+        return "\n".join(lines) + "\n"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job, "version": self.version, "period": self.period.label,
+            "period_start": self.period.start.isoformat(),
+            "period_end": self.period.end.isoformat(), "state": self.state_name(),
+            "summary": self.summary(), "subjects": [s.as_dict() for s in self.subjects],
+        }
+
+
+def emit_outcome(report_job: str, version: str, period: Period, outcome: SubjectOutcome) -> None:
+    """A Prefect event for a ledger transition (or a refusal), with the Run as the resource."""
+    emit_event(
+        event=EVENTS[outcome.outcome],
+        resource={
+            "prefect.resource.id": f"runledger.run.{outcome.run_id}",
+            "prefect.resource.name": f"{report_job}/{outcome.subject}/{period.label}",
+            "runledger.job": report_job,
+            "runledger.subject": outcome.subject,
+            "runledger.version": version,
+            "runledger.period": period.label,
+        },
+        payload={"attempts": outcome.attempts, "outbox_rows": outcome.outbox_rows,
+                 "error": outcome.error},
+    )

@@ -1,0 +1,388 @@
+"""The ``run-job`` flow: one tick of a job, each subject's Run registered, claimed, collected,
+transformed and persisted at most once, whatever retries, overlaps or reruns happen.
+
+The ledger is the authority: Prefect's retries only repeat a stage, Prefect's caching is off,
+and the nominal time comes from the flow run's expected start (or the ``period`` parameter),
+never from a worker's clock."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from prefect import flow, get_run_logger, tags, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import TaskRun
+from prefect.runtime import flow_run as current_flow_run
+from prefect.runtime import task_run as current_task_run
+from prefect.states import Completed, State
+from prefect.tasks import Task, exponential_backoff
+
+from store import (
+    Claim,
+    Ledger,
+    LeaseLost,
+    OutboxMessage,
+    Period,
+    Run,
+    RunIdentity,
+    RunledgerError,
+    params_fingerprint,
+)
+
+from flows.jobs import Candidate, Job, PermanentError, TransientError, get_job, is_transient
+from flows.lease_keeper import LeaseKeeper
+from flows.model import CallLog, LoggedModel, Model, model_from_settings
+from flows.outcomes import STATE_NAMES, SubjectOutcome, TickReport, emit_outcome
+from flows.settings import RunledgerSettings
+
+RETRY_JITTER_FACTOR = 0.5
+
+
+class RunFailed(PermanentError):
+    """The Run failed permanently; an operator must requeue it."""
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Everything the stages of one flow run share."""
+
+    job: Job
+    period: Period
+    ledger: Ledger
+    model: Model
+    call_log: CallLog | None
+    settings: RunledgerSettings
+    flow_run_id: str
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.settings.lease_seconds or self.job.lease_seconds
+
+    def owner(self, task_run_id: str) -> str:
+        """A unique owner per attempt: owner equality lets a claim be taken again."""
+        return f"{socket.gethostname()}:{os.getpid()}:{self.flow_run_id}/{task_run_id}"
+
+    def emit(self, outcome: SubjectOutcome) -> SubjectOutcome:
+        emit_outcome(self.job.name, self.job.version, self.period, outcome)
+        return outcome
+
+
+@dataclass(frozen=True)
+class Started:
+    """What register+claim found: the Run, and the claim when this attempt holds it."""
+
+    run: Run
+    claim: Claim | None
+
+
+@dataclass(frozen=True)
+class Persisted:
+    run: Run
+    outbox_rows: int
+
+
+def _retry_if_transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
+    return isinstance(state.data, BaseException) and is_transient(state.data)
+
+
+def _named(name: str, message: str, data: Any) -> State[Any]:
+    return Completed(name=name, message=message, data=data)
+
+
+STAGE: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
+
+
+@task(name="register+claim", task_run_name="register+claim[{subject}]", **STAGE)
+def register_and_claim(tick: Tick, subject: str) -> State[Any]:
+    """Register the Run (one row per identity) and take its lease if nobody else holds it."""
+    identity = tick.job.identity(subject, tick.period)
+    run = tick.ledger.register(identity, tick.job.run_params(subject, tick.period))
+    claim = None
+    if run.status in ("pending", "running"):
+        claim = tick.ledger.claim(run.run_id, tick.owner(str(current_task_run.id)),
+                                  tick.lease_seconds)
+        if claim is None:
+            run = tick.ledger.require(run.run_id)
+    if claim is not None:
+        return _named("Claimed", f"fence {claim.fence}, lease until {claim.lease_expires_at}",
+                      Started(run, claim))
+    if run.status == "completed":
+        return _named("Duplicate", f"run {run.run_id} is already completed; stored output kept",
+                      Started(run, None))
+    if run.status == "failed":
+        raise RunFailed(
+            f"run {run.run_id} failed permanently ({run.error}); requeue it with "
+            f"`runledger runs requeue {run.run_id}`"
+        )
+    return _named("InProgressElsewhere",
+                  f"run {run.run_id} is leased by {run.owner} until {run.lease_expires_at}",
+                  Started(run, None))
+
+
+@task(name="collect", task_run_name="collect[{subject}]", **STAGE)
+def collect_input(tick: Tick, subject: str, claim: Claim) -> State[Any] | dict[str, Any]:
+    """Collect the raw input and store it once; the stored value (maybe an earlier one) wins."""
+    raw = tick.job.collect(subject, tick.period)
+    try:
+        return tick.ledger.save_input(claim, raw)
+    except LeaseLost as exc:
+        return _named("LeaseLost", str(exc), exc)
+
+
+@task(name="transform", task_run_name="transform[{subject}]", **STAGE)
+def transform_input(tick: Tick, subject: str, claim: Claim, raw: dict[str, Any],
+                    keeper: LeaseKeeper) -> State[Any] | Candidate:
+    """Ask the model for a candidate; a lease already lost skips the model call."""
+    if keeper.lost:
+        return _named("LeaseLost", keeper.reason or "lease lost", LeaseLost(keeper.reason))
+    model = LoggedModel(tick.model, tick.call_log, tick.job.name, subject, claim.run_id)
+    try:
+        return tick.job.transform(raw, model)
+    except TransientError as exc:
+        if exc.retry_after and (current_task_run.run_count or 1) <= tick.settings.task_retries:
+            time.sleep(min(exc.retry_after, tick.settings.max_retry_after_seconds))
+        raise
+
+
+@task(name="persist", task_run_name="persist[{subject}]", **STAGE)
+def persist_output(tick: Tick, subject: str, claim: Claim, candidate: Candidate,
+                   keeper: LeaseKeeper) -> State[Any]:
+    """Validate the candidate, then complete the Run with its outbox rows and business effect
+    in one transaction; a moved fence discards the candidate."""
+    if keeper.lost:
+        return _named("LeaseLost", f"candidate discarded: {keeper.reason}",
+                      LeaseLost(keeper.reason))
+    tick.job.validate(candidate)
+    output = candidate.output()
+    messages: list[OutboxMessage] = list(tick.job.messages(subject, tick.period, output))
+    effect = tick.job.effect
+    try:
+        done = tick.ledger.complete_run(
+            claim, output, messages,
+            None if effect is None else (lambda session: effect(session, output)),
+        )
+    except LeaseLost as exc:
+        return _named("LeaseLost", f"candidate discarded: {exc}", exc)
+    # A retry after a lost reply finds the Run completed by this very attempt.
+    if done.new or done.run.completed_attempt_id == claim.attempt_id:
+        rows = len({(m.channel, m.recipient) for m in messages})
+        return Completed(message=f"completed with {rows} outbox rows",
+                         data=Persisted(done.run, rows))
+    error = LeaseLost(f"run {claim.run_id} was completed by another attempt; candidate discarded")
+    return _named("LeaseLost", str(error), error)
+
+
+def _value(state: State[Any]) -> Any:
+    """The stage's value; a failed stage re-raises its error, a lost lease raises LeaseLost."""
+    value = state.result()
+    if isinstance(value, LeaseLost):
+        raise value
+    return value
+
+
+def _with_retries(stage: Task[..., Any], settings: RunledgerSettings) -> Task[..., Any]:
+    return stage.with_options(
+        retries=settings.task_retries,
+        retry_delay_seconds=exponential_backoff(settings.retry_delay_seconds),
+        retry_jitter_factor=RETRY_JITTER_FACTOR,
+        retry_condition_fn=_retry_if_transient,
+    )
+
+
+@dataclass(frozen=True)
+class Stages:
+    claim: Task[..., Any]
+    collect: Task[..., Any]
+    transform: Task[..., Any]
+    persist: Task[..., Any]
+
+    @classmethod
+    def configured(cls, settings: RunledgerSettings) -> Stages:
+        return cls(*(_with_retries(t, settings) for t in
+                     (register_and_claim, collect_input, transform_input, persist_output)))
+
+
+def _lease_lost(tick: Tick, subject: str, run_id: str, error: LeaseLost) -> SubjectOutcome:
+    return SubjectOutcome(subject, run_id, "lease-lost", tick.ledger.require(run_id).attempts,
+                          error=str(error))
+
+
+def _fail(tick: Tick, claim: Claim, subject: str, error: BaseException) -> SubjectOutcome:
+    """Record the failure: a transient one releases the Run for a later attempt, a permanent
+    one marks it failed."""
+    message = f"{type(error).__name__}: {error}"
+    try:
+        run = tick.ledger.fail(claim, message, retryable=is_transient(error))
+    except LeaseLost as lost:
+        return _lease_lost(tick, subject, claim.run_id, lost)
+    return SubjectOutcome(subject, run.run_id, "failed", run.attempts, error=message)
+
+
+def process_subject(tick: Tick, stages: Stages, subject: str, run_id: str) -> SubjectOutcome:
+    """Take one subject through the stages; every way out is a SubjectOutcome."""
+    state = stages.claim(tick, subject, return_state=True)
+    try:
+        started: Started = _value(state)
+    except Exception as exc:
+        return SubjectOutcome(subject, run_id, "failed", error=f"{type(exc).__name__}: {exc}")
+    run, claim = started.run, started.claim
+    if claim is None:
+        outcome = "duplicate" if run.status == "completed" else "in-progress-elsewhere"
+        return SubjectOutcome(subject, run_id, outcome, run.attempts, output=run.output)
+    try:
+        with LeaseKeeper(tick.ledger, claim, tick.lease_seconds) as keeper:
+            raw = run.raw_input
+            if raw is None:
+                raw = _value(stages.collect(tick, subject, claim, return_state=True))
+            candidate = _value(
+                stages.transform(tick, subject, claim, raw, keeper, return_state=True)
+            )
+        persisted: Persisted = _value(
+            stages.persist(tick, subject, claim, candidate, keeper, return_state=True)
+        )
+    except LeaseLost as exc:
+        return _lease_lost(tick, subject, run_id, exc)
+    except Exception as exc:
+        return _fail(tick, claim, subject, exc)
+    return SubjectOutcome(subject, run_id, "new", persisted.run.attempts, persisted.outbox_rows,
+                          output=persisted.run.output)
+
+
+def _known_outcome(tick: Tick, subject: str, identity: RunIdentity, run: Run) -> SubjectOutcome | None:
+    """The outcome of a Run the batched read found finished, or None if it needs work."""
+    if run.status == "failed":
+        return SubjectOutcome(
+            subject, run.run_id, "failed", run.attempts,
+            error=f"failed permanently ({run.error}); requeue it with "
+                  f"`runledger runs requeue {run.run_id}`",
+        )
+    if run.status != "completed":
+        return None
+    params = tick.job.run_params(subject, tick.period)
+    if params_fingerprint(params) != run.params_fingerprint:
+        try:
+            tick.ledger.register(identity, params)  # raises RunConflict and writes nothing
+        except RunledgerError as exc:
+            return SubjectOutcome(subject, run.run_id, "failed", run.attempts,
+                                  error=f"{type(exc).__name__}: {exc}")
+    return SubjectOutcome(subject, run.run_id, "duplicate", run.attempts, output=run.output)
+
+
+def run_tick(tick: Tick, subjects: list[str]) -> TickReport:
+    """Read every Run of the tick at once; only subjects not yet finished get task runs."""
+    identities = {s: tick.job.identity(s, tick.period) for s in subjects}
+    known = tick.ledger.get_many([i.run_id for i in identities.values()])
+    outcomes: dict[str, SubjectOutcome] = {}
+    pending: list[str] = []
+    for subject, identity in identities.items():
+        run = known.get(identity.run_id)
+        found = _known_outcome(tick, subject, identity, run) if run is not None else None
+        if found is None:
+            pending.append(subject)
+        else:
+            outcomes[subject] = tick.emit(found)
+    if pending:
+        stages = Stages.configured(tick.settings)
+        with ThreadPoolExecutor(max_workers=tick.settings.subject_concurrency,
+                                thread_name_prefix="subject") as pool:
+            futures = {
+                s: pool.submit(contextvars.copy_context().run, process_subject, tick, stages, s,
+                               identities[s].run_id)
+                for s in pending
+            }
+            for subject, future in futures.items():
+                outcomes[subject] = tick.emit(future.result())
+    return TickReport(tick.job.name, tick.job.version, tick.period,
+                      [outcomes[s] for s in subjects])
+
+
+def nominal_period(job: Job, period: str | None) -> Period:
+    """The explicit ``period`` if given, else the period containing the flow run's expected
+    start time (the same on every retry of this flow run)."""
+    if period is not None and period.strip():
+        return job.parse_period(period)
+    scheduled = current_flow_run.scheduled_start_time
+    return job.period_at(datetime.fromtimestamp(scheduled.timestamp(), UTC))
+
+
+def _flow_run_name() -> str:
+    parameters = current_flow_run.parameters
+    name = parameters.get("job")
+    try:
+        job = get_job(name)
+        return f"{job.name}/{nominal_period(job, parameters.get('period')).label}"
+    except RunledgerError:
+        return f"{name}/invalid-input"
+
+
+def ensure_tables(job: Job, ledger: Ledger) -> None:
+    """Create the job's business tables on first use (not the ledger's: Alembic owns those)."""
+    if job.tables is None:
+        return
+    try:
+        job.tables.create_all(ledger.engine, checkfirst=True)
+    except (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.OperationalError):
+        # Another worker created them between our check and our CREATE: check again.
+        job.tables.create_all(ledger.engine, checkfirst=True)
+
+
+def _tag_flow_run(job: Job) -> list[str]:
+    labels = [f"job:{job.name}", f"version:{job.version}"]
+    current = list(current_flow_run.tags)
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(current_flow_run.id, tags=sorted({*current, *labels}))
+    return labels
+
+
+@flow(name="run-job", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
+def run_job(job: str, subjects: list[str] | None = None, period: str | None = None) -> State[Any]:
+    """Run one tick of a job: every subject's Run is completed once, retries and reruns of the
+    same period return the stored output.
+
+    Args:
+        job: Name of a registered job, e.g. competitor-summary or daily-credit.
+        subjects: Subjects to run, e.g. ["acme"]; leave empty for all of the job's subjects.
+        period: Which period to run or redo. Either a date YYYY-MM-DD (a day in the job's
+            timezone), or an ISO datetime with an offset such as 2026-11-29T09:00:00+01:00
+            (the period containing it). Leave empty for the period of this flow run's
+            scheduled time.
+    """
+    logger = get_run_logger()
+    definition = get_job(job)
+    the_period = nominal_period(definition, period)
+    names = definition.resolve_subjects(subjects)
+    for name in names:
+        definition.identity(name, the_period)  # every identity is valid before anything is written
+    settings = RunledgerSettings()
+    labels = _tag_flow_run(definition)
+    ledger = Ledger.connect()
+    model = model_from_settings(settings)
+    try:
+        ensure_tables(definition, ledger)
+        tick = Tick(definition, the_period, ledger, model,
+                    CallLog(settings.model_call_log) if settings.model_call_log else None,
+                    settings, str(current_flow_run.id))
+        with tags(*labels):
+            report = run_tick(tick, names)
+    finally:
+        model.close()
+        ledger.close()
+    create_markdown_artifact(
+        markdown=report.markdown(), key=f"{definition.name}-tick",
+        description=report.summary(),
+    )
+    logger.info(report.summary())
+    return report.final_state()
+
+
+__all__ = ["STATE_NAMES", "nominal_period", "run_job", "run_tick"]

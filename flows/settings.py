@@ -1,0 +1,45 @@
+"""Project settings shared by the pipeline and the models (RUNLEDGER_*); read when a flow run
+starts, so a deployment's environment decides them, not the code that imported this module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RunledgerSettings(BaseSettings):
+    """Which model transforms, how long a lease lasts, and how hard the pipeline retries.
+
+    ``model_call_log`` and ``offline_model_delay_seconds`` are test and diagnostic hooks: the
+    first makes every model call append one JSON line (job, subject, run_id, pid, time) to a
+    file, so calls can be counted across worker processes; the second makes the offline model
+    sleep on each call, so a worker can be killed in the middle of a transform."""
+
+    model_config = SettingsConfigDict(env_prefix="RUNLEDGER_", extra="ignore",
+                                      protected_namespaces=())
+
+    model: Literal["offline", "openai"] = "offline"
+    model_base_url: str | None = None
+    model_name: str | None = None
+    model_api_key: SecretStr | None = None
+    model_api_key_block: str | None = Field(
+        default=None, description="Name of a Prefect Secret block holding the API key."
+    )
+    model_timeout_seconds: float = Field(default=60.0, gt=0)
+    model_call_log: Path | None = None
+    offline_model_delay_seconds: float = Field(default=0.0, ge=0)
+
+    lease_seconds: float | None = Field(
+        default=None, gt=0, description="Overrides every job's lease duration (default 900 s)."
+    )
+    subject_concurrency: int = Field(default=8, ge=1, description="Subjects processed at once.")
+    task_retries: int = Field(default=3, ge=0, description="Retries of a transient stage failure.")
+    retry_delay_seconds: float = Field(
+        default=2.0, ge=0, description="First retry delay; doubles on each retry, with jitter."
+    )
+    max_retry_after_seconds: float = Field(
+        default=60.0, ge=0, description="Longest wait honoured from a Retry-After answer."
+    )

@@ -1,0 +1,310 @@
+"""`runledger stack up`: the whole local stack from installed packages, no Docker.
+
+It migrates the ledger, starts a Prefect server (SQLite in the stack folder, or PostgreSQL),
+the SMTP sink writing .eml files, then either `runledger serve` (default) or a process work pool
+with the deployments applied and N workers; it triggers one run of the reference job and one
+delivery pass, prints where to look, and on Ctrl-C stops everything it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+from prefect.client.schemas.objects import FlowRun
+
+from deployments.project import PROJECT_ROOT, load_deployments
+from flows.mail.sink import free_port
+from flows.stack import commands
+from flows.stack.automations import HEARTBEAT_SECONDS, install_crash_detector
+from flows.stack.prefect_server import (
+    PREFECT_DB_ENV,
+    api_url,
+    client,
+    server_env,
+    ui_url,
+    wait_until_healthy,
+)
+from flows.stack.processes import StackError, Supervisor, port_is_free
+from flows.stack.work_pool import DEFAULT_POOL, ensure_pool
+from store import Ledger
+from store.settings import LedgerSettings
+
+REFERENCE_DEPLOYMENT = "competitor-summary"
+DELIVERY_DEPLOYMENT = "deliver-outbox"
+DEFAULT_SENDER = "runledger@example.org"
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """What to start and where: ``home`` holds Prefect's files, the logs and the mail folder."""
+
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = 4200
+    workers: int = 0
+    pool: str = DEFAULT_POOL
+    kickoff: bool = True
+    crash_after_seconds: float = 3 * HEARTBEAT_SECONDS
+    ledger_url: str | None = None
+    prefect_database_url: str | None = None
+
+    @property
+    def mail_dir(self) -> Path:
+        return self.home / "mail"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.home / "prefect"
+
+    @property
+    def api(self) -> str:
+        return api_url(self.host, self.port)
+
+
+def absolute_ledger_url(url: str) -> str:
+    """``url`` with a relative SQLite path made absolute, so every process opens the same file."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and \
+            parsed.database != ":memory:" and not Path(parsed.database).is_absolute():
+        parsed = parsed.set(database=str(Path(parsed.database).resolve()))
+    return parsed.render_as_string(hide_password=False)
+
+
+def prefect_database_for(ledger_url: str, explicit: str | None) -> str | None:
+    """Prefect's own database: ``explicit`` if given; on a PostgreSQL ledger, a database named
+    after the ledger's with ``_prefect`` on the same server; else None (SQLite in PREFECT_HOME).
+    Prefect needs its own database: its tables include an ``alembic_version`` like the ledger's."""
+    if explicit:
+        return explicit
+    parsed = sa.engine.make_url(ledger_url)
+    if parsed.get_backend_name() != "postgresql":
+        return None
+    return parsed.set(drivername="postgresql+asyncpg",
+                      database=f"{parsed.database}_prefect").render_as_string(hide_password=False)
+
+
+def flow_env(base: Mapping[str, str], config: StackConfig, ledger_url: str,
+             smtp_port: int) -> dict[str, str]:
+    """The environment of every process that runs flows (serve or workers)."""
+    env = dict(base)
+    env.update({
+        "PREFECT_API_URL": config.api,
+        "PREFECT_HOME": str(config.prefect_home),
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS),
+        "PREFECT_RUNNER_POLL_FREQUENCY": "5",
+        "PREFECT_WORKER_QUERY_SECONDS": "5",
+        "RUNLEDGER_DATABASE_URL": ledger_url,
+        "RUNLEDGER_SMTP_HOST": "127.0.0.1",
+        "RUNLEDGER_SMTP_PORT": str(smtp_port),
+        "RUNLEDGER_SMTP_TLS": "none",
+    })
+    env.setdefault("RUNLEDGER_MAIL_FROM", DEFAULT_SENDER)
+    env.pop(PREFECT_DB_ENV, None)
+    return env
+
+
+def deployment_ids(api: SyncPrefectClient, names: list[str]) -> dict[str, UUID]:
+    found = api.read_deployments(
+        deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=names)))
+    return {d.name: d.id for d in found}
+
+
+def wait_for_deployments(url: str, names: list[str], timeout: float) -> dict[str, UUID]:
+    deadline = time.monotonic() + timeout
+    with client(url) as api:
+        while True:
+            ids = deployment_ids(api, names)
+            if len(ids) == len(names):
+                return ids
+            if time.monotonic() > deadline:
+                missing = sorted(set(names) - set(ids))
+                raise StackError(f"deployments {', '.join(missing)} did not appear on the "
+                                 f"Prefect server within {timeout:.0f} s")
+            time.sleep(1.0)
+
+
+def run_and_wait(url: str, deployment_id: UUID, timeout: float,
+                 parameters: dict[str, Any] | None = None) -> FlowRun:
+    """Create a flow run of the deployment (the UI's "Run") and wait until it is final."""
+    with client(url) as api:
+        run = api.create_flow_run_from_deployment(deployment_id, parameters=parameters or {})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = api.read_flow_run(run.id)
+            if run.state is not None and run.state.is_final():
+                return run
+            time.sleep(1.0)
+    raise StackError(f"flow run {run.name} ({run.id}) did not finish within {timeout:.0f} s")
+
+
+def _mail_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.eml"))
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C: both end the stack through the same clean shutdown."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class LocalStack:
+    """Starts and stops the local stack described by a StackConfig."""
+
+    def __init__(self, config: StackConfig, say: Say = print) -> None:
+        self.config = config
+        self.say = say
+        self.supervisor = Supervisor(config.log_dir)
+        self.ledger_url = absolute_ledger_url(config.ledger_url or LedgerSettings().database_url)
+
+    def start(self) -> None:
+        config = self.config
+        if not port_is_free(config.host, config.port):
+            raise StackError(f"port {config.port} on {config.host} is in use (another Prefect "
+                             f"server?); choose another with --port")
+        for folder in (config.prefect_home, config.mail_dir, config.log_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        self._migrate()
+        self._start_server()
+        smtp_port = free_port(config.host)
+        self.supervisor.start("sink", commands.sink_argv("127.0.0.1", smtp_port, config.mail_dir),
+                              dict(os.environ))
+        env = flow_env(os.environ, config, self.ledger_url, smtp_port)
+        if config.workers:
+            self._start_workers(env)
+        else:
+            self.supervisor.start("serve", commands.serve_argv(), env, cwd=PROJECT_ROOT)
+
+    def _migrate(self) -> None:
+        ledger = Ledger.connect(self.ledger_url)
+        try:
+            ledger.migrate()
+        finally:
+            ledger.close()
+        self.say(f"ledger migrated: {self._shown_ledger()}")
+
+    def _start_server(self) -> None:
+        config = self.config
+        database = prefect_database_for(self.ledger_url, config.prefect_database_url)
+        env = server_env(os.environ, config.prefect_home, database)
+        self.say(f"starting the Prefect server on {ui_url(config.host, config.port)} "
+                 f"({'PostgreSQL' if database else 'SQLite in ' + str(config.prefect_home)})")
+        server = self.supervisor.start(
+            "prefect-server", commands.server_argv(config.host, config.port, ui=True), env)
+        try:
+            wait_until_healthy(config.api, server)
+        except StackError as exc:
+            if database and "does not exist" in server.log_tail():
+                raise StackError(f"{exc}\nCreate Prefect's database first, e.g. `createdb` "
+                                 f"{sa.engine.make_url(database).database}, or set "
+                                 f"{PREFECT_DB_ENV}") from None
+            raise
+        with client(config.api) as api:
+            install_crash_detector(api, config.crash_after_seconds)
+
+    def _start_workers(self, env: dict[str, str]) -> None:
+        config = self.config
+        with client(config.api) as api:
+            ensure_pool(api, config.pool)
+        self.say(f"applying deployments/prefect.yaml to work pool {config.pool}")
+        done = subprocess.run(commands.deploy_argv(pool=config.pool), env=env, cwd=PROJECT_ROOT,
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise StackError(f"prefect deploy failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        for number in range(1, config.workers + 1):
+            self.supervisor.start(f"worker-{number}",
+                                  commands.worker_argv(config.pool, f"local-worker-{number}"), env)
+
+    def kickoff(self, timeout: float = 300.0) -> None:
+        """One run of the reference job, then one delivery pass, each waited for."""
+        names = [REFERENCE_DEPLOYMENT, DELIVERY_DEPLOYMENT]
+        ids = wait_for_deployments(self.config.api, names, timeout=120)
+        for name in names:
+            self.say(f"running {name} now ...")
+            run = run_and_wait(self.config.api, ids[name], timeout)
+            state = run.state
+            self.say(f"  flow run {run.name}: {state.name if state else '?'}"
+                     f"{' - ' + state.message if state and state.message else ''}")
+
+    def banner(self) -> str:
+        config = self.config
+        mail = _mail_files(config.mail_dir)
+        ledger_hint = "" if self.ledger_url == absolute_ledger_url(LedgerSettings().database_url) \
+            else f"RUNLEDGER_DATABASE_URL={self._shown_ledger()} "
+        mode = (f"{config.workers} worker(s) on work pool {config.pool}" if config.workers
+                else "runledger serve (every deployment with its schedule)")
+        return "\n".join([
+            "",
+            "runledger local stack is up",
+            f"  Prefect UI   {ui_url(config.host, config.port)}   (flow runs, task runs, "
+            "artifacts, events)",
+            f"  mail folder  {config.mail_dir}   ({len(mail)} .eml file(s) so far)",
+            f"  ledger       {self._shown_ledger()}",
+            f"               {ledger_hint}runledger runs list   |   "
+            f"{ledger_hint}runledger outbox list",
+            f"  running      {mode}",
+            f"  logs         {config.log_dir}",
+            "Ctrl-C stops everything.",
+        ])
+
+    def _shown_ledger(self) -> str:
+        return sa.engine.make_url(self.ledger_url).render_as_string(hide_password=True)
+
+    def watch(self, poll_seconds: float = 1.0) -> None:
+        """Block until Ctrl-C, SIGTERM or a child's unexpected exit (which is an error)."""
+        while True:
+            for child in self.supervisor.children:
+                if not child.running():
+                    raise StackError(f"{child.name} exited ({child.process.returncode}); "
+                                     f"its log ends with:\n{child.log_tail()}")
+            time.sleep(poll_seconds)
+
+    def stop(self) -> None:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.say("stopping the stack ...")
+            stragglers = self.supervisor.stop()
+            self.say("stopped" + (f" (killed {len(stragglers)} leftover process(es))"
+                                  if stragglers else ""))
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def up(config: StackConfig, say: Say = print) -> None:
+    """Start the stack, kick it off, print where to look, and run until Ctrl-C."""
+    stack = LocalStack(config, say)
+    with _stop_on_signals():
+        try:
+            stack.start()
+            if config.kickoff:
+                stack.kickoff()
+            say(stack.banner())
+            stack.watch()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stack.stop()

@@ -1,0 +1,217 @@
+"""Helpers for the pipeline and model tests: a real OpenAI-compatible HTTP server with scripted
+replies, probe jobs that count their stage calls, and a `runledger run` worker subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from flows.jobs import Candidate, Job, register
+from flows.jobs.competitor_summary import SAMPLE_DATA
+from flows.model import CallLog, Model
+from store import Ledger, OutboxMessage, Period
+
+RUNLEDGER = [sys.executable, "-c", "from flows.cli import main; main()"]
+
+
+@dataclass
+class Reply:
+    """One scripted answer of the model server."""
+
+    status: int = 200
+    text: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    raw: bytes | None = None
+
+
+class ModelServer:
+    """An OpenAI-compatible chat-completions endpoint on loopback. Scripted replies are served
+    first; afterwards every call answers ``answer N`` (N counts the requests)."""
+
+    def __init__(self) -> None:
+        self.script: list[Reply] = []
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with server._lock:
+                    server.requests.append({"path": self.path, "headers": dict(self.headers),
+                                            "json": json.loads(body)})
+                    count = len(server.requests)
+                    reply = server.script.pop(0) if server.script else Reply()
+                time.sleep(reply.delay)
+                if reply.raw is not None:
+                    payload = reply.raw
+                elif reply.status == 200:
+                    text = f"answer {count}" if reply.text is None else reply.text
+                    payload = json.dumps({"model": "probe-model", "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": text}}]}).encode()
+                else:
+                    payload = json.dumps({"error": {"message": f"status {reply.status}"}}).encode()
+                try:
+                    self.send_response(reply.status)
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout test)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> ModelServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@dataclass
+class Probe:
+    """A job registered under a fresh name that records what its stages were asked to do."""
+
+    job: Job
+    collects: list[str]
+    transforms: list[str]
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+
+def probe_job(
+    subjects: Sequence[str] = ("acme",),
+    recipients: Sequence[str] = ("a@example.com", "b@example.com"),
+    *,
+    transform_errors: Sequence[BaseException] = (),
+    effect: Callable[..., None] | None = None,
+    tables: Any = None,
+) -> Probe:
+    """A probe job: collect records the subject; transform raises ``transform_errors`` in turn
+    (if any), then asks the model; one email per recipient."""
+    collects: list[str] = []
+    transforms: list[str] = []
+    errors = list(transform_errors)
+
+    def collect(subject: str, period: Period) -> dict[str, Any]:
+        collects.append(subject)
+        return {"subject": subject, "text": f"News about {subject}. Prices went up today."}
+
+    def transform(raw: dict[str, Any], model: Model) -> Candidate:
+        transforms.append(raw["subject"])
+        if errors:
+            raise errors.pop(0)
+        answer = model.generate(raw["text"], system="Summarize.")
+        return Candidate(answer.text, answer.model, {"subject": raw["subject"]})
+
+    def validate(candidate: Candidate) -> None:
+        from flows.jobs import ValidationFailed
+
+        if not candidate.text:
+            raise ValidationFailed("empty summary")
+
+    def messages(subject: str, period: Period, output: dict[str, Any]) -> list[OutboxMessage]:
+        return [OutboxMessage(r, f"{subject} {period.label}", output["text"]) for r in recipients]
+
+    job = Job(
+        name=f"probe-{uuid.uuid4().hex[:10]}", version="1", cadence="daily", timezone="UTC",
+        subjects=list(subjects), collect=collect, transform=transform, validate=validate,
+        messages=messages, params=lambda s, p: {"recipients": sorted(recipients)},
+        effect=effect, tables=tables,
+    )
+    register(job)
+    return Probe(job, collects, transforms)
+
+
+def copy_sample_data(target: Path) -> Path:
+    shutil.copytree(SAMPLE_DATA, target)
+    return target
+
+
+def model_calls(path: Path) -> list[dict[str, Any]]:
+    return CallLog(path).entries()  # type: ignore[return-value]
+
+
+def outbox_recipients(ledger: Ledger, run_id: str) -> list[str]:
+    return sorted(m.recipient for m in ledger.messages(run_id=run_id, limit=1000))
+
+
+@dataclass
+class Worker:
+    """A `runledger run ... --json` subprocess: a worker that tests can stop, resume or kill."""
+
+    process: subprocess.Popen[str]
+
+    @classmethod
+    def start(cls, args: Sequence[str], env: dict[str, str]) -> Worker:
+        process = subprocess.Popen(
+            [*RUNLEDGER, "run", *args, "--json"], env={**os.environ, **env},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        return cls(process)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def signal(self, signum: signal.Signals) -> None:
+        self.process.send_signal(signum)
+
+    def finish(self, timeout: float = 120) -> tuple[int, dict[str, Any] | None, str]:
+        out, err = self.process.communicate(timeout=timeout)
+        try:
+            report = json.loads(out) if out.strip() else None
+        except json.JSONDecodeError:
+            report = None
+        return self.process.returncode, report, err
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate(timeout=30)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def lease_expired(ledger: Ledger, run_id: str) -> bool:
+    run = ledger.require(run_id)
+    return run.lease_expires_at is None or run.lease_expires_at <= ledger.db_now()
+
+
+def running_workers(workers: Sequence[Worker]) -> Iterator[Worker]:
+    return (w for w in workers if w.process.poll() is None)

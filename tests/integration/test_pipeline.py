@@ -1,0 +1,333 @@
+"""The run-job flow on a real Prefect server (the session's test harness) and real ledgers
+(SQLite and PostgreSQL): duplicates, overlaps, retries, failures and bad input."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pipeline_support import (
+    ModelServer,
+    Reply,
+    copy_sample_data,
+    model_calls,
+    outbox_recipients,
+    probe_job,
+    wait_until,
+)
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.flow_engine import run_flow
+from prefect.states import Scheduled, State
+
+from flows.jobs.competitor_summary import job as competitor_summary
+from flows.outcomes import TickReport
+from flows.pipeline import run_job
+from store import Ledger, Run
+
+SUMMARY = "competitor-summary"
+ACME = ["ceo@acme.example", "product-team@acme.example"]
+
+
+@dataclass
+class Env:
+    ledger: Ledger
+    calls: Path
+    source: Path
+    monkeypatch: pytest.MonkeyPatch
+
+    def set(self, **values: Any) -> None:
+        for name, value in values.items():
+            self.monkeypatch.setenv(f"RUNLEDGER_{name.upper()}", str(value))
+
+    def run(self, job: str, subjects: list[str] | None = None,
+            period: str | None = None) -> tuple[State[Any], TickReport | BaseException]:
+        state = run_job(job=job, subjects=subjects, period=period, return_state=True)
+        return state, state.result(raise_on_failure=False)
+
+    def the_run(self, job: str, subject: str, period: str) -> Run:
+        definition = competitor_summary if job == SUMMARY else None
+        assert definition is not None
+        run = self.ledger.get(definition.identity(subject, definition.parse_period(period)).run_id)
+        assert run is not None
+        return run
+
+    def model_calls(self) -> int:
+        return len(model_calls(self.calls))
+
+
+@pytest.fixture
+def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        prefect_api: str) -> Iterator[Env]:
+    """A fresh ledger, a copy of the sample data, a model call log and fast retries."""
+    ledger = Ledger.connect(db_url)
+    found = Env(ledger, tmp_path / "calls.jsonl", copy_sample_data(tmp_path / "source"),
+                monkeypatch)
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", db_url)
+    found.set(model_call_log=found.calls, competitor_summary_source=found.source,
+              retry_delay_seconds=0.05, task_retries=2)
+    yield found
+    ledger.close()
+
+
+@pytest.fixture
+def model_server(env: Env) -> Iterator[ModelServer]:
+    """An OpenAI-compatible server selected through RUNLEDGER_MODEL=openai."""
+    with ModelServer() as server:
+        env.set(model="openai", model_base_url=server.base_url, model_name="probe-model",
+                model_api_key="sk-test")
+        yield server
+
+
+def outcomes(report: TickReport | BaseException) -> dict[str, str]:
+    assert isinstance(report, TickReport), report
+    return {s.subject: s.outcome for s in report.subjects}
+
+
+def test_the_same_logical_run_twice_keeps_the_first_output_and_calls_the_model_once(
+        env: Env, model_server: ModelServer) -> None:
+    """The model would answer differently the second time; the first answer stays."""
+    first, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    second, again = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert (first.name, second.name) == ("Completed", "Duplicate")
+    assert outcomes(again) == {"acme": "duplicate"}
+    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    assert run.output is not None and run.output["text"] == "answer 1"
+    assert isinstance(again, TickReport) and again.subjects[0].output == run.output
+    assert len(env.ledger.runs(job=SUMMARY)) == 1
+    assert outbox_recipients(env.ledger, run.run_id) == ACME
+    assert len(model_server.requests) == 1 and env.model_calls() == 1
+
+
+def test_two_flow_runs_of_the_same_period_at_once_call_the_model_once(env: Env) -> None:
+    """The second flow run finds the Run leased and stops without a model call."""
+    env.set(offline_model_delay_seconds=2)
+    results: list[tuple[State[Any], Any]] = []
+    threads = [threading.Thread(target=lambda: results.append(env.run(SUMMARY, ["acme"],
+                                                                      "2026-01-05")))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(state.name for state, _ in results) == ["Completed", "InProgressElsewhere"]
+    assert sorted(outcomes(r)["acme"] for _, r in results) == ["in-progress-elsewhere", "new"]
+    assert env.model_calls() == 1
+    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    assert run.status == "completed" and run.attempts == 1
+    assert outbox_recipients(env.ledger, run.run_id) == ACME
+
+
+def test_retried_and_new_flow_runs_of_a_period_map_to_its_run_and_a_custom_period_does_not(
+        env: Env) -> None:
+    """A flow run set back to Scheduled (the UI's Retry) keeps its expected start time, a new
+    run of the deployment later that day is the same period, `period=` picks another day."""
+    deployment = run_job.to_deployment(name="pipeline-test").apply()
+    slot = datetime(2026, 1, 5, 7, tzinfo=UTC)  # 08:00 in Paris
+    params = {"job": SUMMARY, "subjects": ["acme"]}
+    with get_client(sync_client=True) as client:
+        scheduled = client.create_flow_run_from_deployment(
+            deployment, parameters=params, state=Scheduled(scheduled_time=slot))
+        first = run_flow(run_job, flow_run=scheduled, return_type="state")
+        client.set_flow_run_state(scheduled.id, Scheduled(scheduled_time=datetime.now(UTC)),
+                                  force=True)
+        retried = run_flow(run_job, flow_run=client.read_flow_run(scheduled.id),
+                           return_type="state")
+        later = client.create_flow_run_from_deployment(
+            deployment, parameters=params,
+            state=Scheduled(scheduled_time=slot + timedelta(hours=14)))  # 22:00 in Paris
+        same_day = run_flow(run_job, flow_run=later, return_type="state")
+        custom = client.create_flow_run_from_deployment(
+            deployment, parameters={**params, "period": "2026-01-06"})
+        other_day = run_flow(run_job, flow_run=custom, return_type="state")
+        names = [client.read_flow_run(f.id).name for f in (scheduled, later, custom)]
+        tags = set(client.read_flow_run(scheduled.id).tags)
+    assert [s.name for s in (first, retried, same_day, other_day)] == [
+        "Completed", "Duplicate", "Duplicate", "Completed"]
+    ids = [s.result().subjects[0].run_id for s in (first, retried, same_day, other_day)]
+    assert ids[0] == ids[1] == ids[2] != ids[3]
+    assert names == [f"{SUMMARY}/2026-01-05", f"{SUMMARY}/2026-01-05", f"{SUMMARY}/2026-01-06"]
+    assert {f"job:{SUMMARY}", "version:1"} <= tags
+    assert env.model_calls() == 2
+
+
+def test_a_timeout_after_collect_is_retried_on_the_stored_raw_input(env: Env) -> None:
+    """Prefect retries the transform; a later flow run reuses the stored input: collect ran once."""
+    env.set(task_retries=1)
+    probe = probe_job(transform_errors=[TimeoutError("model slow"), TimeoutError("model slow")])
+    first, report = env.run(probe.name, period="2026-01-05")
+    assert first.is_failed() and outcomes(report) == {"acme": "failed"}
+    run_id = probe.job.identity("acme", probe.job.parse_period("2026-01-05")).run_id
+    pending = env.ledger.require(run_id)
+    assert pending.status == "pending" and pending.raw_input is not None
+    assert "model slow" in (pending.error or "")
+    second, report = env.run(probe.name, period="2026-01-05")
+    assert second.name == "Completed" and outcomes(report) == {"acme": "new"}
+    assert probe.collects == ["acme"] and probe.transforms == ["acme"] * 3
+    assert env.ledger.require(run_id).attempts == 2
+
+
+def test_a_failed_run_is_retried_without_duplicating_outbox_rows(
+        env: Env, model_server: ModelServer) -> None:
+    """A 500 leaves the Run pending; the next flow run completes it with one row per recipient."""
+    env.set(task_retries=0)
+    model_server.script.append(Reply(500))
+    first, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert first.is_failed() and "HTTP 500" in (first.message or "")
+    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    assert run.status == "pending" and env.ledger.messages(run_id=run.run_id) == []
+    second, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    third, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert (second.name, third.name) == ("Completed", "Duplicate")
+    assert outbox_recipients(env.ledger, run.run_id) == ACME
+    assert env.the_run(SUMMARY, "acme", "2026-01-05").attempts == 2
+
+
+def test_transient_model_errors_are_retried_with_backoff_in_the_same_attempt(
+        env: Env, model_server: ModelServer) -> None:
+    """500 then 429 with Retry-After, then an answer: one flow run, one claim, three calls."""
+    model_server.script.extend([Reply(500), Reply(429, headers={"Retry-After": "0.2"})])
+    state, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert state.name == "Completed" and outcomes(report) == {"acme": "new"}
+    assert len(model_server.requests) == 3
+    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    assert run.attempts == 1 and run.output is not None and run.output["text"] == "answer 3"
+
+
+def test_a_permanent_failure_is_not_retried_until_an_operator_requeues_it(
+        env: Env, model_server: ModelServer) -> None:
+    """A 400 fails the Run at once (no task retry); reruns say so without calling the model."""
+    model_server.script.append(Reply(400))
+    first, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert first.is_failed() and len(model_server.requests) == 1
+    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    assert run.status == "failed" and "HTTP 400" in (run.error or "")
+    again, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert again.is_failed() and "requeue" in (again.message or "")
+    assert len(model_server.requests) == 1
+    env.ledger.requeue_run(run.run_id)
+    fixed, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert fixed.name == "Completed" and len(model_server.requests) == 2
+
+
+def test_an_invalid_candidate_fails_the_run_without_retry(
+        env: Env, model_server: ModelServer) -> None:
+    """An empty summary fails validation: the Run is failed, nothing is queued, no retry."""
+    model_server.script.append(Reply(text="   "))
+    state, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert state.is_failed() and "empty summary" in (state.message or "")
+    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    assert run.status == "failed" and env.ledger.messages(run_id=run.run_id) == []
+    assert len(model_server.requests) == 1
+
+
+@pytest.mark.parametrize(("job", "subjects", "period", "message"), [
+    ("no-such-job", None, "2026-01-05", "unknown job 'no-such-job'; registered jobs: "),
+    (SUMMARY, None, "2026-13-45", "is not a date \\(YYYY-MM-DD\\)"),
+    (SUMMARY, None, "2026-01-05T09:00:00", "naive datetime"),
+    (SUMMARY, ["initech"], "2026-01-05", "no subject 'initech'; known subjects: acme, globex"),
+])
+def test_bad_input_fails_the_flow_run_with_a_clear_message_and_writes_nothing(
+        env: Env, job: str, subjects: list[str] | None, period: str, message: str) -> None:
+    """Unknown job, malformed period, naive datetime, unknown subject: no Run is created."""
+    state, error = env.run(job, subjects, period)
+    assert state.is_failed()
+    assert isinstance(error, Exception)
+    assert env.ledger.runs() == []
+    assert re.search(message, state.message or ""), state.message
+
+
+def test_changed_recipients_under_the_same_run_are_a_conflict(env: Env) -> None:
+    """Other subscribers for the same day fail clearly; the Run and its outbox stay as they were."""
+    first, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert first.name == "Completed"
+    subscribers = env.source / "acme" / "subscribers.txt"
+    subscribers.write_text(subscribers.read_text() + "intern@acme.example\n")
+    second, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert second.is_failed() and "different parameters" in (second.message or "")
+    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    assert outbox_recipients(env.ledger, run.run_id) == ACME
+    assert env.model_calls() == 1
+
+
+def test_a_rerun_of_a_completed_tick_starts_no_task_runs_and_calls_no_model(env: Env) -> None:
+    """Every Run is read in one batch; completed ones get no task run, only an event each."""
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+
+    probe = probe_job([f"s{i:02d}" for i in range(12)], ["ops@example.com"])
+    first, _ = env.run(probe.name, period="2026-01-05")
+    second, report = env.run(probe.name, period="2026-01-05")
+    assert (first.name, second.name) == ("Completed", "Duplicate")
+    assert set(outcomes(report).values()) == {"duplicate"}
+    assert env.model_calls() == 12 and len(probe.collects) == 12
+    run_ids = [s.run_id for s in report.subjects] if isinstance(report, TickReport) else []
+    with get_client(sync_client=True) as client:
+        def task_runs(state: State[Any]) -> int:
+            return len(client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))))
+
+        def events(name: str) -> int:
+            return len(client.read_events(EventFilter(
+                event=EventNameFilter(name=[name]),
+                resource=EventResourceFilter(id=[f"runledger.run.{i}" for i in run_ids]),
+            ), limit=50).events)
+
+        wait_until(lambda: task_runs(first) == 12 * 4, 30, "the first tick's task runs")
+        wait_until(lambda: events("runledger.run.duplicate") == 12, 30, "the duplicate events")
+        assert events("runledger.run.completed") == 12
+        assert task_runs(second) == 0
+        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[second.state_details.flow_run_id])))
+    assert [a.key for a in artifacts] == [f"{probe.name}-tick"]
+    assert all(run_id in str(artifacts[0].data) for run_id in run_ids)
+
+
+def test_daily_credit_commits_its_credit_with_the_completion(env: Env) -> None:
+    """One credit row per account and day, whatever the number of reruns."""
+    from sqlmodel import Session, select
+
+    from flows.jobs.daily_credit import Credit, balance
+
+    env.set(daily_credit_accounts="alice,bob", daily_credit_units=10)
+    first, _ = env.run("daily-credit", period="2026-01-05")
+    second, _ = env.run("daily-credit", period="2026-01-05")
+    next_day, _ = env.run("daily-credit", ["alice"], period="2026-01-06")
+    assert (first.name, second.name, next_day.name) == ("Completed", "Duplicate", "Completed")
+    with Session(env.ledger.engine) as session:
+        credits = session.exec(select(Credit).order_by(Credit.account, Credit.day)).all()
+        assert [(c.account, c.day.isoformat(), c.units) for c in credits] == [
+            ("alice", "2026-01-05", 10), ("alice", "2026-01-06", 10), ("bob", "2026-01-05", 10)]
+        assert balance(session, "alice") == 20
+
+
+def test_a_failing_effect_leaves_no_completion_no_outbox_rows_and_no_business_row(
+        env: Env) -> None:
+    """The effect runs inside the completion's transaction: its failure undoes all three."""
+    from sqlmodel import Session, select
+
+    from flows.jobs.daily_credit import Credit, CreditTables
+
+    def effect(session: Session, output: dict[str, Any]) -> None:
+        session.add(Credit(account="acme", day=datetime(2026, 1, 5).date(), units=5))
+        session.flush()
+        raise RuntimeError("the business rule refused the credit")
+
+    probe = probe_job(effect=effect, tables=CreditTables.metadata)
+    state, report = env.run(probe.name, period="2026-01-05")
+    assert state.is_failed() and "refused the credit" in (state.message or "")
+    run_id = outcomes_run_id(report)
+    assert env.ledger.require(run_id).status == "failed"
+    assert env.ledger.messages(run_id=run_id) == []
+    with Session(env.ledger.engine) as session:
+        assert session.exec(select(Credit)).all() == []
+
+
+def outcomes_run_id(report: TickReport | BaseException) -> str:
+    assert isinstance(report, TickReport)
+    return report.subjects[0].run_id

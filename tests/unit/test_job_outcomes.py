@@ -1,0 +1,71 @@
+"""A tick's report: the flow run's final state, the artifact table, and the error classes."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from flows.jobs import TransientError, ValidationFailed, is_transient
+from flows.model import ModelRejected, ModelUnavailable
+from flows.outcomes import SubjectOutcome, TickReport
+from store import InvalidInput, LedgerBusy, Period
+
+PERIOD = Period(datetime(2026, 1, 5, tzinfo=UTC), datetime(2026, 1, 6, tzinfo=UTC), "UTC")
+
+
+def report(*outcomes: str) -> TickReport:
+    return TickReport("probe", "1", PERIOD, [
+        SubjectOutcome(f"s{i}", f"{i:064d}", o, error="boom" if o == "failed" else None)  # type: ignore[arg-type]
+        for i, o in enumerate(outcomes)
+    ])
+
+
+@pytest.mark.parametrize(("outcomes", "state"), [
+    (("duplicate", "duplicate"), "Duplicate"),
+    (("new", "duplicate"), "Completed"),
+    (("new", "in-progress-elsewhere"), "InProgressElsewhere"),
+    (("lease-lost", "in-progress-elsewhere"), "LeaseLost"),
+    (("new", "failed", "lease-lost"), "Failed"),
+])
+def test_the_flow_runs_final_state_summarises_its_subjects(outcomes: tuple[str, ...],
+                                                             state: str) -> None:
+    """Failed wins; Duplicate only when every subject was a duplicate."""
+    final = report(*outcomes).final_state()
+    assert final.name == state
+    assert final.is_failed() == (state == "Failed")
+
+
+def test_the_summary_counts_each_outcome() -> None:
+    """The summary reads like '2 new, 1 duplicate'."""
+    assert report("new", "duplicate", "new").summary() == "probe/2026-01-05: 2 new, 1 duplicate"
+
+
+def test_the_artifact_lists_every_subject_with_its_run_id_and_outcome() -> None:
+    """One Markdown table row per subject; a pipe in an error cannot break the table."""
+    text = TickReport("probe", "1", PERIOD, [
+        SubjectOutcome("acme", "a" * 64, "new", 1, 2),
+        SubjectOutcome("globex", "b" * 64, "failed", 1, 0, error="bad | input"),
+    ]).markdown()
+    assert f"| acme | `{'a' * 64}` | new | 1 | 2 |  |" in text
+    assert "bad \\| input" in text
+
+
+@pytest.mark.parametrize("error", [
+    TransientError("x"), ModelUnavailable("x"), TimeoutError(), ConnectionResetError(),
+    LedgerBusy(), OperationalError("SELECT 1", {}, ConnectionError("server closed")),
+])
+def test_timeouts_rate_limits_and_lost_connections_are_transient(error: BaseException) -> None:
+    """These are retried with backoff."""
+    assert is_transient(error)
+
+
+@pytest.mark.parametrize("error", [
+    ValidationFailed("x"), ModelRejected("x"), InvalidInput("x"), KeyError("x"),
+    OperationalError("SELECT 1", {}, sqlite3.OperationalError("no such table: runs")),
+])
+def test_invalid_input_rejections_and_bugs_are_permanent(error: BaseException) -> None:
+    """Retrying cannot fix these: the Run fails until an operator requeues it."""
+    assert not is_transient(error)

@@ -1,14 +1,17 @@
-"""Ledger throughput against a raw-driver baseline measured in the same run.
+"""Ledger throughput against a raw-driver baseline measured in the same run, by the same processes.
 
-For each dialect (PostgreSQL, then SQLite in one WAL file), on a fresh database that is dropped
-afterwards:
+For each dialect (PostgreSQL, then SQLite in one WAL file), on a fresh database dropped afterwards,
+N worker processes (default 8) run, all starting each phase together at a barrier:
 
-1. baseline: N processes, each sending one single-row upsert per round trip through the raw
-   driver (psycopg autocommit / sqlite3 autocommit) for ``--seconds``;
-2. ledger: N processes, each doing full Run cycles on distinct keys (register, claim,
-   save_input, complete with one outbox row = 4 ledger transitions) for ``--seconds``;
-3. contention: N processes claim the same key at once, ``--rounds`` times: exactly one winner
-   per round, and the claim latency percentiles.
+1. baseline: one single-row upsert per round trip through the raw driver, autocommit
+   (psycopg / sqlite3), on distinct keys;
+2. ledger: full Run cycles on distinct keys: register, claim, save_input, complete with one
+   outbox row (4 ledger transitions per cycle).
+
+Baseline and ledger phases alternate in slices (B L B L ...) so that a noisy neighbour on a
+shared machine hurts both alike; the ratio is ledger transitions/s over baseline statements/s.
+3. contention: the N processes claim the same key at once, ``--rounds`` times: exactly one
+   winner per round, and the p50/p99 claim latency.
 
 Usage: uv run python bench/ledger_bench.py [--seconds 10] [--workers 8] [--dialect both]
 """
@@ -38,12 +41,14 @@ from store import Ledger, OutboxMessage, RunIdentity
 
 TRANSITIONS_PER_CYCLE = 4
 TARGET_RATIO = 0.6
+SLICES = 2
+WARMUP = 20
 ADMIN_URL = os.environ.get(
     "RUNLEDGER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 PERIOD = datetime(2026, 1, 1, tzinfo=UTC)
 LEASE = timedelta(seconds=900)
-WARMUP_CYCLES = 20
+UPSERT = "INSERT INTO bench_upsert (k, v) VALUES ({p}, {p}) ON CONFLICT (k) DO UPDATE SET v = bench_upsert.v + 1"
 
 
 @dataclass(frozen=True)
@@ -52,140 +57,122 @@ class Target:
 
     dialect: str
     url: str
-    raw: str  # libpq conninfo URL, or SQLite file path
+    raw: str  # libpq URL, or the SQLite file path
 
 
-# --- worker bodies (module level: spawned processes import them) -----------------------------
+# --- the worker processes ---------------------------------------------------------------------
 
 
-def _run_timed(step: Callable[[int], None], barrier: Barrier, seconds: float) -> tuple[int, float]:
-    for i in range(WARMUP_CYCLES):
-        step(-1 - i)
-    barrier.wait()
-    count, start = 0, time.perf_counter()
-    deadline = start + seconds
-    while time.perf_counter() < deadline:
-        step(count)
-        count += 1
-    return count, time.perf_counter() - start
+class Worker:
+    """One benchmark process: a Ledger and a raw driver connection, kept for the whole run."""
 
+    def __init__(self, target: Target, index: int) -> None:
+        self.index = index
+        self.ledger = Ledger.connect(target.url)
+        self.owner = f"bench:{os.getpid()}"
+        self.keys = 0
+        self.recipient = f"user{index}@example.com"
+        if target.dialect == "postgresql":
+            pg = psycopg.connect(target.raw, autocommit=True)
+            sql = UPSERT.format(p="%s")
+            self.upsert: Callable[[str, int], Any] = lambda k, v: pg.execute(sql, (k, v))
+        else:
+            lite = sqlite3.connect(target.raw, timeout=30, isolation_level=None)
+            lite.execute("PRAGMA journal_mode=WAL")
+            lite.execute("PRAGMA synchronous=NORMAL")
+            sql = UPSERT.format(p="?")
+            self.upsert = lambda k, v: lite.execute(sql, (k, v))
 
-def baseline_worker(target: Target, worker: int, seconds: float, barrier: Barrier, out: Any) -> None:
-    """One single-row upsert per round trip, autocommit, through the raw driver."""
-    sql = (
-        "INSERT INTO bench_upsert (k, v) VALUES ({p}, {p}) "
-        "ON CONFLICT (k) DO UPDATE SET v = bench_upsert.v + 1"
-    )
-    if target.dialect == "postgresql":
-        pg = psycopg.connect(target.raw, autocommit=True)
-        statement = sql.format(p="%s")
+    def key(self) -> str:
+        self.keys += 1
+        return f"w{self.index}-{self.keys}"
 
-        def step(i: int) -> None:
-            pg.execute(statement, (f"{worker}-{i}", i))
+    def baseline(self) -> None:
+        """One single-row upsert, one round trip."""
+        self.upsert(self.key(), self.keys)
 
-        out.put(_run_timed(step, barrier, seconds))
-        pg.close()
-        return
-    lite = sqlite3.connect(target.raw, timeout=30, isolation_level=None)
-    lite.execute("PRAGMA journal_mode=WAL")
-    lite.execute("PRAGMA synchronous=NORMAL")
-    statement = sql.format(p="?")
-
-    def lite_step(i: int) -> None:
-        lite.execute(statement, (f"{worker}-{i}", i))
-
-    out.put(_run_timed(lite_step, barrier, seconds))
-    lite.close()
-
-
-def ledger_worker(target: Target, worker: int, seconds: float, barrier: Barrier, out: Any) -> None:
-    """Full Run cycles on distinct keys: register, claim, save_input, complete + 1 outbox row."""
-    ledger = Ledger.connect(target.url)
-    owner = f"bench:{os.getpid()}"
-
-    def step(i: int) -> None:
-        run = ledger.register(
-            RunIdentity("bench", f"w{worker}-{i}", PERIOD, "1"), params={"recipients": 1}
-        )
-        claim = ledger.claim(run.run_id, owner, LEASE)
+    def cycle(self) -> None:
+        """One full Run cycle on a fresh key: 4 ledger transitions."""
+        key = self.key()
+        run = self.ledger.register(RunIdentity("bench", key, PERIOD, "1"), {"recipients": 1})
+        claim = self.ledger.claim(run.run_id, self.owner, LEASE)
         assert claim is not None, "a fresh key must be claimable"
-        raw = ledger.save_input(claim, {"items": [i, worker]})
-        ledger.complete(
-            claim,
-            output={"summary": f"{len(raw['items'])} items"},
-            messages=[OutboxMessage(f"user{worker}@example.com", f"digest {i}", "body")],
+        raw = self.ledger.save_input(claim, {"items": [self.index, self.keys]})
+        self.ledger.complete(
+            claim, {"summary": f"{len(raw['items'])} items"},
+            [OutboxMessage(self.recipient, f"digest {key}", "body")],
         )
 
-    out.put(_run_timed(step, barrier, seconds))
-    ledger.close()
-
-
-def contention_worker(
-    target: Target, run_ids: list[str], barrier: Barrier, out: Any
-) -> None:
-    """Claim every round's single key together with the other processes; time each claim."""
-    ledger = Ledger.connect(target.url)
-    owner = f"contender:{os.getpid()}"
-    ledger.get(run_ids[0])  # open the pooled connection before the race
-    results: list[tuple[int, bool, float]] = []
-    for round_no, run_id in enumerate(run_ids):
+    def timed(self, step: Callable[[], None], seconds: float, barrier: Barrier) -> tuple[int, float]:
+        for _ in range(WARMUP):
+            step()
         barrier.wait()
-        start = time.perf_counter()
-        won = ledger.claim(run_id, owner, LEASE) is not None
-        results.append((round_no, won, time.perf_counter() - start))
-    out.put(results)
-    ledger.close()
+        count, start = 0, time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            step()
+            count += 1
+        return count, time.perf_counter() - start
+
+    def contend(self, run_ids: list[str], barrier: Barrier) -> list[tuple[int, bool, float]]:
+        results = []
+        for round_no, run_id in enumerate(run_ids):
+            self.ledger.get(run_id)  # a warm pooled connection, so the race is the claim itself
+            barrier.wait()
+            start = time.perf_counter()
+            won = self.ledger.claim(run_id, self.owner, LEASE) is not None
+            results.append((round_no, won, time.perf_counter() - start))
+        return results
 
 
-# --- phases ---------------------------------------------------------------------------------
+def serve(target: Target, index: int, barrier: Barrier, commands: Any, results: Any) -> None:
+    """Process body: run each phase the parent sends, report its result."""
+    worker = Worker(target, index)
+    while (command := commands.get()) is not None:
+        phase, argument = command
+        if phase == "contention":
+            results.put(worker.contend(argument, barrier))
+        else:
+            step = worker.baseline if phase == "baseline" else worker.cycle
+            results.put(worker.timed(step, argument, barrier))
+    worker.ledger.close()
 
 
-def _spawn(target_fn: Callable[..., None], args_for: Callable[[int], tuple[Any, ...]], n: int,
-           barrier: Barrier | None = None) -> list[Any]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=target_fn, args=(*args_for(i), out)) for i in range(n)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=600) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        if p.exitcode != 0:
-            raise RuntimeError(f"a benchmark worker exited with {p.exitcode}")
-    return results
+class Crew:
+    """N spawned worker processes driven phase by phase."""
+
+    def __init__(self, target: Target, n: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.barrier = ctx.Barrier(n)
+        self.results = ctx.Queue()
+        self.commands = [ctx.Queue() for _ in range(n)]
+        self.processes = [
+            ctx.Process(target=serve, args=(target, i, self.barrier, q, self.results))
+            for i, q in enumerate(self.commands)
+        ]
+        for p in self.processes:
+            p.start()
+
+    def run(self, phase: str, argument: Any) -> list[Any]:
+        for q in self.commands:
+            q.put((phase, argument))
+        return [self.results.get(timeout=900) for _ in self.commands]
+
+    def rate(self, phase: str, seconds: float) -> tuple[int, float]:
+        """Operations and the mean elapsed time over all workers for one slice."""
+        done = self.run(phase, seconds)
+        return sum(c for c, _ in done), statistics.fmean(e for _, e in done)
+
+    def stop(self) -> None:
+        for q in self.commands:
+            q.put(None)
+        for p in self.processes:
+            p.join(timeout=60)
+            if p.exitcode != 0:
+                raise RuntimeError(f"a benchmark worker exited with {p.exitcode}")
 
 
-def timed_phase(fn: Callable[..., None], target: Target, workers: int, seconds: float) -> float:
-    """Operations per second summed over ``workers`` processes that start together."""
-    barrier = mp.get_context("spawn").Barrier(workers)
-    results = _spawn(fn, lambda i: (target, i, seconds, barrier), workers)
-    return sum(count / elapsed for count, elapsed in results)
-
-
-def contention_phase(target: Target, workers: int, rounds: int) -> tuple[list[int], list[float]]:
-    """Winners per round and every claim's latency (seconds)."""
-    ledger = Ledger.connect(target.url)
-    run_ids = [
-        ledger.register(RunIdentity("bench-contention", f"key-{r}", PERIOD, "1")).run_id
-        for r in range(rounds)
-    ]
-    ledger.close()
-    barrier = mp.get_context("spawn").Barrier(workers)
-    per_worker = _spawn(contention_worker, lambda i: (target, run_ids, barrier), workers)
-    winners = [0] * rounds
-    latencies: list[float] = []
-    for results in per_worker:
-        for round_no, won, latency in results:
-            winners[round_no] += won
-            latencies.append(latency)
-    return winners, latencies
-
-
-def percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
-
-
-# --- databases ------------------------------------------------------------------------------
+# --- databases ---------------------------------------------------------------------------------
 
 
 def create_postgres() -> tuple[Target, Callable[[], None]]:
@@ -218,46 +205,72 @@ def prepare(target: Target) -> None:
     ledger.close()
 
 
-def bench(dialect: str, workers: int, seconds: float, rounds: int) -> float:
+# --- the benchmark -----------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def bench(dialect: str, workers: int, seconds: float, rounds: int) -> None:
     target, drop = create_postgres() if dialect == "postgresql" else create_sqlite()
+    crew = None
     try:
         prepare(target)
-        driver = "psycopg" if dialect == "postgresql" else "sqlite3"
-        base = timed_phase(baseline_worker, target, workers, seconds)
-        print(f"[{dialect}] baseline (raw {driver}, autocommit, 1 single-row upsert per round "
-              f"trip): {base:,.0f} statements/s")
-        runs = timed_phase(ledger_worker, target, workers, seconds)
+        crew = Crew(target, workers)
+        totals = {"baseline": [0, 0.0], "ledger": [0, 0.0]}
+        for _ in range(SLICES):
+            for phase in ("baseline", "ledger"):
+                count, elapsed = crew.rate(phase, seconds / SLICES)
+                totals[phase][0] += count
+                totals[phase][1] += elapsed
+        base = totals["baseline"][0] / totals["baseline"][1]
+        runs = totals["ledger"][0] / totals["ledger"][1]
         transitions = runs * TRANSITIONS_PER_CYCLE
-        ratio = transitions / base
-        print(f"[{dialect}] ledger (register, claim, save_input, complete + 1 outbox row): "
+        driver = "psycopg" if dialect == "postgresql" else "sqlite3"
+        print(f"[{dialect}] baseline, raw {driver} autocommit, 1 single-row upsert per round trip: "
+              f"{base:,.0f} statements/s")
+        print(f"[{dialect}] ledger, register + claim + save_input + complete with 1 outbox row: "
               f"{runs:,.0f} Runs/s = {transitions:,.0f} transitions/s")
+        ratio = transitions / base
         verdict = "meets" if ratio >= TARGET_RATIO else "BELOW"
-        print(f"[{dialect}] ratio ledger transitions/s / baseline = {ratio:.2f} "
+        print(f"[{dialect}] ratio ledger transitions/s : baseline statements/s = {ratio:.2f} "
               f"({verdict} the {TARGET_RATIO} target)")
-        winners, latencies = contention_phase(target, workers, rounds)
+
+        ledger = Ledger.connect(target.url)
+        run_ids = [ledger.register(RunIdentity("contention", f"key-{r}", PERIOD, "1")).run_id
+                   for r in range(rounds)]
+        ledger.close()
+        winners = [0] * rounds
+        latencies: list[float] = []
+        for results in crew.run("contention", run_ids):
+            for round_no, won, latency in results:
+                winners[round_no] += won
+                latencies.append(latency)
         single = all(w == 1 for w in winners)
-        print(f"[{dialect}] contention: {rounds} rounds x {workers} processes on 1 key: "
-              f"{'exactly 1 winner every round' if single else f'WINNERS PER ROUND {winners}'}; "
+        print(f"[{dialect}] contention, {workers} processes x {rounds} rounds on 1 key each: "
+              f"{'exactly 1 winner in every round' if single else f'WINNERS PER ROUND {winners}'}; "
               f"claim latency p50 {percentile(latencies, 50) * 1000:.1f} ms, "
               f"p99 {percentile(latencies, 99) * 1000:.1f} ms")
         if not single:
-            raise SystemExit(f"[{dialect}] contention produced more or fewer than one winner")
-        return ratio
+            raise SystemExit(f"[{dialect}] a contention round did not have exactly one winner")
     finally:
+        if crew is not None:
+            crew.stop()
         drop()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of each timed phase")
-    parser.add_argument("--workers", type=int, default=8, help="worker processes per phase")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per phase")
+    parser.add_argument("--workers", type=int, default=8, help="worker processes")
     parser.add_argument("--rounds", type=int, default=50, help="single-key contention rounds")
     parser.add_argument("--dialect", choices=["postgresql", "sqlite", "both"], default="both")
     args = parser.parse_args(argv)
-    print(f"runledger ledger benchmark: {args.workers} processes, {args.seconds:g} s per phase, "
-          f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}")
-    dialects = ["postgresql", "sqlite"] if args.dialect == "both" else [args.dialect]
-    for dialect in dialects:
+    print(f"runledger ledger benchmark: {args.workers} processes, {args.seconds:g} s per phase "
+          f"in {SLICES} alternating slices, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.2f}, Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}")
+    for dialect in ["postgresql", "sqlite"] if args.dialect == "both" else [args.dialect]:
         bench(dialect, args.workers, args.seconds, args.rounds)
 
 

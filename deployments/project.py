@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 from prefect.schedules import Cron, Interval, Schedule
 
 from store.errors import InvalidInput

@@ -18,8 +18,8 @@ from deployments.project import PROJECT_ROOT, DeploymentSpec, load_deployments
 
 def runner_deployment(spec: DeploymentSpec) -> RunnerDeployment:
     """The served form of ``spec``: same flow, name, parameters, tags and schedules."""
-    flow = load_flow_from_entrypoint(spec.entrypoint)
-    return flow.to_deployment(
+    return RunnerDeployment.from_flow(
+        load_flow_from_entrypoint(spec.entrypoint),
         name=spec.name,
         parameters=spec.parameters,
         tags=spec.tags,

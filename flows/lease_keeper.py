@@ -7,7 +7,7 @@ import logging
 import threading
 from types import TracebackType
 
-from store import Claim, Ledger, LeaseLost
+from store import Claim, LeaseLost, Ledger
 
 RENEW_FRACTION = 1 / 3  # renew well before expiry: two renewals may fail before the lease lapses
 

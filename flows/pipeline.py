@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from prefect import flow, get_run_logger, tags, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
@@ -27,10 +27,15 @@ from prefect.runtime import task_run as current_task_run
 from prefect.states import Completed, State
 from prefect.tasks import Task, exponential_backoff
 
+from flows.jobs import Candidate, Job, PermanentError, TransientError, get_job, is_transient
+from flows.lease_keeper import LeaseKeeper
+from flows.model import CallLog, LoggedModel, Model, model_from_settings
+from flows.outcomes import STATE_NAMES, SubjectOutcome, TickReport, emit_outcome
+from flows.settings import RunledgerSettings
 from store import (
     Claim,
-    Ledger,
     LeaseLost,
+    Ledger,
     OutboxMessage,
     Period,
     Run,
@@ -38,12 +43,6 @@ from store import (
     RunledgerError,
     params_fingerprint,
 )
-
-from flows.jobs import Candidate, Job, PermanentError, TransientError, get_job, is_transient
-from flows.lease_keeper import LeaseKeeper
-from flows.model import CallLog, LoggedModel, Model, model_from_settings
-from flows.outcomes import STATE_NAMES, SubjectOutcome, TickReport, emit_outcome
-from flows.settings import RunledgerSettings
 
 RETRY_JITTER_FACTOR = 0.5
 
@@ -336,12 +335,12 @@ def ensure_tables(job: Job, ledger: Ledger) -> None:
         job.tables.create_all(ledger.engine, checkfirst=True)
 
 
-def _tag_flow_run(job: Job) -> list[str]:
-    labels = [f"job:{job.name}", f"version:{job.version}"]
-    current = list(current_flow_run.tags)
+def _tag_flow_run(job: Job) -> None:
+    """Tag the flow run (not its task runs: a tagged task run asks the server for tag
+    concurrency slots, one round trip per task run) with the job and its version."""
+    labels = {f"job:{job.name}", f"version:{job.version}"}
     with get_client(sync_client=True) as client:
-        client.update_flow_run(current_flow_run.id, tags=sorted({*current, *labels}))
-    return labels
+        client.update_flow_run(current_flow_run.id, tags=sorted({*current_flow_run.tags, *labels}))
 
 
 @flow(name="run-job", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
@@ -364,7 +363,7 @@ def run_job(job: str, subjects: list[str] | None = None, period: str | None = No
     for name in names:
         definition.identity(name, the_period)  # every identity is valid before anything is written
     settings = RunledgerSettings()
-    labels = _tag_flow_run(definition)
+    _tag_flow_run(definition)
     ledger = Ledger.connect()
     model = model_from_settings(settings)
     try:
@@ -372,8 +371,7 @@ def run_job(job: str, subjects: list[str] | None = None, period: str | None = No
         tick = Tick(definition, the_period, ledger, model,
                     CallLog(settings.model_call_log) if settings.model_call_log else None,
                     settings, str(current_flow_run.id))
-        with tags(*labels):
-            report = run_tick(tick, names)
+        report = run_tick(tick, names)
     finally:
         model.close()
         ledger.close()

@@ -180,6 +180,12 @@ class Ledger:
     def mark_sent(self, claim: ob.MessageClaim, reply: ob.Reply = ob.NO_REPLY) -> None:
         self._write(lambda c: ob.mark_sent_txn(c, claim, reply), autocommit=True)
 
+    def mark_sent_many(
+        self, sent: Sequence[tuple[ob.MessageClaim, ob.Reply]]
+    ) -> list[ob.MessageClaim]:
+        """Mark several messages sent in one transaction; returns the claims whose lease was lost."""
+        return self._write(lambda c: ob.mark_sent_many_txn(c, sent))
+
     def schedule_retry(
         self, claim: ob.MessageClaim, delay: float, error: str, reply: ob.Reply = ob.NO_REPLY
     ) -> None:

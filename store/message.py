@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from email_validator import EmailNotValidError, validate_email
@@ -50,9 +51,15 @@ def normalize_address(address: str, what: str = "recipient") -> str:
         raise InvalidMessage(f"{what} must be a non-empty email address")
     check_header_value(address, what)
     try:
-        valid = validate_email(address.strip(), check_deliverability=False, allow_smtputf8=False)
+        return _normalized(address.strip())
     except EmailNotValidError as exc:
         raise InvalidMessage(f"{what} {address!r} is not a valid email address: {exc}") from exc
+
+
+@lru_cache(maxsize=4096)
+def _normalized(address: str) -> str:
+    # Cached: the same recipients come back every period, and validation is pure but not cheap.
+    valid = validate_email(address, check_deliverability=False, allow_smtputf8=False)
     return valid.ascii_email or valid.normalized
 
 

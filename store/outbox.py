@@ -3,6 +3,7 @@ fence; only the current holder can record the outcome of its delivery attempt.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -11,9 +12,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from store.dialect import db_now, is_postgres, seconds
+from store.dialect import db_now, is_postgres, json_rows, seconds
 from store.errors import DeliveryLeaseLost, InvalidInput, InvalidTransition, MessageNotFound
 from store.models import DeliveryAttempt, QueuedMessage, delivery_attempts_table, outbox_table
+from store.prepared import Prepared
 
 outbox = outbox_table
 deliveries = delivery_attempts_table
@@ -153,12 +155,93 @@ def _record_outcome(
         )
 
 
+# A group of sent marks is one JSON array parameter, so one prepared statement fits any size.
+_SENT_GIVEN = [outbox.c.message_id, outbox.c.fence, deliveries.c.owner, deliveries.c.reply_code,
+               deliveries.c.reply_text, deliveries.c.provider_message_id]
+_RECORDED = ["message_id", "attempt", "owner", "started_at", "outcome", "reply_code", "reply_text",
+             "provider_message_id", "finished_at"]
+
+
+def _sent_holder(given: Any) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        outbox.c.message_id == given.c.message_id, outbox.c.fence == given.c.fence,
+        outbox.c.lease_owner == given.c.owner,
+        # Written as an expression so that SQLite looks each given row up by primary key
+        # instead of looping over every 'sending' row through the status index.
+        outbox.c.status.concat("") == "sending",
+    )
+
+
+def _mark_sent(given: Any) -> sa.Update:
+    now = db_now()
+    return sa.update(outbox).where(_sent_holder(given)).values(
+        status="sent", lease_owner=sa.null(), lease_expires_at=sa.null(), updated_at=now,
+        sent_at=now, next_attempt_at=sa.null(), last_error=sa.null(),
+        provider_message_id=given.c.provider_message_id,
+    )
+
+
+def _mark_sent_in_one_statement(d: str) -> sa.Select[Any]:
+    """PostgreSQL: mark the held rows and record their attempts from what the update returned
+    (a row another dispatcher took meanwhile is neither marked nor recorded)."""
+    given = json_rows(d, "sent", _SENT_GIVEN).cte("given")
+    updated = _mark_sent(given).returning(
+        outbox.c.message_id, outbox.c.attempts, outbox.c.claimed_at, given.c.owner,
+        given.c.reply_code, given.c.reply_text, given.c.provider_message_id,
+    ).cte("updated")
+    recorded = sa.insert(deliveries).from_select(_RECORDED, sa.select(
+        updated.c.message_id, updated.c.attempts, updated.c.owner, updated.c.claimed_at,
+        sa.literal("sent"), updated.c.reply_code, updated.c.reply_text,
+        updated.c.provider_message_id, db_now(),
+    )).cte("recorded")
+    return sa.select(updated.c.message_id).add_cte(recorded)
+
+
+def _record_held_as_sent(d: str) -> sa.Insert:
+    """SQLite (under the write lock): the attempt rows of the held messages, before marking."""
+    given = json_rows(d, "sent", _SENT_GIVEN).subquery("given")
+    return sa.insert(deliveries).from_select(_RECORDED, sa.select(
+        outbox.c.message_id, outbox.c.attempts, given.c.owner, outbox.c.claimed_at,
+        sa.literal("sent"), given.c.reply_code, given.c.reply_text, given.c.provider_message_id,
+        db_now(),
+    ).where(_sent_holder(given)))
+
+
+_MARK_SENT_PG = Prepared(_mark_sent_in_one_statement)
+_RECORD_SENT = Prepared(_record_held_as_sent)
+_MARK_SENT = Prepared(
+    lambda d: _mark_sent(json_rows(d, "sent", _SENT_GIVEN).subquery("given"))
+    .returning(outbox.c.message_id)
+)
+
+
+def mark_sent_many_txn(
+    conn: Connection, sent: Sequence[tuple[MessageClaim, Reply]]
+) -> list[MessageClaim]:
+    """sending -> sent for several messages in one statement (PostgreSQL) or one locked
+    transaction (SQLite); each row only by its current lease holder. Returns the claims whose
+    lease had moved on: those rows are unchanged and no attempt is recorded for them."""
+    if not sent:
+        return []
+    given = [{"message_id": c.message_id, "fence": c.fence, "owner": c.owner,
+              "reply_code": r.code, "reply_text": r.text, "provider_message_id": r.provider_message_id}
+             for c, r in sent]
+    if is_postgres(conn):
+        marked = _MARK_SENT_PG.rows(conn, sent=given)
+    else:
+        _RECORD_SENT.rows(conn, sent=given)
+        marked = _MARK_SENT.rows(conn, sent=given)
+    matched = {row["message_id"] for row in marked}
+    return [claim for claim, _ in sent if claim.message_id not in matched]
+
+
 def mark_sent_txn(conn: Connection, claim: MessageClaim, reply: Reply = NO_REPLY) -> None:
     """sending -> sent; only the current delivery-lease holder can."""
-    _record_outcome(conn, claim, "sent", reply, {
-        "sent_at": db_now(), "next_attempt_at": None, "last_error": None,
-        "provider_message_id": reply.provider_message_id,
-    })
+    if mark_sent_many_txn(conn, [(claim, reply)]):
+        raise DeliveryLeaseLost(
+            f"message {claim.message_id}: delivery fence {claim.fence} of {claim.owner} is no "
+            "longer current; its outcome was not recorded"
+        )
 
 
 def schedule_retry_txn(

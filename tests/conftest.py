@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -53,10 +53,11 @@ class PostgresDatabases:
     def url(self, name: str) -> str:
         return str(sa.engine.make_url(ADMIN_URL).set(database=name).render_as_string(False))
 
-    def create(self) -> str:
+    def create(self, migrated: bool = True) -> str:
         name = f"{self.prefix}_{len(self.created)}_{uuid.uuid4().hex[:6]}"
+        template = f' TEMPLATE "{self.template}"' if migrated else ""
         with self.engine.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"{template}')
         self.created.append(name)
         return self.url(name)
 
@@ -116,13 +117,12 @@ def ledger(db_url: str) -> Iterator[Ledger]:
 
 
 @pytest.fixture
-def fresh_db_url(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
+def fresh_db_url(db_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], str]]:
     """A factory of further fresh migrated databases of the same dialect as ``db_url``."""
-    dialect = request.node.callspec.params["db_url"]
     made: list[str] = []
 
     def make() -> str:
-        if dialect == "sqlite":
+        if db_url.startswith("sqlite"):
             directory = tmp_path / f"db{len(made)}"
             directory.mkdir()
             url = _sqlite_url(directory)
@@ -135,16 +135,18 @@ def fresh_db_url(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignor
         return url
 
     yield make
-    if dialect == "postgres":
+    if not db_url.startswith("sqlite"):
         for url in made:
             request.getfixturevalue("postgres_databases").drop(url)
 
 
-@pytest.fixture(scope="session")
-def prefect_api() -> Iterator[str]:
-    """One temporary Prefect server (``prefect_test_harness``) for the session; its API URL."""
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=90):
-        yield str(PREFECT_API_URL.value())
+@pytest.fixture(params=DIALECTS)
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A URL of a database without the ledger schema (to test migrating), on each dialect."""
+    if request.param == "sqlite":
+        yield _sqlite_url(tmp_path)
+        return
+    databases: PostgresDatabases = request.getfixturevalue("postgres_databases")
+    url = databases.create(migrated=False)
+    yield url
+    databases.drop(url)

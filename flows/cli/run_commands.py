@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -29,7 +29,10 @@ def _ephemeral_timeout() -> AbstractContextManager[Any]:
     if os.environ.get(EPHEMERAL_TIMEOUT):
         return nullcontext()
     os.environ[EPHEMERAL_TIMEOUT] = str(MIN_EPHEMERAL_TIMEOUT)
-    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+    from prefect.settings import (
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
 
     return temporary_settings(updates={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS:
                                        MIN_EPHEMERAL_TIMEOUT})
@@ -37,14 +40,14 @@ def _ephemeral_timeout() -> AbstractContextManager[Any]:
 
 @app.command("run")
 def run(
-    job: str = typer.Argument(..., help="A registered job, e.g. competitor-summary."),
-    subject: list[str] | None = typer.Option(
-        None, "--subject", "-s", help="A subject to run (repeatable); default: all of the job's."),
-    period: str | None = typer.Option(
-        None, "--period",
+    job: Annotated[str, typer.Argument(help="A registered job, e.g. competitor-summary.")],
+    subject: Annotated[list[str] | None, typer.Option(
+        "--subject", "-s", help="A subject to run (repeatable); default: all of the job's.")] = None,
+    period: Annotated[str | None, typer.Option(
+        "--period",
         help="A date YYYY-MM-DD in the job's timezone, or an ISO datetime with an offset; "
-             "default: the period containing now."),
-    as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
+             "default: the period containing now.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
 ) -> None:
     """Run one tick of JOB now through the run-job flow and print each subject's outcome.
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -35,8 +36,8 @@ def serve(
 
 @stack_app.command("up")
 def stack_up(
-    home: Path = typer.Option(Path(".runledger"), "--home",
-                              help="Folder for Prefect's files, logs and the mail folder."),
+    home: Annotated[Path, typer.Option(
+        "--home", help="Folder for Prefect's files, logs and the mail folder.")] = Path(".runledger"),
     host: str = typer.Option("127.0.0.1", "--host", help="Address of the Prefect server."),
     port: int = typer.Option(4200, "--port", min=1, max=65535, help="Port of the Prefect UI/API."),
     workers: int = typer.Option(
@@ -53,7 +54,7 @@ def stack_up(
     config = StackConfig(home=home.resolve(), host=host, port=port, workers=workers, pool=pool,
                          kickoff=kickoff, prefect_database_url=prefect_db)
     try:
-        up(config, say=console.print)
+        up(config, say=typer.echo)
     except RunledgerError as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(1) from None

@@ -12,6 +12,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from flows.delivery.policy import Decision, RetryPolicy, Status
 from flows.delivery.report import Delivery, DeliveryReport
@@ -27,6 +28,10 @@ log = logging.getLogger("runledger.delivery")
 
 Observer = Callable[[Delivery], None]
 LEASE_MARGIN_SECONDS = 1.0
+# An accepted message waits at most this long (or for ``mark_batch`` others) before its sent
+# mark starts committing; with one group committing while the next fills, a crash can make us
+# resend at most 2 x mark_batch accepted messages (each with its same Message-ID).
+MARK_DELAY_SECONDS = 0.1
 
 
 def dispatcher_owner() -> str:
@@ -49,6 +54,7 @@ class Dispatcher:
         owner: str | None = None,
         observer: Observer | None = None,
         rng: random.Random | None = None,
+        mark_batch: int = 20,
     ) -> None:
         policy.check_retention(transport.key_retention_seconds, transport.name)
         if lease_seconds < 2 * transport.send_reserve_seconds:
@@ -65,6 +71,13 @@ class Dispatcher:
         self.owner = owner or dispatcher_owner()
         self.observer = observer
         self.rng = rng or random.Random()
+        if mark_batch < 1:
+            raise ValueError(f"mark_batch must be at least 1, got {mark_batch}")
+        self.mark_batch = mark_batch
+        self._unmarked: list[tuple[MessageClaim, SendOutcome]] = []
+        self._unmarked_since = 0.0
+        self._marking: tuple[list[tuple[MessageClaim, SendOutcome]], asyncio.Future[list[MessageClaim]]] | None = None
+        self._marker: ThreadPoolExecutor | None = None
 
     @classmethod
     def from_settings(
@@ -74,7 +87,8 @@ class Dispatcher:
         (``smtp`` overrides RUNLEDGER_SMTP_*, e.g. from a Prefect block)."""
         settings = load_settings(DeliverySettings)
         return cls(ledger, open_transport(settings, smtp), settings.policy(),
-                   lease_seconds=settings.lease_seconds, observer=observer)
+                   lease_seconds=settings.lease_seconds, observer=observer,
+                   mark_batch=settings.mark_batch)
 
     async def run_pass(self, batch_size: int = 100, max_seconds: float = 60.0) -> DeliveryReport:
         """Deliver batches until nothing is due or ``max_seconds`` pass. Each message is tried at
@@ -87,6 +101,8 @@ class Dispatcher:
         deadline = started + max_seconds
         report = DeliveryReport(owner=self.owner, transport=self.transport.name)
         tried: set[str] = set()
+        # Sent marks commit on this thread while the next messages are being sent.
+        self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runledger-marks")
         try:
             while time.monotonic() < deadline and report.stopped is None:
                 leased_at = time.monotonic()
@@ -102,6 +118,7 @@ class Dispatcher:
                 tried.update(c.message_id for c in fresh)
                 await self._deliver_batch(fresh, leased_at, deadline, report)
         finally:
+            self._marker.shutdown(wait=True)
             report.seconds = time.monotonic() - started
             await self.transport.aclose()
         log.info("delivery pass %s: %s", self.owner, report.counts)
@@ -109,8 +126,17 @@ class Dispatcher:
 
     async def _deliver_batch(self, claims: Sequence[MessageClaim], leased_at: float,
                              deadline: float, report: DeliveryReport) -> None:
+        try:
+            await self._send_each(claims, leased_at, deadline, report)
+        finally:
+            await self._mark_sent(report)  # accepted messages are marked even if the pass fails
+
+    async def _send_each(self, claims: Sequence[MessageClaim], leased_at: float,
+                         deadline: float, report: DeliveryReport) -> None:
         for index, claim in enumerate(claims):
             rest = claims[index:]
+            if self._unmarked and time.monotonic() - self._unmarked_since > MARK_DELAY_SECONDS:
+                await self._mark_sent(report, wait=False)
             if time.monotonic() >= deadline:
                 self._release(rest, report)
                 return
@@ -129,7 +155,7 @@ class Dispatcher:
                 # the lease expires; the untried ones go back now.
                 self._release(claims[index + 1:], report)
                 raise
-            self._record(claim, outcome, report)
+            await self._record(claim, outcome, report)
             if outcome.unreachable:
                 self._release(claims[index + 1:], report)
                 report.stopped = f"transport unreachable: {outcome.summary}"
@@ -141,10 +167,20 @@ class Dispatcher:
                     return
                 await asyncio.sleep(outcome.retry_after)
 
-    def _record(self, claim: MessageClaim, outcome: SendOutcome, report: DeliveryReport) -> None:
-        """Write the outcome (state first, then tell: invariant 9)."""
+    async def _record(self, claim: MessageClaim, outcome: SendOutcome,
+                      report: DeliveryReport) -> None:
+        """Write the outcome, then tell (invariant 9). Sent marks are committed in groups of up to
+        ``mark_batch`` while the next messages go out; every other outcome is written at once,
+        after the marks before it."""
         if outcome.kind is OutcomeKind.SENT:
             fault_point("after_send_before_mark")
+            if not self._unmarked:
+                self._unmarked_since = time.monotonic()
+            self._unmarked.append((claim, outcome))
+            if len(self._unmarked) >= self.mark_batch:
+                await self._mark_sent(report, wait=False)
+            return
+        await self._mark_sent(report)
         decision = self.policy.decide(claim, outcome, self.rng)
         try:
             self._write(claim, decision, outcome)
@@ -152,23 +188,51 @@ class Dispatcher:
             report.lost += 1
             log.warning("%s", exc)
             return
+        log.info("message %s attempt %d: %s (%s)", claim.message_id[:12], claim.attempt,
+                 decision.status.value, decision.error)
+        self._tell(claim, decision, outcome, report)
+
+    async def _mark_sent(self, report: DeliveryReport, *, wait: bool = True) -> None:
+        """Start committing the buffered sent marks (one group in flight at a time); with
+        ``wait``, also wait until every mark is committed and told."""
+        sent, self._unmarked = self._unmarked, []
+        await self._settle(report)
+        if sent:
+            assert self._marker is not None
+            future = asyncio.get_running_loop().run_in_executor(
+                self._marker, self.ledger.mark_sent_many, [(c, o.reply) for c, o in sent])
+            self._marking = (sent, future)
+        if wait:
+            await self._settle(report)
+
+    async def _settle(self, report: DeliveryReport) -> None:
+        if self._marking is None:
+            return
+        sent, future = self._marking
+        self._marking = None
+        lost = {c.message_id for c in await future}
+        for claim, outcome in sent:
+            if claim.message_id in lost:
+                report.lost += 1
+                log.warning("message %s: delivery lease lost before it was marked sent",
+                            claim.message_id)
+            else:
+                self._tell(claim, Decision(Status.SENT), outcome, report)
+
+    def _tell(self, claim: MessageClaim, decision: Decision, outcome: SendOutcome,
+              report: DeliveryReport) -> None:
         delivery = Delivery(
             message_id=claim.message_id, run_id=claim.run_id, recipient=claim.recipient,
             attempt=claim.attempt, status=decision.status, delay=decision.delay,
             error=decision.error, reply_code=outcome.reply.code,
         )
         report.add(delivery)
-        if decision.status is not Status.SENT:
-            log.info("message %s attempt %d: %s (%s)", claim.message_id[:12], claim.attempt,
-                     decision.status.value, decision.error)
         if self.observer is not None:
             self.observer(delivery)
 
     def _write(self, claim: MessageClaim, decision: Decision, outcome: SendOutcome) -> None:
         reply, error = outcome.reply, decision.error or outcome.summary
-        if decision.status is Status.SENT:
-            self.ledger.mark_sent(claim, reply)
-        elif decision.status is Status.RETRY:
+        if decision.status is Status.RETRY:
             self.ledger.schedule_retry(claim, decision.delay or 0.0, error, reply)
         elif decision.status is Status.UNCERTAIN:
             self.ledger.mark_uncertain(claim, error, decision.delay, reply)

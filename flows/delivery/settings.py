@@ -26,6 +26,9 @@ class DeliverySettings(BaseSettings):
     max_delay_seconds: float = Field(default=3600.0, gt=0)
     max_window_hours: float = Field(default=12.0, gt=0)
     uncertain: UncertainPolicy = UncertainPolicy.RETRY
+    # Sent marks committed together (one commit per group; 1 = each before the next send). A crash
+    # can resend at most this many accepted messages, each with its same Message-ID.
+    mark_batch: int = Field(default=20, ge=1, le=500)
 
     def policy(self) -> RetryPolicy:
         return RetryPolicy(

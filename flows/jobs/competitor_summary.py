@@ -12,12 +12,11 @@ from typing import Any
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from store import InvalidInput, OutboxMessage, Period
-from store.message import normalize_address
-
 from flows.jobs.errors import ValidationFailed
 from flows.jobs.job import Candidate, Job
 from flows.model import Model
+from store import InvalidInput, OutboxMessage, Period
+from store.message import normalize_address
 
 SAMPLE_DATA = Path(__file__).with_name("sample_data")
 SUBSCRIBERS = "subscribers.txt"

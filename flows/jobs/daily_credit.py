@@ -13,11 +13,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.orm import registry
 from sqlmodel import Field, Session, SQLModel, func, select
 
-from store import OutboxMessage, Period
-
 from flows.jobs.errors import ValidationFailed
 from flows.jobs.job import Candidate, Job
 from flows.model import Model
+from store import OutboxMessage, Period
 
 
 class DailyCreditSettings(BaseSettings):

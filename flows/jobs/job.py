@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from sqlalchemy import MetaData
 from sqlmodel import Session
 
+from flows.jobs.errors import InvalidJob, UnknownSubject
 from store import OutboxMessage, Period, RunIdentity
 from store.period import validate_cadence, zone
-
-from flows.jobs.errors import InvalidJob, UnknownSubject
 
 if TYPE_CHECKING:
     from flows.model import Model

@@ -16,10 +16,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
 _MARKUP = re.compile(r"^[ \t]*(?:#{1,6}[ \t]+|[-*+][ \t]+|\d+[.)][ \t]+|>[ \t]*)", re.MULTILINE)
 STOP_WORDS = frozenset(
-    "the and for are but not you all any can had her was one our out has have this that with "
-    "from they will would there their what about which when were been into more than then them "
-    "these some its also very just over such only other could should after before while where "
-    "who how our your his she him may might must each most both few those being".split()
+    ["the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was", "one", "our", "out", "has", "have", "this", "that", "with", "from", "they", "will", "would", "there", "their", "what", "about", "which", "when", "were", "been", "into", "more", "than", "then", "them", "these", "some", "its", "also", "very", "just", "over", "such", "only", "other", "could", "should", "after", "before", "while", "where", "who", "how", "our", "your", "his", "she", "him", "may", "might", "must", "each", "most", "both", "few", "those", "being"]
 )
 
 

@@ -24,7 +24,7 @@ from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 from prefect.client.schemas.objects import FlowRun
 
-from deployments.project import PROJECT_ROOT, load_deployments
+from deployments.project import PROJECT_ROOT
 from flows.mail.sink import free_port
 from flows.stack import commands
 from flows.stack.automations import HEARTBEAT_SECONDS, install_crash_detector
@@ -160,16 +160,18 @@ def _mail_files(folder: Path) -> list[Path]:
 
 @contextmanager
 def _stop_on_signals() -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C: both end the stack through the same clean shutdown."""
+    """SIGINT and SIGTERM end the stack through the same clean shutdown. SIGINT is set
+    explicitly: a shell without job control starts background commands with it ignored."""
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class LocalStack:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from prefect.client.orchestration import SyncPrefectClient
@@ -14,13 +15,11 @@ DEFAULT_POOL = "runledger"
 
 def ensure_pool(client: SyncPrefectClient, name: str, queues: Sequence[str] = ()) -> None:
     """Create the process work pool ``name`` and its extra ``queues`` unless they exist."""
-    try:
+    with contextlib.suppress(ObjectAlreadyExists):
         client.create_work_pool(WorkPoolCreate(
             name=name, type="process",
             base_job_template=ProcessWorker.get_default_base_job_template(),
         ))
-    except ObjectAlreadyExists:
-        pass
     existing = {queue.name for queue in client.read_work_queues(work_pool_name=name)}
     for queue in queues:
         if queue not in existing:

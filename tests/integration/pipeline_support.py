@@ -13,17 +13,26 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
+from prefect.states import State
+
 from flows.jobs import Candidate, Job, register
 from flows.jobs.competitor_summary import SAMPLE_DATA
+from flows.jobs.competitor_summary import job as competitor_summary
 from flows.model import CallLog, Model
-from store import Ledger, OutboxMessage, Period
+from flows.outcomes import TickReport
+from flows.pipeline import run_job
+from store import Ledger, OutboxMessage, Period, Run
 
 RUNLEDGER = [sys.executable, "-c", "from flows.cli import main; main()"]
+SUMMARY = "competitor-summary"
+ACME = ["ceo@acme.example", "product-team@acme.example"]
 
 
 @dataclass
@@ -157,10 +166,6 @@ def copy_sample_data(target: Path) -> Path:
     return target
 
 
-def model_calls(path: Path) -> list[dict[str, Any]]:
-    return CallLog(path).entries()  # type: ignore[return-value]
-
-
 def outbox_recipients(ledger: Ledger, run_id: str) -> list[str]:
     return sorted(m.recipient for m in ledger.messages(run_id=run_id, limit=1000))
 
@@ -172,9 +177,10 @@ class Worker:
     process: subprocess.Popen[str]
 
     @classmethod
-    def start(cls, args: Sequence[str], env: dict[str, str]) -> Worker:
+    def start(cls, args: Sequence[str]) -> Worker:
+        """Start `runledger run ARGS --json` with this process's environment."""
         process = subprocess.Popen(
-            [*RUNLEDGER, "run", *args, "--json"], env={**os.environ, **env},
+            [*RUNLEDGER, "run", *args, "--json"], env=dict(os.environ),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         return cls(process)
@@ -213,5 +219,47 @@ def lease_expired(ledger: Ledger, run_id: str) -> bool:
     return run.lease_expires_at is None or run.lease_expires_at <= ledger.db_now()
 
 
-def running_workers(workers: Sequence[Worker]) -> Iterator[Worker]:
-    return (w for w in workers if w.process.poll() is None)
+@dataclass
+class Env:
+    """A test's pipeline environment: its ledger, model call log and sample data copy."""
+
+    ledger: Ledger
+    calls: Path
+    source: Path
+    monkeypatch: pytest.MonkeyPatch
+
+    def set(self, **values: Any) -> None:
+        """Set RUNLEDGER_<NAME> variables, read by the next flow run in this process or a worker."""
+        for name, value in values.items():
+            self.monkeypatch.setenv(f"RUNLEDGER_{name.upper()}", str(value))
+
+    def run(self, job: str, subjects: list[str] | None = None,
+            period: str | None = None) -> tuple[State[Any], TickReport | BaseException]:
+        state = run_job(job=job, subjects=subjects, period=period, return_state=True)
+        return state, state.result(raise_on_failure=False)
+
+    def the_run(self, subject: str, period: str, job: Job = competitor_summary) -> Run:
+        return self.ledger.require(job.identity(subject, job.parse_period(period)).run_id)
+
+    def model_calls(self) -> int:
+        return len(CallLog(self.calls).entries())
+
+
+@contextmanager
+def pipeline_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    """A fresh ledger, a copy of the sample data, a model call log and fast retries."""
+    ledger = Ledger.connect(db_url)
+    env = Env(ledger, tmp_path / "calls.jsonl", copy_sample_data(tmp_path / "source"),
+              monkeypatch)
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", db_url)
+    env.set(model_call_log=env.calls, competitor_summary_source=env.source,
+            retry_delay_seconds=0.05, task_retries=2)
+    try:
+        yield env
+    finally:
+        ledger.close()
+
+
+def outcomes(report: TickReport | BaseException) -> dict[str, str]:
+    assert isinstance(report, TickReport), report
+    return {s.subject: s.outcome for s in report.subjects}

@@ -53,7 +53,7 @@ def test_the_flow_delivers_and_reports_with_an_artifact_and_events(
             monkeypatch.setenv(name, value)
         state = asyncio.run(deliver_outbox(batch_size=10, max_seconds=30, return_state=True))
     assert state.is_completed(), state.message
-    counts = asyncio.run(state.result())
+    counts = state.result()
     assert (counts["sent"], counts["dead"]) == (1, 1)
     flow_run_id = str(state.state_details.flow_run_id)
 

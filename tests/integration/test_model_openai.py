@@ -67,7 +67,7 @@ def test_a_server_error_is_transient(server: ModelServer) -> None:
 def test_a_slow_reply_times_out_as_transient(server: ModelServer) -> None:
     """A reply slower than the timeout is a transient failure naming the timeout."""
     server.script.append(Reply(delay=2.0))
-    with pytest.raises(ModelUnavailable, match="did not answer within 0.3 s"):
+    with pytest.raises(ModelUnavailable, match=r"did not answer within 0\.3 s"):
         client(server, timeout=0.3).generate("x")
 
 

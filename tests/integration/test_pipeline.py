@@ -6,18 +6,20 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pipeline_support import (
+    ACME,
+    SUMMARY,
+    Env,
     ModelServer,
     Reply,
-    copy_sample_data,
-    model_calls,
     outbox_recipients,
+    outcomes,
+    pipeline_env,
     probe_job,
     wait_until,
 )
@@ -26,54 +28,16 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.flow_engine import run_flow
 from prefect.states import Scheduled, State
 
-from flows.jobs.competitor_summary import job as competitor_summary
 from flows.outcomes import TickReport
 from flows.pipeline import run_job
-from store import Ledger, Run
-
-SUMMARY = "competitor-summary"
-ACME = ["ceo@acme.example", "product-team@acme.example"]
-
-
-@dataclass
-class Env:
-    ledger: Ledger
-    calls: Path
-    source: Path
-    monkeypatch: pytest.MonkeyPatch
-
-    def set(self, **values: Any) -> None:
-        for name, value in values.items():
-            self.monkeypatch.setenv(f"RUNLEDGER_{name.upper()}", str(value))
-
-    def run(self, job: str, subjects: list[str] | None = None,
-            period: str | None = None) -> tuple[State[Any], TickReport | BaseException]:
-        state = run_job(job=job, subjects=subjects, period=period, return_state=True)
-        return state, state.result(raise_on_failure=False)
-
-    def the_run(self, job: str, subject: str, period: str) -> Run:
-        definition = competitor_summary if job == SUMMARY else None
-        assert definition is not None
-        run = self.ledger.get(definition.identity(subject, definition.parse_period(period)).run_id)
-        assert run is not None
-        return run
-
-    def model_calls(self) -> int:
-        return len(model_calls(self.calls))
 
 
 @pytest.fixture
 def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         prefect_api: str) -> Iterator[Env]:
     """A fresh ledger, a copy of the sample data, a model call log and fast retries."""
-    ledger = Ledger.connect(db_url)
-    found = Env(ledger, tmp_path / "calls.jsonl", copy_sample_data(tmp_path / "source"),
-                monkeypatch)
-    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", db_url)
-    found.set(model_call_log=found.calls, competitor_summary_source=found.source,
-              retry_delay_seconds=0.05, task_retries=2)
-    yield found
-    ledger.close()
+    with pipeline_env(db_url, tmp_path, monkeypatch) as found:
+        yield found
 
 
 @pytest.fixture
@@ -85,19 +49,14 @@ def model_server(env: Env) -> Iterator[ModelServer]:
         yield server
 
 
-def outcomes(report: TickReport | BaseException) -> dict[str, str]:
-    assert isinstance(report, TickReport), report
-    return {s.subject: s.outcome for s in report.subjects}
-
-
 def test_the_same_logical_run_twice_keeps_the_first_output_and_calls_the_model_once(
         env: Env, model_server: ModelServer) -> None:
     """The model would answer differently the second time; the first answer stays."""
-    first, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    first, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     second, again = env.run(SUMMARY, ["acme"], "2026-01-05")
     assert (first.name, second.name) == ("Completed", "Duplicate")
     assert outcomes(again) == {"acme": "duplicate"}
-    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    run = env.the_run("acme", "2026-01-05")
     assert run.output is not None and run.output["text"] == "answer 1"
     assert isinstance(again, TickReport) and again.subjects[0].output == run.output
     assert len(env.ledger.runs(job=SUMMARY)) == 1
@@ -119,7 +78,7 @@ def test_two_flow_runs_of_the_same_period_at_once_call_the_model_once(env: Env) 
     assert sorted(state.name for state, _ in results) == ["Completed", "InProgressElsewhere"]
     assert sorted(outcomes(r)["acme"] for _, r in results) == ["in-progress-elsewhere", "new"]
     assert env.model_calls() == 1
-    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    run = env.the_run("acme", "2026-01-05")
     assert run.status == "completed" and run.attempts == 1
     assert outbox_recipients(env.ledger, run.run_id) == ACME
 
@@ -180,13 +139,14 @@ def test_a_failed_run_is_retried_without_duplicating_outbox_rows(
     model_server.script.append(Reply(500))
     first, report = env.run(SUMMARY, ["acme"], "2026-01-05")
     assert first.is_failed() and "HTTP 500" in (first.message or "")
-    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    assert outcomes(report) == {"acme": "failed"}
+    run = env.the_run("acme", "2026-01-05")
     assert run.status == "pending" and env.ledger.messages(run_id=run.run_id) == []
-    second, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    second, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     third, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     assert (second.name, third.name) == ("Completed", "Duplicate")
     assert outbox_recipients(env.ledger, run.run_id) == ACME
-    assert env.the_run(SUMMARY, "acme", "2026-01-05").attempts == 2
+    assert env.the_run("acme", "2026-01-05").attempts == 2
 
 
 def test_transient_model_errors_are_retried_with_backoff_in_the_same_attempt(
@@ -196,7 +156,7 @@ def test_transient_model_errors_are_retried_with_backoff_in_the_same_attempt(
     state, report = env.run(SUMMARY, ["acme"], "2026-01-05")
     assert state.name == "Completed" and outcomes(report) == {"acme": "new"}
     assert len(model_server.requests) == 3
-    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    run = env.the_run("acme", "2026-01-05")
     assert run.attempts == 1 and run.output is not None and run.output["text"] == "answer 3"
 
 
@@ -205,10 +165,11 @@ def test_a_permanent_failure_is_not_retried_until_an_operator_requeues_it(
     """A 400 fails the Run at once (no task retry); reruns say so without calling the model."""
     model_server.script.append(Reply(400))
     first, report = env.run(SUMMARY, ["acme"], "2026-01-05")
-    assert first.is_failed() and len(model_server.requests) == 1
-    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    assert first.is_failed() and outcomes(report) == {"acme": "failed"}
+    assert len(model_server.requests) == 1
+    run = env.the_run("acme", "2026-01-05")
     assert run.status == "failed" and "HTTP 400" in (run.error or "")
-    again, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    again, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     assert again.is_failed() and "requeue" in (again.message or "")
     assert len(model_server.requests) == 1
     env.ledger.requeue_run(run.run_id)
@@ -220,9 +181,9 @@ def test_an_invalid_candidate_fails_the_run_without_retry(
         env: Env, model_server: ModelServer) -> None:
     """An empty summary fails validation: the Run is failed, nothing is queued, no retry."""
     model_server.script.append(Reply(text="   "))
-    state, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    state, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     assert state.is_failed() and "empty summary" in (state.message or "")
-    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    run = env.the_run("acme", "2026-01-05")
     assert run.status == "failed" and env.ledger.messages(run_id=run.run_id) == []
     assert len(model_server.requests) == 1
 
@@ -249,9 +210,9 @@ def test_changed_recipients_under_the_same_run_are_a_conflict(env: Env) -> None:
     assert first.name == "Completed"
     subscribers = env.source / "acme" / "subscribers.txt"
     subscribers.write_text(subscribers.read_text() + "intern@acme.example\n")
-    second, report = env.run(SUMMARY, ["acme"], "2026-01-05")
+    second, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     assert second.is_failed() and "different parameters" in (second.message or "")
-    run = env.the_run(SUMMARY, "acme", "2026-01-05")
+    run = env.the_run("acme", "2026-01-05")
     assert outbox_recipients(env.ledger, run.run_id) == ACME
     assert env.model_calls() == 1
 

@@ -7,7 +7,14 @@ from hashlib import sha256
 
 import pytest
 
-from store import InvalidIdentity, InvalidInput, RunIdentity, message_key, params_fingerprint, run_key
+from store import (
+    InvalidIdentity,
+    InvalidInput,
+    RunIdentity,
+    message_key,
+    params_fingerprint,
+    run_key,
+)
 
 START = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)
 

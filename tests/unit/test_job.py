@@ -99,7 +99,7 @@ def test_requested_subjects_are_deduplicated_and_checked() -> None:
     """Requested subjects keep their order; an unknown one names the known ones."""
     job = make()
     assert job.resolve_subjects(["globex", "acme", "globex"]) == ["globex", "acme"]
-    with pytest.raises(UnknownSubject, match="'initech'.*known subjects: acme, globex"):
+    with pytest.raises(UnknownSubject, match=r"'initech'.*known subjects: acme, globex"):
         job.resolve_subjects(["acme", "initech"])
 
 

@@ -6,8 +6,14 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from flows.jobs import ENTRY_POINT_GROUP, UnknownJob, get_job, register, registered_jobs
-from flows.jobs import daily_credit
+from flows.jobs import (
+    ENTRY_POINT_GROUP,
+    UnknownJob,
+    daily_credit,
+    get_job,
+    register,
+    registered_jobs,
+)
 from flows.jobs.errors import InvalidJob
 from flows.jobs.registry import jobs_from_entry_points
 
@@ -20,7 +26,7 @@ def test_both_reference_jobs_are_found_by_name() -> None:
 
 def test_an_unknown_job_is_an_error_that_lists_the_registered_jobs() -> None:
     """The error names the wrong job and the ones that exist."""
-    with pytest.raises(UnknownJob, match="unknown job 'nope'; registered jobs: .*competitor-summary"):
+    with pytest.raises(UnknownJob, match=r"unknown job 'nope'; registered jobs: .*competitor-summary"):
         get_job("nope")
 
 
@@ -44,7 +50,7 @@ def test_an_entry_point_may_publish_a_job_or_a_module_of_jobs() -> None:
 
 def test_a_broken_entry_point_is_a_clear_error() -> None:
     """An entry point that cannot load, or is not a job, names itself in the error."""
-    with pytest.raises(InvalidJob, match="entry point broken = 'flows.jobs.missing:job'"):
+    with pytest.raises(InvalidJob, match=r"entry point broken = 'flows\.jobs\.missing:job'"):
         jobs_from_entry_points([EntryPoint("broken", "flows.jobs.missing:job", ENTRY_POINT_GROUP)])
     with pytest.raises(InvalidJob, match="is a str, not a Job"):
         jobs_from_entry_points([EntryPoint("odd", "flows.jobs.registry:PACKAGE", ENTRY_POINT_GROUP)])

@@ -1,0 +1,224 @@
+"""run-job overhead against a bare Prefect flow doing the same stage work, in one run.
+
+    uv run python bench/pipeline_bench.py [--sizes 100 1000] [--dialects sqlite postgres]
+                                          [--model-delay 0] [--repeat 1]
+
+Baseline: a bare flow with the same fan-out (same number of threads) running the same job's
+collect, transform (offline model) and validate + messages as Prefect tasks per subject, with
+no ledger. Candidate: ``run_job`` on a fresh ledger for a new period (register+claim, collect,
+transform, persist per subject, plus the batched read, artifact and events). Then the rerun of
+that completed tick, which must call no model and start no task run. Prints the times and the
+overhead ratio (target <= 1.15). Prefect runs on a temporary local server; its logs are at
+WARNING so that both flows pay the same (small) logging cost. PostgreSQL is skipped when
+unreachable (RUNLEDGER_BENCH_POSTGRES_URL, default postgresql+psycopg://postgres@127.0.0.1:5432/postgres)."""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+POSTGRES = os.environ.get("RUNLEDGER_BENCH_POSTGRES_URL",
+                          "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+PERIODS = iter(f"2026-{month:02d}-{day:02d}" for month in range(1, 13) for day in range(1, 29))
+
+
+def _prefect_environment() -> None:
+    # Prefect reads its settings when first imported: set them before any import of it.
+    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="runledger-bench-prefect-"))
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+@contextmanager
+def ledger_url(dialect: str, directory: Path) -> Iterator[str | None]:
+    """A fresh migrated ledger of ``dialect``; None when PostgreSQL is unreachable."""
+    from store import Ledger
+
+    if dialect == "sqlite":
+        url = f"sqlite:///{directory / f'ledger-{uuid.uuid4().hex[:6]}.db'}"
+        Ledger.connect(url).migrate()
+        yield url
+        return
+    admin = sa.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
+    name = f"rlbench_{uuid.uuid4().hex[:8]}"
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    except sa.exc.OperationalError as exc:
+        print(f"postgres: skipped ({exc.orig})")
+        yield None
+        return
+    url = sa.engine.make_url(POSTGRES).set(database=name).render_as_string(False)
+    try:
+        ledger = Ledger.connect(url)
+        ledger.migrate()
+        ledger.close()
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def bench_job(size: int, calls: list[str]) -> Any:
+    """A job of ``size`` subjects whose transform records each model call in ``calls``."""
+    from flows.jobs import Candidate, Job, register
+    from flows.model import Model
+    from store import OutboxMessage, Period
+
+    def collect(subject: str, period: Period) -> dict[str, Any]:
+        return {"subject": subject, "text": f"{subject} raised its prices on {period.label}. "
+                "Customers were told by email. The change starts next month."}
+
+    def transform(raw: dict[str, Any], model: Model) -> Candidate:
+        calls.append(raw["subject"])
+        answer = model.generate(raw["text"])
+        return Candidate(answer.text, answer.model, {"subject": raw["subject"]})
+
+    def validate(candidate: Candidate) -> None:
+        assert candidate.text
+
+    def messages(subject: str, period: Period, output: dict[str, Any]) -> list[OutboxMessage]:
+        return [OutboxMessage("ops@example.com", f"{subject} {period.label}", output["text"])]
+
+    return register(Job(
+        name=f"bench-{size}-{uuid.uuid4().hex[:6]}", version="1", cadence="daily",
+        timezone="UTC", subjects=[f"s{i:05d}" for i in range(size)], collect=collect,
+        transform=transform, validate=validate, messages=messages,
+    ))
+
+
+def bare_flow(job: Any, concurrency: int, model: Any) -> Callable[[str], int]:
+    """The same stage work as run-job, as Prefect tasks with the same fan-out, without a ledger."""
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+
+    stage: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
+
+    @task(name="collect", task_run_name="collect[{subject}]", **stage)
+    def collect(subject: str, period: Any) -> dict[str, Any]:
+        return job.collect(subject, period)  # type: ignore[no-any-return]
+
+    @task(name="transform", task_run_name="transform[{subject}]", **stage)
+    def transform(subject: str, raw: dict[str, Any]) -> Any:
+        return job.transform(raw, model)
+
+    @task(name="persist", task_run_name="persist[{subject}]", **stage)
+    def persist(subject: str, period: Any, candidate: Any) -> int:
+        job.validate(candidate)
+        return len(job.messages(subject, period, candidate.output()))
+
+    def one(subject: str, period: Any) -> int:
+        return persist(subject, period, transform(subject, collect(subject, period)))
+
+    @flow(name="bare-job", persist_result=False)
+    def bare(period_text: str) -> int:
+        period = job.parse_period(period_text)
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            futures = [pool.submit(contextvars.copy_context().run, one, s, period)
+                       for s in job.subject_names()]
+            return sum(f.result() for f in futures)
+
+    return bare  # type: ignore[return-value]
+
+
+def task_runs(flow_run_id: Any) -> int:
+    """How many task runs the Prefect server has recorded for a flow run."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        response = client.request("POST", "/task_runs/count",
+                                  json={"flow_runs": {"id": {"any_": [str(flow_run_id)]}}})
+        response.raise_for_status()
+        return int(response.json())
+
+
+def timed(work: Callable[[], Any]) -> tuple[float, Any]:
+    started = time.perf_counter()
+    result = work()
+    return time.perf_counter() - started, result
+
+
+def measure(size: int, dialect: str, url: str, delay: float, repeat: int) -> dict[str, Any]:
+    from flows.model import OfflineModel
+    from flows.pipeline import run_job
+    from flows.settings import RunledgerSettings
+
+    os.environ["RUNLEDGER_DATABASE_URL"] = url
+    concurrency = RunledgerSettings().subject_concurrency
+    bare_times, job_times, rerun_times = [], [], []
+    rerun_calls = rerun_task_runs = first_task_runs = 0
+    for _ in range(repeat):
+        calls: list[str] = []
+        job = bench_job(size, calls)
+        bare = bare_flow(job, concurrency, OfflineModel(delay_seconds=delay))
+        period = next(PERIODS)
+        seconds, rows = timed(lambda: bare(period))
+        assert rows == size, rows
+        bare_times.append(seconds)
+        seconds, first = timed(lambda: run_job(job.name, period=period, return_state=True))
+        assert first.name == "Completed", first.message
+        job_times.append(seconds)
+        before = len(calls)
+        seconds, again = timed(lambda: run_job(job.name, period=period, return_state=True))
+        assert again.name == "Duplicate", again.message
+        rerun_times.append(seconds)
+        rerun_calls += len(calls) - before
+        deadline = time.monotonic() + 300
+        # The server records task runs from events, asynchronously: wait for the first tick's.
+        while (first_task_runs := task_runs(first.state_details.flow_run_id)) < 4 * size:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        rerun_task_runs += task_runs(again.state_details.flow_run_id)
+    bare_s, job_s, rerun_s = (statistics.median(t) for t in (bare_times, job_times, rerun_times))
+    return {"subjects": size, "dialect": dialect, "bare_s": bare_s, "run_job_s": job_s,
+            "ratio": job_s / bare_s, "rerun_s": rerun_s, "rerun_model_calls": rerun_calls,
+            "rerun_task_runs": rerun_task_runs, "first_task_runs": first_task_runs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--dialects", nargs="+", default=["sqlite", "postgres"],
+                        choices=["sqlite", "postgres"])
+    parser.add_argument("--model-delay", type=float, default=0.0,
+                        help="seconds the offline model sleeps per call (a model's latency)")
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    _prefect_environment()
+    os.environ["RUNLEDGER_OFFLINE_MODEL_DELAY_SECONDS"] = str(args.model_delay)
+
+    from flows.pipeline import run_job
+
+    with tempfile.TemporaryDirectory() as directory:
+        for dialect in args.dialects:
+            with ledger_url(dialect, Path(directory)) as url:
+                if url is None:
+                    continue
+                warm = bench_job(10, [])
+                os.environ["RUNLEDGER_DATABASE_URL"] = url
+                run_job(warm.name, period="2025-12-31")  # server start-up and imports
+                for size in args.sizes:
+                    row = measure(size, dialect, url, args.model_delay, args.repeat)
+                    print(f"{dialect:8} N={size:5}: bare {row['bare_s']:7.2f} s, run_job "
+                          f"{row['run_job_s']:7.2f} s, ratio {row['ratio']:.3f} (target <= 1.15); "
+                          f"rerun {row['rerun_s']:6.2f} s with {row['rerun_model_calls']} model "
+                          f"calls and {row['rerun_task_runs']} task runs "
+                          f"(first run: {row['first_task_runs']} task runs)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Outbox transitions added for delivery: marking a group sent in one transaction, and giving
+back a claim into the state it was claimed from."""
+
+from __future__ import annotations
+
+import time
+
+from delivery_support import queue
+
+from store import Ledger, Reply
+
+
+def test_marking_a_group_sent_records_each_attempt(ledger: Ledger) -> None:
+    """mark_sent_many: every held message becomes sent with its own attempt row and reply."""
+    queue(ledger, 3)
+    claims = ledger.claim_messages("dispatcher-a", 10, 60)
+    lost = ledger.mark_sent_many([(c, Reply(250, f"queued {i}", f"p{i}")) for i, c in enumerate(claims)])
+    assert lost == []
+    assert ledger.message_counts() == {"sent": 3}
+    for i, claim in enumerate(claims):
+        [attempt] = ledger.delivery_attempts(claim.message_id)
+        assert (attempt.outcome, attempt.reply_code, attempt.reply_text, attempt.provider_message_id,
+                attempt.owner) == ("sent", 250, f"queued {i}", f"p{i}", "dispatcher-a")
+        stored = ledger.message(claim.message_id)
+        assert stored is not None and stored.provider_message_id == f"p{i}" and stored.sent_at
+
+
+def test_a_stale_claim_in_a_group_is_reported_and_left_alone(ledger: Ledger) -> None:
+    """A claim whose lease moved to another dispatcher is returned as lost; only the new holder's
+    outcome can be recorded, and the others in the group are still marked."""
+    queue(ledger, 2)
+    first, second = ledger.claim_messages("dispatcher-a", 10, 0.001)
+    time.sleep(0.05)
+    [taken] = ledger.claim_messages("dispatcher-b", 1, 60)  # the expired lease is taken over
+    stale, kept = (first, second) if taken.message_id == first.message_id else (second, first)
+    lost = ledger.mark_sent_many([(stale, Reply(250)), (kept, Reply(250))])
+    assert [c.message_id for c in lost] == [stale.message_id]
+    assert ledger.message(kept.message_id).status == "sent"  # type: ignore[union-attr]
+    assert ledger.message(stale.message_id).lease_owner == "dispatcher-b"  # type: ignore[union-attr]
+    assert ledger.delivery_attempts(stale.message_id) == []
+
+
+def test_a_released_uncertain_message_stays_uncertain(ledger: Ledger) -> None:
+    """Claiming remembers the previous status; giving the claim back restores it (an uncertain
+    message stays visible as uncertain) without counting a try."""
+    [message] = queue(ledger, 1)
+    [claim] = ledger.claim_messages("dispatcher-a", 1, 60)
+    ledger.mark_uncertain(claim, "lost after DATA", retry_in=0)
+    [again] = ledger.claim_messages("dispatcher-a", 1, 60)
+    assert again.previous_status == "uncertain" and again.attempt == 2
+    ledger.release_message(again)
+    stored = ledger.message(message.message_id)
+    assert stored is not None and (stored.status, stored.attempts) == ("uncertain", 1)

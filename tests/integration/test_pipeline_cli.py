@@ -1,0 +1,56 @@
+"""`runledger run`: one tick in-process, each subject's outcome printed as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pipeline_support import Env, pipeline_env
+from typer.testing import CliRunner
+
+from flows.cli import app
+
+
+@pytest.fixture
+def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        prefect_api: str) -> Iterator[Env]:
+    """A fresh ledger and a copy of the sample data."""
+    with pipeline_env(db_url, tmp_path, monkeypatch) as found:
+        yield found
+
+
+def test_runledger_run_prints_each_subjects_outcome_as_json(env: Env) -> None:
+    """The first run completes every workspace; the second reports duplicates, exit code 0."""
+    runner = CliRunner()
+    first = runner.invoke(app, ["run", "competitor-summary", "--period", "2026-01-05", "--json"])
+    assert first.exit_code == 0, first.output
+    report = json.loads(first.stdout)
+    assert report["state"] == "Completed" and report["period"] == "2026-01-05"
+    assert [(s["subject"], s["outcome"], s["outbox_rows"]) for s in report["subjects"]] == [
+        ("acme", "new", 2), ("globex", "new", 1)]
+    second = runner.invoke(app, ["run", "competitor-summary", "--period", "2026-01-05", "--json",
+                                 "--subject", "globex"])
+    again = json.loads(second.stdout)
+    assert (second.exit_code, again["state"]) == (0, "Duplicate")
+    assert again["subjects"][0]["run_id"] == report["subjects"][1]["run_id"]
+
+
+def test_runledger_run_prints_a_table_of_outcomes(env: Env) -> None:
+    """Without --json each subject is a row with its outcome and short Run id."""
+    result = CliRunner().invoke(app, ["run", "daily-credit", "--period", "2026-01-05"])
+    assert result.exit_code == 0, result.output
+    assert "daily-credit/2026-01-05: 2 new" in result.stdout
+    assert "account-1" in result.stdout and "new" in result.stdout
+
+
+def test_runledger_run_names_bad_input_and_exits_1(env: Env) -> None:
+    """An unknown job or a naive datetime is one clear line on stderr and exit code 1."""
+    runner = CliRunner()
+    unknown = runner.invoke(app, ["run", "no-such-job"])
+    naive = runner.invoke(app, ["run", "daily-credit", "--period", "2026-01-05T09:00:00"])
+    assert unknown.exit_code == naive.exit_code == 1
+    assert "unknown job 'no-such-job'" in unknown.stderr
+    assert "naive datetime" in naive.stderr
+    assert env.ledger.runs() == []

@@ -1,0 +1,143 @@
+"""Workers that die, freeze or lose a reply: real `runledger run` processes killed with SIGKILL
+or stopped with SIGSTOP, against the session's Prefect server and real ledgers."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pipeline_support import (
+    ACME,
+    SUMMARY,
+    Env,
+    Worker,
+    lease_expired,
+    outbox_recipients,
+    outcomes,
+    pipeline_env,
+    probe_job,
+    wait_until,
+)
+
+from flows.jobs import Candidate
+from flows.lease_keeper import LeaseKeeper
+from flows.model import CallLog, OfflineModel
+from flows.pipeline import Tick, persist_output
+from flows.settings import RunledgerSettings
+
+PERIOD = "2026-01-05"
+
+
+@pytest.fixture
+def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        prefect_api: str) -> Iterator[Env]:
+    """A fresh ledger and sample data; worker subprocesses use the session's Prefect server."""
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
+    with pipeline_env(db_url, tmp_path, monkeypatch) as found:
+        yield found
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    """Worker subprocesses, killed at the end whatever happened."""
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.kill()
+
+
+def start_worker(env: Env, workers: list[Worker], **settings: object) -> Worker:
+    env.set(**settings)
+    worker = Worker.start([SUMMARY, "--subject", "acme", "--period", PERIOD])
+    workers.append(worker)
+    return worker
+
+
+def in_transform(env: Env, worker: Worker) -> bool:
+    """The worker has logged its model call: it is inside the transform."""
+    return any(e["pid"] == worker.pid for e in CallLog(env.calls).entries())
+
+
+def test_a_worker_killed_after_the_completion_commit_leaves_the_stored_output(
+        env: Env, workers: list[Worker]) -> None:
+    """The retry after a crash between commit and acknowledgement returns the stored output."""
+    worker = start_worker(env, workers, faults="after_complete_commit")
+    code, report, _ = worker.finish()
+    assert code == -signal.SIGKILL and report is None
+    env.monkeypatch.delenv("RUNLEDGER_FAULTS")
+    run = env.the_run("acme", PERIOD)
+    assert run.status == "completed"
+    state, again = env.run(SUMMARY, ["acme"], PERIOD)
+    assert state.name == "Duplicate" and outcomes(again) == {"acme": "duplicate"}
+    assert env.the_run("acme", PERIOD).output == run.output
+    assert env.model_calls() == 1
+    assert outbox_recipients(env.ledger, run.run_id) == ACME
+
+
+def test_a_worker_killed_while_holding_the_lease_is_replaced_once_the_lease_expires(
+        env: Env, workers: list[Worker]) -> None:
+    """While the dead worker's lease lasts nobody calls the model; after it, one worker does."""
+    worker = start_worker(env, workers, offline_model_delay_seconds=60, lease_seconds=8)
+    wait_until(lambda: in_transform(env, worker), 90, "the worker's model call")
+    worker.signal(signal.SIGKILL)
+    worker.finish()
+    env.set(offline_model_delay_seconds=0, lease_seconds=900)
+    state, report = env.run(SUMMARY, ["acme"], PERIOD)
+    assert state.name == "InProgressElsewhere"
+    assert outcomes(report) == {"acme": "in-progress-elsewhere"}
+    assert env.model_calls() == 1
+    run_id = env.the_run("acme", PERIOD).run_id
+    wait_until(lambda: lease_expired(env.ledger, run_id), 30, "the dead worker's lease to expire")
+    state, report = env.run(SUMMARY, ["acme"], PERIOD)
+    assert state.name == "Completed" and outcomes(report) == {"acme": "new"}
+    assert env.model_calls() == 2
+    attempts = env.ledger.attempts(run_id)
+    assert [a.outcome for a in attempts] == ["expired", "completed"]
+    assert attempts[0].owner != attempts[1].owner
+    assert outbox_recipients(env.ledger, run_id) == ACME
+
+
+def test_a_stale_workers_persist_is_rejected_after_another_worker_took_over(
+        env: Env, workers: list[Worker]) -> None:
+    """A worker frozen past its lease wakes up after another completed the Run: it discards
+    its candidate (LeaseLost, not a crash) and the other worker's result and rows stay."""
+    stale = start_worker(env, workers, offline_model_delay_seconds=3, lease_seconds=2)
+    wait_until(lambda: in_transform(env, stale), 90, "the worker's model call")
+    stale.signal(signal.SIGSTOP)
+    run_id = env.the_run("acme", PERIOD).run_id
+    wait_until(lambda: lease_expired(env.ledger, run_id), 30, "the frozen worker's lease to expire")
+    env.set(offline_model_delay_seconds=0, lease_seconds=900)
+    state, _ = env.run(SUMMARY, ["acme"], PERIOD)
+    assert state.name == "Completed"
+    completed = env.ledger.require(run_id)
+    stale.signal(signal.SIGCONT)
+    code, report, err = stale.finish()
+    assert code == 0, err
+    assert report is not None and report["state"] == "LeaseLost"
+    assert report["subjects"][0]["outcome"] == "lease-lost"
+    after = env.ledger.require(run_id)
+    assert (after.completed_attempt_id, after.output) == (completed.completed_attempt_id,
+                                                          completed.output)
+    assert outbox_recipients(env.ledger, run_id) == ACME
+    assert env.model_calls() == 2
+
+
+def test_a_persist_retried_after_its_reply_was_lost_finds_its_own_completion(env: Env) -> None:
+    """Persisting again with the same claim reports this attempt's completion, not a lost lease."""
+    probe = probe_job()
+    period = probe.job.parse_period(PERIOD)
+    identity = probe.job.identity("acme", period)
+    env.ledger.register(identity, probe.job.run_params("acme", period))
+    claim = env.ledger.claim(identity.run_id, "test-worker", 60)
+    assert claim is not None
+    tick = Tick(probe.job, period, env.ledger, OfflineModel(), None, RunledgerSettings(),
+                "flow-run")
+    keeper = LeaseKeeper(env.ledger, claim, 60)
+    candidate = Candidate("summary", "offline")
+    first = persist_output.fn(tick, "acme", claim, candidate, keeper)
+    again = persist_output.fn(tick, "acme", claim, candidate, keeper)
+    assert (first.name, again.name) == ("Completed", "Completed")
+    assert again.data.outbox_rows == 2
+    assert len(env.ledger.messages(run_id=identity.run_id)) == 2

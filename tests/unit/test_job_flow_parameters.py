@@ -1,0 +1,25 @@
+"""The run-job flow as the Prefect UI shows it: its name and its parameters' descriptions."""
+
+from __future__ import annotations
+
+from flows.pipeline import run_job
+
+
+def test_the_flow_is_called_run_job() -> None:
+    """Deployments and automations refer to the flow by this name."""
+    assert run_job.name == "run-job"
+
+
+def test_every_parameter_has_a_description_for_the_custom_run_form() -> None:
+    """The Custom run form shows each parameter's description from the docstring."""
+    properties = run_job.parameters.properties
+    assert set(properties) == {"job", "subjects", "period"}
+    assert all(properties[name].get("description") for name in properties)
+
+
+def test_the_period_description_explains_both_formats_and_the_default() -> None:
+    """A person can tell how to fill `period`: a date, an ISO datetime with offset, or empty."""
+    description = run_job.parameters.properties["period"]["description"]
+    assert "YYYY-MM-DD" in description
+    assert "offset" in description
+    assert "empty" in description.lower()

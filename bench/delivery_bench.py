@@ -182,14 +182,15 @@ def main() -> None:
                     print(f"round {round_} {dialect:10}: raw {raw:5.0f} msg/s, dispatcher "
                           f"{rate:5.0f} msg/s, ratio {rate / raw:.2f}", flush=True)
     print(f"\nN = {n} messages per run, {args.repeat} rounds, sink in a separate process")
-    print(f"raw aiosmtplib, one reused connection: median {statistics.median(raw_rates):5.0f} msg/s")
+    print(f"raw aiosmtplib, one reused connection: median {statistics.median(raw_rates):5.0f} "
+          f"msg/s, best {max(raw_rates):5.0f}")
     for dialect, values in rates.items():
         if values:
             ratio = statistics.median(ratios[dialect])
             verdict = "meets" if ratio >= 0.8 else "BELOW"
             print(f"dispatcher on {dialect:10} (claim, send, mark): median "
-                  f"{statistics.median(values):5.0f} msg/s, ratio {ratio:.2f} "
-                  f"({verdict} the 0.8 target)")
+                  f"{statistics.median(values):5.0f} msg/s, best {max(values):5.0f}; median ratio "
+                  f"{ratio:.2f} ({verdict} the 0.8 target), best/best {max(values) / max(raw_rates):.2f}")
 
 
 if __name__ == "__main__":

@@ -121,7 +121,8 @@ DEFAULT_BUSY = Busy()
 
 
 def _postgres_engine(url: sa.URL, **options: Any) -> Engine:
-    engine = sa.create_engine(url, pool_size=5, max_overflow=10, **options)
+    # Positional parameters: psycopg binds a tuple with less work than a dict of names.
+    engine = sa.create_engine(url, pool_size=5, max_overflow=10, paramstyle="format", **options)
 
     # Pessimistic disconnect handling only for connections that sat idle in the pool: pinging
     # on every checkout would double the round trips of a one-statement transition.
@@ -255,9 +256,7 @@ class Database:
             if parsed.drivername == "postgresql":
                 parsed = parsed.set(drivername="postgresql+psycopg")
             self.engine = _postgres_engine(parsed)
-            self.autocommit = _KeptConnections(
-                sa.create_engine(parsed, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10)
-            )
+            self.autocommit = _KeptConnections(_postgres_engine(parsed, isolation_level="AUTOCOMMIT"))
         elif parsed.get_backend_name() == "sqlite":
             self.engine = _sqlite_engine(parsed, busy)
         else:

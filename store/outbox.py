@@ -118,6 +118,13 @@ def _holder(claim: MessageClaim) -> sa.ColumnElement[bool]:
     )
 
 
+def _lease_lost(claim: MessageClaim) -> DeliveryLeaseLost:
+    return DeliveryLeaseLost(
+        f"message {claim.message_id}: delivery fence {claim.fence} of {claim.owner} is no "
+        "longer current; its outcome was not recorded"
+    )
+
+
 def _record_outcome(
     conn: Connection, claim: MessageClaim, outcome: str, reply: Reply, values: dict[str, Any]
 ) -> None:
@@ -149,10 +156,7 @@ def _record_outcome(
         if matched is not None:
             conn.execute(sa.insert(deliveries).values(**attempt, finished_at=now))
     if matched is None:
-        raise DeliveryLeaseLost(
-            f"message {claim.message_id}: delivery fence {claim.fence} of {claim.owner} is no "
-            "longer current; its outcome was not recorded"
-        )
+        raise _lease_lost(claim)
 
 
 # A group of sent marks is one JSON array parameter, so one prepared statement fits any size.
@@ -238,10 +242,7 @@ def mark_sent_many_txn(
 def mark_sent_txn(conn: Connection, claim: MessageClaim, reply: Reply = NO_REPLY) -> None:
     """sending -> sent; only the current delivery-lease holder can."""
     if mark_sent_many_txn(conn, [(claim, reply)]):
-        raise DeliveryLeaseLost(
-            f"message {claim.message_id}: delivery fence {claim.fence} of {claim.owner} is no "
-            "longer current; its outcome was not recorded"
-        )
+        raise _lease_lost(claim)
 
 
 def schedule_retry_txn(

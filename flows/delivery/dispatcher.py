@@ -101,14 +101,18 @@ class Dispatcher:
         deadline = started + max_seconds
         report = DeliveryReport(owner=self.owner, transport=self.transport.name)
         tried: set[str] = set()
-        # Sent marks commit on this thread while the next messages are being sent.
-        self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runledger-marks")
+        # Claims of the next batch and sent marks run on this thread while messages are sent.
+        self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runledger-ledger")
         try:
-            while time.monotonic() < deadline and report.stopped is None:
-                leased_at = time.monotonic()
-                claims = self.ledger.claim_messages(self.owner, batch_size, self.lease_seconds,
-                                                    self.channel)
+            upcoming: tuple[float, asyncio.Future[list[MessageClaim]]] | None
+            upcoming = self._claim_ahead(batch_size)
+            while upcoming is not None:
+                (leased_at, claiming), upcoming = upcoming, None
+                claims = await claiming
                 if not claims:
+                    break
+                if time.monotonic() >= deadline or report.stopped is not None:
+                    self._release(claims, report)
                     break
                 again = [c for c in claims if c.message_id in tried]
                 self._release(again, report)
@@ -116,13 +120,30 @@ class Dispatcher:
                 if not fresh:
                     break  # everything due now was already tried in this pass
                 tried.update(c.message_id for c in fresh)
-                await self._deliver_batch(fresh, leased_at, deadline, report)
+                if len(claims) == batch_size:  # more may be due: claim it while this batch goes
+                    upcoming = self._claim_ahead(batch_size)
+                try:
+                    await self._deliver_batch(fresh, leased_at, deadline, report)
+                except BaseException:
+                    if upcoming is not None:
+                        self._release(await upcoming[1], report)
+                    raise
+                if upcoming is None and report.stopped is None and time.monotonic() < deadline:
+                    upcoming = self._claim_ahead(batch_size)
         finally:
             self._marker.shutdown(wait=True)
             report.seconds = time.monotonic() - started
             await self.transport.aclose()
         log.info("delivery pass %s: %s", self.owner, report.counts)
         return report
+
+    def _claim_ahead(self, batch_size: int) -> tuple[float, asyncio.Future[list[MessageClaim]]]:
+        """Start claiming a batch; the lease is counted from now (it starts no earlier)."""
+        assert self._marker is not None
+        claiming = asyncio.get_running_loop().run_in_executor(
+            self._marker, self.ledger.claim_messages, self.owner, batch_size, self.lease_seconds,
+            self.channel)
+        return time.monotonic(), claiming
 
     async def _deliver_batch(self, claims: Sequence[MessageClaim], leased_at: float,
                              deadline: float, report: DeliveryReport) -> None:
@@ -242,4 +263,4 @@ class Dispatcher:
     def _release(self, claims: Sequence[MessageClaim], report: DeliveryReport) -> None:
         for claim in claims:
             self.ledger.release_message(claim)
-        report.released += len(claims)
+            report.released.add(claim.message_id)

@@ -26,25 +26,27 @@ class Delivery:
 
 @dataclass
 class DeliveryReport:
-    """Counts per outcome plus the messages that were not sent. ``released`` messages were given
-    back untried; ``lost`` ones had their lease taken over before the outcome was recorded."""
+    """Counts per outcome plus the messages that were not sent. ``released`` holds the messages
+    given back untried; ``lost`` counts those whose lease was taken over before the outcome was
+    recorded."""
 
     owner: str
     transport: str
     deliveries: list[Delivery] = field(default_factory=list)
-    released: int = 0
+    released: set[str] = field(default_factory=set)
     lost: int = 0
     stopped: str | None = None
     seconds: float = 0.0
 
     def add(self, delivery: Delivery) -> None:
         self.deliveries.append(delivery)
+        self.released.discard(delivery.message_id)  # given back earlier, tried after all
 
     @property
     def counts(self) -> dict[str, int]:
         tally = Counter(d.status.value for d in self.deliveries)
         counts = {s.value: tally.get(s.value, 0) for s in Status}
-        counts.update(released=self.released, lost=self.lost)
+        counts.update(released=len(self.released), lost=self.lost)
         return counts
 
     @property

@@ -38,7 +38,9 @@ def crash_detector(within: float) -> AutomationCore:
                 "prefect.resource.role": "tag",
                 "prefect.resource.id": f"prefect.tag.{RUNLEDGER_TAG}",
             }),
-            after={"prefect.flow-run.heartbeat"},
+            # The server emits Running itself, so a process killed before its first heartbeat
+            # event left it still opens a window.
+            after={"prefect.flow-run.heartbeat", "prefect.flow-run.Running"},
             # Every state event counts as a sign of life, including runledger's own state
             # names (Duplicate, InProgressElsewhere, LeaseLost) that Prefect's documented
             # list of Completed/Failed/Cancelled/Crashed would miss.

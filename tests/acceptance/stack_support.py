@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -88,6 +89,12 @@ class AcceptanceStack:
             return set(names) <= up
 
         wait_until(online, 120, f"workers {', '.join(names)} to come online")
+
+    def submitted_by(self, flow_run_id: UUID) -> set[str]:
+        """The workers whose log says they submitted the flow run."""
+        line = re.compile(rf"Worker '([\w-]+)' submitting flow run '{flow_run_id}'")
+        return {m.group(1) for child in self.supervisor.children
+                for m in line.finditer(child.log_tail(lines=100_000))}
 
     def kill_worker(self, name: str) -> list[int]:
         """SIGKILL the worker and every flow-run process it started, at once (the host dies)."""

@@ -206,7 +206,7 @@ def test_an_unreachable_server_costs_one_attempt_and_ends_the_pass(ledger: Ledge
     queue(ledger, 4)
     closed = Sink(port=free_port())  # never started: nothing listens on its port
     report = deliver(ledger, closed)
-    assert report.counts["retry"] == 1 and report.released == 3
+    assert report.counts["retry"] == 1 and report.counts["released"] == 3
     assert report.stopped and "could not reach" in report.stopped
     assert statuses(ledger) == {"retry": 1, "pending": 3}
 

@@ -25,7 +25,8 @@ from store import (
     RunIdentity,
     RunNotFound,
 )
-from store.models import attempts_table, outbox_table, runs_table
+from store.dialect import db_now
+from store.models import UTCDateTime, attempts_table, outbox_table, runs_table
 
 PERIOD = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)
 LONG = timedelta(minutes=15)
@@ -408,3 +409,15 @@ def test_registering_many_subjects_keeps_them_apart(ledger: Ledger) -> None:
     subjects = [f"team-{uuid.uuid4().hex[:6]}" for _ in range(5)]
     ids = {ledger.register(identity(s)).run_id for s in subjects}
     assert len(ids) == 5 and len(snapshot(ledger)["runs"]) == 5
+
+
+def test_a_time_read_from_the_database_clock_is_never_after_the_clock(ledger: Ledger) -> None:
+    """Stored timestamps and the database clock compare as instants (on SQLite both are text of
+    one shape, so that text order is time order): a clock reading stored back is at or before
+    the clock, even within the same millisecond."""
+
+    def stored_is_not_after_clock(conn: sa.Connection) -> bool:
+        now = conn.execute(sa.select(db_now())).scalar_one()
+        return bool(conn.execute(sa.select(sa.literal(now, UTCDateTime()) <= db_now())).scalar_one())
+
+    assert all(ledger.database.write(stored_is_not_after_clock) for _ in range(50))

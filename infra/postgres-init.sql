@@ -1,0 +1,2 @@
+-- Prefect's own database next to the ledger's (`runledger`, created by POSTGRES_DB).
+CREATE DATABASE prefect OWNER runledger;

@@ -1,0 +1,116 @@
+"""deployments/prefect.yaml and `runledger serve`: every shipped job is deployed on a schedule
+that fires once per period, schedules keep their ids (slugs), and serve mirrors the file."""
+
+from __future__ import annotations
+
+import inspect
+from datetime import UTC, datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+from croniter import croniter
+from prefect.flows import load_flow_from_entrypoint
+
+from deployments.project import (
+    PREFECT_FILE,
+    InvalidDeployment,
+    deployment,
+    load_deployments,
+)
+from deployments.serve import runner_deployment
+from flows.jobs import registered_jobs
+from flows.stack.work_pool import DEFAULT_POOL
+
+SPECS = load_deployments()
+JOB_SPECS = [s for s in SPECS if s.entrypoint == "flows/pipeline.py:run_job"]
+
+
+def test_every_shipped_job_has_exactly_one_deployment() -> None:
+    """Each registered job is deployed once, by name, with nothing else pinned."""
+    deployed = sorted(s.parameters["job"] for s in JOB_SPECS)
+    assert deployed == sorted(registered_jobs())
+    assert all(s.name == s.parameters["job"] for s in JOB_SPECS)
+
+
+@pytest.mark.parametrize("spec", JOB_SPECS, ids=lambda s: s.name)
+def test_a_job_schedule_fires_once_per_period_in_the_jobs_timezone(spec) -> None:  # type: ignore[no-untyped-def]
+    """The cron runs in the job's own timezone and its consecutive slots fall in consecutive
+    periods of the job's cadence, so no tick skips or repeats a period."""
+    job = registered_jobs()[spec.parameters["job"]]
+    [schedule] = spec.schedules
+    assert schedule.cron is not None and schedule.timezone == job.timezone
+    start = datetime(2026, 3, 20, tzinfo=ZoneInfo(job.timezone))  # spans a DST change
+    slots = croniter(schedule.cron, start)
+    periods = [job.period_at(slots.get_next(datetime).astimezone(UTC)) for _ in range(30)]
+    assert all(a.end == b.start for a, b in zip(periods, periods[1:], strict=False))
+
+
+def test_every_schedule_has_a_unique_slug_and_a_timezone() -> None:
+    """Slugs keep schedule ids (and Prefect's scheduled-run keys) stable across deploys."""
+    slugs = [s.slug for spec in SPECS for s in spec.schedules]
+    assert len(slugs) == len(set(slugs)) and all(slugs)
+    assert all(s.timezone for spec in SPECS for s in spec.schedules)
+
+
+def test_the_delivery_deployment_runs_on_an_anchored_interval_shorter_than_its_budget() -> None:
+    """deliver-outbox runs every interval from a fixed anchor; one pass stops claiming before
+    the next one is due."""
+    spec = deployment("deliver-outbox")
+    [schedule] = spec.schedules
+    assert schedule.interval and schedule.anchor_date is not None
+    assert schedule.anchor_date.tzinfo is not None
+    assert spec.parameters["max_seconds"] < schedule.interval
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_deployment_parameters_are_parameters_of_its_flow(spec) -> None:  # type: ignore[no-untyped-def]
+    """Every entrypoint loads from the project root, and every parameter exists on the flow."""
+    flow = load_flow_from_entrypoint(str(spec.flow_path) + ":" + spec.entrypoint.split(":")[1])
+    assert set(spec.parameters) <= set(inspect.signature(flow.fn).parameters)
+    assert spec.work_pool == DEFAULT_POOL and "runledger" in spec.tags
+
+
+def test_the_pull_step_moves_flow_runs_to_the_checkout_that_deployed_them() -> None:
+    """The build step records the deploying directory; the pull step goes there."""
+    text = PREFECT_FILE.read_text()
+    assert "id: project\n    script: pwd" in text
+    assert 'directory: "{{ project.stdout }}"' in text
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_a_served_deployment_mirrors_prefect_yaml(spec) -> None:  # type: ignore[no-untyped-def]
+    """`runledger serve` registers the same name, parameters, tags and schedule slugs."""
+    served = runner_deployment(spec)
+    assert served.name == spec.name and served.parameters == spec.parameters
+    assert set(served.tags) == set(spec.tags)
+    assert [s.slug for s in served.schedules or []] == [s.slug for s in spec.schedules]
+    assert served.work_pool_name is None
+
+
+@pytest.mark.parametrize(("schedule", "message"), [
+    ("{cron: '0 7 * * *', timezone: UTC}", "needs a slug"),
+    ("{cron: '0 7 * * *', slug: s}", "needs a timezone"),
+    ("{interval: 60, timezone: UTC, slug: s}", "needs an anchor_date"),
+    ("{cron: '0 7 * * *', interval: 60, timezone: UTC, slug: s}", "exactly one of"),
+])
+def test_an_invalid_schedule_is_rejected_with_a_clear_error(
+        tmp_path: Path, schedule: str, message: str) -> None:
+    """A schedule that would drift or lose its id across deploys is refused by name."""
+    path = tmp_path / "prefect.yaml"
+    path.write_text(
+        "deployments:\n- name: d\n  entrypoint: flows/pipeline.py:run_job\n"
+        f"  work_pool: {{name: runledger}}\n  schedules:\n  - {schedule}\n"
+    )
+    with pytest.raises(InvalidDeployment, match=message) as raised:
+        load_deployments(path)
+    assert "deployment 'd'" in str(raised.value)
+
+
+def test_two_deployments_with_one_name_are_rejected(tmp_path: Path) -> None:
+    """Deployment names are unique within the file."""
+    one = "- name: d\n  entrypoint: a.py:f\n  work_pool: {name: p}\n"
+    path = tmp_path / "prefect.yaml"
+    path.write_text("deployments:\n" + one + one)
+    with pytest.raises(InvalidDeployment, match="repeat"):
+        load_deployments(path)

@@ -8,8 +8,11 @@ setup:
 	@$(UV) --version >/dev/null 2>&1 || $(PY) -m pip install --quiet "uv>=0.5"
 	@$(UV) sync --frozen --quiet
 
+# The local stack: migrate ./runledger.db, Prefect server + UI on http://127.0.0.1:4200, the SMTP
+# sink writing .eml files to .runledger/mail, `runledger serve` with every schedule, one run of
+# the reference job and one delivery pass; Ctrl-C stops everything (options: ARGS="--help").
 run: setup
-	$(UV) run runledger demo
+	$(UV) run runledger stack up $(ARGS)
 
 lint: setup
 	$(UV) run ruff check store flows deployments tests bench

@@ -41,7 +41,7 @@ from store import Ledger, OutboxMessage, RunIdentity
 
 TRANSITIONS_PER_CYCLE = 4
 TARGET_RATIO = 0.6
-SLICES = 2
+SLICES = 4
 WARMUP = 20
 ADMIN_URL = os.environ.get(
     "RUNLEDGER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

@@ -134,59 +134,78 @@ def bare_flow(job: Any, concurrency: int, model: Any) -> Callable[[str], int]:
     return bare  # type: ignore[return-value]
 
 
-def task_runs(flow_run_id: Any) -> int:
-    """How many task runs the Prefect server has recorded for a flow run."""
+def task_runs(flow_run_id: Any = None) -> int:
+    """How many task runs the Prefect server has recorded (for one flow run, or in all)."""
     from prefect.client.orchestration import get_client
 
+    query = {"flow_runs": {"id": {"any_": [str(flow_run_id)]}}} if flow_run_id else {}
     with get_client(sync_client=True) as client:
-        response = client.request("POST", "/task_runs/count",
-                                  json={"flow_runs": {"id": {"any_": [str(flow_run_id)]}}})
+        response = client.request("POST", "/task_runs/count", json=query)
         response.raise_for_status()
         return int(response.json())
+
+
+def drain(timeout: float = 900) -> None:
+    """Wait until the server has recorded every task run sent so far: it records them from
+    events in the background, and that work would otherwise slow the next measurement."""
+    deadline = time.monotonic() + timeout
+    seen = -1
+    while (count := task_runs()) != seen and time.monotonic() < deadline:
+        seen = count
+        time.sleep(3)
 
 
 def timed(work: Callable[[], Any]) -> tuple[float, Any]:
     started = time.perf_counter()
     result = work()
-    return time.perf_counter() - started, result
+    seconds = time.perf_counter() - started
+    drain()
+    return seconds, result
+
+
+def one_round(size: int, delay: float, concurrency: int, bare_first: bool) -> dict[str, Any]:
+    """The bare flow and run_job on the same subjects (new periods), then run_job's rerun."""
+    from flows.model import OfflineModel
+    from flows.pipeline import run_job
+
+    calls: list[str] = []
+    job = bench_job(size, calls)
+    bare = bare_flow(job, concurrency, OfflineModel(delay_seconds=delay))
+    bare_period, job_period = next(PERIODS), next(PERIODS)
+    result: dict[str, Any] = {}
+    for which in ("bare", "run_job") if bare_first else ("run_job", "bare"):
+        if which == "bare":
+            result["bare_s"], rows = timed(lambda: bare(bare_period))
+            assert rows == size, rows
+        else:
+            result["run_job_s"], first = timed(
+                lambda: run_job(job.name, period=job_period, return_state=True))
+            assert first.name == "Completed", first.message
+    before = len(calls)
+    result["rerun_s"], again = timed(lambda: run_job(job.name, period=job_period,
+                                                     return_state=True))
+    assert again.name == "Duplicate", again.message
+    result["rerun_model_calls"] = len(calls) - before
+    result["first_task_runs"] = task_runs(first.state_details.flow_run_id)
+    result["rerun_task_runs"] = task_runs(again.state_details.flow_run_id)
+    return result
 
 
 def measure(size: int, dialect: str, url: str, delay: float, repeat: int) -> dict[str, Any]:
-    from flows.model import OfflineModel
-    from flows.pipeline import run_job
+    """Medians over ``repeat`` rounds, alternating whether the bare flow or run_job goes first."""
     from flows.settings import RunledgerSettings
 
     os.environ["RUNLEDGER_DATABASE_URL"] = url
     concurrency = RunledgerSettings().subject_concurrency
-    bare_times, job_times, rerun_times = [], [], []
-    rerun_calls = rerun_task_runs = first_task_runs = 0
-    for _ in range(repeat):
-        calls: list[str] = []
-        job = bench_job(size, calls)
-        bare = bare_flow(job, concurrency, OfflineModel(delay_seconds=delay))
-        period = next(PERIODS)
-        seconds, rows = timed(lambda: bare(period))
-        assert rows == size, rows
-        bare_times.append(seconds)
-        seconds, first = timed(lambda: run_job(job.name, period=period, return_state=True))
-        assert first.name == "Completed", first.message
-        job_times.append(seconds)
-        before = len(calls)
-        seconds, again = timed(lambda: run_job(job.name, period=period, return_state=True))
-        assert again.name == "Duplicate", again.message
-        rerun_times.append(seconds)
-        rerun_calls += len(calls) - before
-        deadline = time.monotonic() + 300
-        # The server records task runs from events, asynchronously: wait for the first tick's.
-        while (first_task_runs := task_runs(first.state_details.flow_run_id)) < 4 * size:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(1)
-        rerun_task_runs += task_runs(again.state_details.flow_run_id)
-    bare_s, job_s, rerun_s = (statistics.median(t) for t in (bare_times, job_times, rerun_times))
-    return {"subjects": size, "dialect": dialect, "bare_s": bare_s, "run_job_s": job_s,
-            "ratio": job_s / bare_s, "rerun_s": rerun_s, "rerun_model_calls": rerun_calls,
-            "rerun_task_runs": rerun_task_runs, "first_task_runs": first_task_runs}
+    rounds = [one_round(size, delay, concurrency, bare_first=i % 2 == 0) for i in range(repeat)]
+    row: dict[str, Any] = {"subjects": size, "dialect": dialect}
+    for key in ("bare_s", "run_job_s", "rerun_s"):
+        row[key] = statistics.median(r[key] for r in rounds)
+    for key in ("rerun_model_calls", "rerun_task_runs"):
+        row[key] = sum(r[key] for r in rounds)
+    row["first_task_runs"] = rounds[-1]["first_task_runs"]
+    row["ratio"] = row["run_job_s"] / row["bare_s"]
+    return row
 
 
 def main() -> None:
@@ -211,6 +230,7 @@ def main() -> None:
                 warm = bench_job(10, [])
                 os.environ["RUNLEDGER_DATABASE_URL"] = url
                 run_job(warm.name, period="2025-12-31")  # server start-up and imports
+                drain()
                 for size in args.sizes:
                     row = measure(size, dialect, url, args.model_delay, args.repeat)
                     print(f"{dialect:8} N={size:5}: bare {row['bare_s']:7.2f} s, run_job "

@@ -22,10 +22,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import TaskRun
+from prefect.results import ResultRecord
 from prefect.runtime import flow_run as current_flow_run
 from prefect.runtime import task_run as current_task_run
 from prefect.states import Completed, State
 from prefect.tasks import Task, exponential_backoff
+from prefect.utilities.annotations import quote
 
 from flows.jobs import Candidate, Job, PermanentError, TransientError, get_job, is_transient
 from flows.lease_keeper import LeaseKeeper
@@ -181,12 +183,15 @@ def persist_output(tick: Tick, subject: str, claim: Claim, candidate: Candidate,
     return _named("LeaseLost", str(error), error)
 
 
-def _value(state: State[Any]) -> Any:
-    """The stage's value; a failed stage re-raises its error, a lost lease raises LeaseLost."""
-    value = state.result()
-    if isinstance(value, LeaseLost):
-        raise value
-    return value
+def _value(returned: Any) -> Any:
+    """A stage's value. A stage that returned a named state hands back that state, whose data
+    is in memory (results are not persisted); a lost lease is raised as LeaseLost."""
+    if isinstance(returned, State):
+        data = returned.data
+        returned = data.result if isinstance(data, ResultRecord) else data
+    if isinstance(returned, LeaseLost):
+        raise returned
+    return returned
 
 
 def _with_retries(stage: Task[..., Any], settings: RunledgerSettings) -> Task[..., Any]:
@@ -229,9 +234,11 @@ def _fail(tick: Tick, claim: Claim, subject: str, error: BaseException) -> Subje
 
 def process_subject(tick: Tick, stages: Stages, subject: str, run_id: str) -> SubjectOutcome:
     """Take one subject through the stages; every way out is a SubjectOutcome."""
-    state = stages.claim(tick, subject, return_state=True)
+    # quote(): Prefect would otherwise walk these objects (the job's subject list among them)
+    # on every task call, looking for futures.
+    shared = quote(tick)
     try:
-        started: Started = _value(state)
+        started: Started = _value(stages.claim(shared, subject))
     except Exception as exc:
         return SubjectOutcome(subject, run_id, "failed", error=f"{type(exc).__name__}: {exc}")
     run, claim = started.run, started.claim
@@ -242,12 +249,12 @@ def process_subject(tick: Tick, stages: Stages, subject: str, run_id: str) -> Su
         with LeaseKeeper(tick.ledger, claim, tick.lease_seconds) as keeper:
             raw = run.raw_input
             if raw is None:
-                raw = _value(stages.collect(tick, subject, claim, return_state=True))
+                raw = _value(stages.collect(shared, subject, quote(claim)))
             candidate = _value(
-                stages.transform(tick, subject, claim, raw, keeper, return_state=True)
+                stages.transform(shared, subject, quote(claim), quote(raw), quote(keeper))
             )
         persisted: Persisted = _value(
-            stages.persist(tick, subject, claim, candidate, keeper, return_state=True)
+            stages.persist(shared, subject, quote(claim), quote(candidate), quote(keeper))
         )
     except LeaseLost as exc:
         return _lease_lost(tick, subject, run_id, exc)

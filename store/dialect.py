@@ -189,25 +189,28 @@ def _domain_errors() -> Iterator[None]:
 
 
 class _KeptConnections:
-    """Autocommit connections kept checked out between one-statement transitions and reused
-    last-in first-out: a transition then costs a list pop and append instead of a pool checkout,
-    a new Connection object and a pool checkin (a sixth of a transition's client CPU).
+    """Connections kept checked out between units of work and reused last-in first-out: a
+    transition then costs a list pop and append instead of a pool checkout, a new Connection
+    object and a pool checkin (about a sixth of a PostgreSQL transition's client CPU).
 
-    Each connection serves one thread at a time (pop and append are atomic). One idle longer
-    than ``IDLE_PING_SECONDS`` is pinged first; one that failed with a dropped connection is
-    discarded; the pool behind them still bounds how many exist."""
+    Each connection serves one thread at a time (pop and append are atomic). A server
+    connection idle longer than ``IDLE_PING_SECONDS`` is pinged first; one that failed with a
+    dropped connection, or was interrupted mid-statement, is discarded; the pool behind them
+    still bounds how many exist."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, ping: bool) -> None:
         self.engine = engine
+        self.ping = ping
         self._idle: list[tuple[Connection, float]] = []
 
     def _take(self) -> Connection:
         while self._idle:
             conn, since = self._idle.pop()
-            if time.monotonic() - since < IDLE_PING_SECONDS:
+            if not self.ping or time.monotonic() - since < IDLE_PING_SECONDS:
                 return conn
             try:
                 conn.exec_driver_sql("SELECT 1")
+                conn.rollback()
                 return conn
             except sa.exc.DBAPIError:
                 conn.invalidate()
@@ -233,7 +236,7 @@ class _KeptConnections:
             conn.close()
             return
         if conn.in_transaction():
-            conn.rollback()  # autocommit: ends SQLAlchemy's bookkeeping, no round trip
+            conn.rollback()  # in autocommit only SQLAlchemy's bookkeeping: no round trip
         self._idle.append((conn, time.monotonic()))
 
     def close(self) -> None:
@@ -242,11 +245,20 @@ class _KeptConnections:
         self.engine.dispose()
 
 
+def _in_transaction(work: Callable[[Connection], T]) -> Callable[[Connection], T]:
+    def transact(conn: Connection) -> T:
+        with conn.begin():
+            return work(conn)
+
+    return transact
+
+
 class Database:
     """The ledger's connections to one PostgreSQL (psycopg 3) or SQLite database.
 
-    ``engine`` runs transactions (on SQLite each write one ``BEGIN IMMEDIATE``); on PostgreSQL
-    kept autocommit connections send a one-statement transition, or a read, in one round trip."""
+    Writes run as transactions on kept connections (on SQLite each one ``BEGIN IMMEDIATE``); on
+    PostgreSQL kept autocommit connections send a one-statement transition, or a read, in one
+    round trip. ``engine`` is the transactional engine, for migrations and tools."""
 
     def __init__(self, url: str, busy: Busy = DEFAULT_BUSY) -> None:
         parsed = sa.engine.make_url(url)
@@ -256,20 +268,23 @@ class Database:
             if parsed.drivername == "postgresql":
                 parsed = parsed.set(drivername="postgresql+psycopg")
             self.engine = _postgres_engine(parsed)
-            self.autocommit = _KeptConnections(_postgres_engine(parsed, isolation_level="AUTOCOMMIT"))
+            self.autocommit = _KeptConnections(
+                _postgres_engine(parsed, isolation_level="AUTOCOMMIT"), ping=True
+            )
         elif parsed.get_backend_name() == "sqlite":
             self.engine = _sqlite_engine(parsed, busy)
         else:
             raise InvalidInput(
                 f"unsupported database URL {url!r}: use postgresql+psycopg:// or sqlite:///"
             )
+        self.transactional = _KeptConnections(self.engine, ping=self.autocommit is not None)
 
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
 
     def dispose(self) -> None:
-        self.engine.dispose()
+        self.transactional.close()
         if self.autocommit is not None:
             self.autocommit.close()
 
@@ -285,8 +300,7 @@ class Database:
                 return self.autocommit.run(work)
             for attempt in range(self.busy.retries + 1):
                 try:
-                    with self.engine.begin() as conn:
-                        return work(conn)
+                    return self.transactional.run(_in_transaction(work))
                 except OperationalError as exc:
                     if self.dialect != "sqlite" or not _is_locked(exc):
                         raise

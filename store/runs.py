@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 from sqlmodel import Session
 
-from store.dialect import check_seconds, db_now, insert_ignoring_conflicts, json_rows
+from store.dialect import check_seconds, db_now, insert_ignoring_conflicts, is_postgres, json_rows
 from store.errors import (
     InvalidInput,
     InvalidTransition,
@@ -352,7 +352,7 @@ def claim_txn(conn: Connection, run_id: str, owner: str, lease_seconds: float) -
     attempt_id = str(uuid.uuid4())
     lease = check_seconds(lease_seconds, "lease")
     given = {"run_id": run_id, "owner": owner, "lease": lease, "attempt_id": attempt_id}
-    if conn.dialect.name == "postgresql":
+    if is_postgres(conn):
         row = _CLAIM_PG.first(conn, **given)
     else:
         row = _TAKE.first(conn, **given)
@@ -407,7 +407,7 @@ def complete_txn(
     rows = _outbox_rows(claim.run_id, messages)
     given = {**_holder_params(claim), "output": output, "attempt_id": claim.attempt_id,
              "outcome": "completed", "error": None}
-    if conn.dialect.name == "postgresql":
+    if is_postgres(conn):
         row = _COMPLETE_PG.first(conn, **given, messages=rows)
     else:
         row = _ACCEPT.first(conn, **given)

@@ -5,7 +5,6 @@ is started by one Supervisor, which stops all of them (and their flow-run proces
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -246,11 +245,10 @@ def acceptance_stack(root: Path, admin: sa.Engine, ledger_url: str,
         stack.wait_online(*WORKER_QUEUES)
         yield stack
     finally:
-        leftovers = supervisor.stop()
+        supervisor.stop()
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{prefect_db}" WITH (FORCE)')
-        # Written where a failing run can find it: what had to be killed by the final sweep.
-        (root / "leftovers.json").write_text(json.dumps(leftovers))
+    assert supervisor.tagged() == [], "processes of the acceptance stack outlived it"
 
 
 def in_seconds(seconds: float) -> datetime:

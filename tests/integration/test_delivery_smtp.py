@@ -4,6 +4,7 @@ stable Message-IDs, and each injected fault landing in the right state."""
 from __future__ import annotations
 
 import email
+import json
 import subprocess
 import time
 
@@ -227,7 +228,8 @@ def test_cli_deliver_reports_a_configuration_error_in_one_line(db_url: str, ledg
 
 def test_cli_deliver_and_requeue(db_url: str, ledger: Ledger) -> None:
     """`runledger deliver` sends what is due; `runledger outbox requeue ID` makes a dead message
-    due again and the next `deliver` sends it with the same Message-ID."""
+    due again, the next `deliver` sends it with the same Message-ID, and `outbox show` lists
+    both attempts."""
     [message] = queue(ledger, 1)
     with Sink(faults=[Fault("rcpt", "550")]) as sink:
         env = cli_env(db_url, sink)
@@ -242,4 +244,10 @@ def test_cli_deliver_and_requeue(db_url: str, ledger: Ledger) -> None:
                                 text=True, timeout=120)
         assert '"sent": 1' in second.stdout, second.stderr
         assert headers_of(sink) == [(message_id_for(message.message_id), message.message_id)]
+        shown = subprocess.run([*RUNLEDGER, "outbox", "show", message.message_id, "--json"],
+                               env=env, capture_output=True, text=True, timeout=120)
+    history = json.loads(shown.stdout)
+    assert history["message"]["status"] == "sent"
+    assert [(a["outcome"], a["reply_code"]) for a in history["attempts"]] == [("dead", 550),
+                                                                              ("sent", 250)]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -43,7 +44,7 @@ def test_a_job_schedule_fires_once_per_period_in_the_jobs_timezone(spec) -> None
     start = datetime(2026, 3, 20, tzinfo=ZoneInfo(job.timezone))  # spans a DST change
     slots = croniter(schedule.cron, start)
     periods = [job.period_at(slots.get_next(datetime).astimezone(UTC)) for _ in range(30)]
-    assert all(a.end == b.start for a, b in zip(periods, periods[1:], strict=False))
+    assert all(a.end == b.start for a, b in pairwise(periods))
 
 
 def test_every_schedule_has_a_unique_slug_and_a_timezone() -> None:

@@ -7,8 +7,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from prefect import State
 from prefect.events import emit_event
-from prefect.states import Completed, Failed, State
+from prefect.states import Completed, Failed
 
 from store import Period
 

@@ -17,22 +17,22 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from prefect import flow, get_run_logger, task
+from prefect import State, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import TaskRun
-from prefect.results import ResultRecord
+from prefect.results import ResultRecord  # type: ignore[attr-defined]  # re-exported there
 from prefect.runtime import flow_run as current_flow_run
 from prefect.runtime import task_run as current_task_run
-from prefect.states import Completed, State
+from prefect.states import Completed
 from prefect.tasks import Task, exponential_backoff
 from prefect.utilities.annotations import quote
 
 from flows.jobs import Candidate, Job, PermanentError, TransientError, get_job, is_transient
 from flows.lease_keeper import LeaseKeeper
 from flows.model import CallLog, LoggedModel, Model, model_from_settings
-from flows.outcomes import STATE_NAMES, SubjectOutcome, TickReport, emit_outcome
+from flows.outcomes import Outcome, SubjectOutcome, TickReport, emit_outcome
 from flows.settings import RunledgerSettings
 from store import (
     Claim,
@@ -88,6 +88,8 @@ class Started:
 
 @dataclass(frozen=True)
 class Persisted:
+    """The Run this attempt completed, and how many outbox rows it queued."""
+
     run: Run
     outbox_rows: int
 
@@ -243,7 +245,7 @@ def process_subject(tick: Tick, stages: Stages, subject: str, run_id: str) -> Su
         return SubjectOutcome(subject, run_id, "failed", error=f"{type(exc).__name__}: {exc}")
     run, claim = started.run, started.claim
     if claim is None:
-        outcome = "duplicate" if run.status == "completed" else "in-progress-elsewhere"
+        outcome: Outcome = "duplicate" if run.status == "completed" else "in-progress-elsewhere"
         return SubjectOutcome(subject, run_id, outcome, run.attempts, output=run.output)
     try:
         with LeaseKeeper(tick.ledger, claim, tick.lease_seconds) as keeper:
@@ -307,7 +309,12 @@ def run_tick(tick: Tick, subjects: list[str]) -> TickReport:
                 for s in pending
             }
             for subject, future in futures.items():
-                outcomes[subject] = tick.emit(future.result())
+                try:
+                    outcome = future.result()
+                except Exception as exc:  # the ledger itself failed: report it, keep the others
+                    outcome = SubjectOutcome(subject, identities[subject].run_id, "failed",
+                                             error=f"{type(exc).__name__}: {exc}")
+                outcomes[subject] = tick.emit(outcome)
     return TickReport(tick.job.name, tick.job.version, tick.period,
                       [outcomes[s] for s in subjects])
 
@@ -389,5 +396,3 @@ def run_job(job: str, subjects: list[str] | None = None, period: str | None = No
     logger.info(report.summary())
     return report.final_state()
 
-
-__all__ = ["STATE_NAMES", "nominal_period", "run_job", "run_tick"]

@@ -26,10 +26,10 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 def _lease_seconds(lease: timedelta | float) -> float:
-    value = lease.total_seconds() if isinstance(lease, timedelta) else float(lease)
-    if value <= 0:
-        raise InvalidInput(f"lease must be positive, got {lease!r}")
-    return value
+    value = lease.total_seconds() if isinstance(lease, timedelta) else lease
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidInput(f"lease must be a positive timedelta or number of seconds, got {lease!r}")
+    return float(value)
 
 
 class Ledger:

@@ -189,7 +189,10 @@ def _mark_sent_in_one_statement(d: str) -> sa.Select[Any]:
     """PostgreSQL: mark the held rows and record their attempts from what the update returned
     (a row another dispatcher took meanwhile is neither marked nor recorded)."""
     given = json_rows(d, "sent", _SENT_GIVEN).cte("given")
-    updated = _mark_sent(given).returning(
+    # = ANY(ARRAY(...)) makes the planner look the rows up by primary key; a join with the
+    # function's rows would scan the whole (ever growing) outbox.
+    by_key = outbox.c.message_id == sa.any_(sa.func.array(sa.select(given.c.message_id).scalar_subquery()))
+    updated = _mark_sent(given).where(by_key).returning(
         outbox.c.message_id, outbox.c.attempts, outbox.c.claimed_at, given.c.owner,
         given.c.reply_code, given.c.reply_text, given.c.provider_message_id,
     ).cte("updated")

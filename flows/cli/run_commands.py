@@ -53,7 +53,11 @@ def run(
 
     Uses the Prefect server at PREFECT_API_URL, or a temporary local one. The ledger schema
     is created or migrated first (RUNLEDGER_DATABASE_URL)."""
-    open_ledger().migrate()
+    ledger = open_ledger()
+    try:
+        ledger.migrate()
+    finally:
+        ledger.close()
     with _ephemeral_timeout():
         from flows.pipeline import run_job
 

@@ -27,6 +27,7 @@ from store.faults import fault_point
 log = logging.getLogger("runledger.delivery")
 
 Observer = Callable[[Delivery], None]
+Accepted = list[tuple[MessageClaim, SendOutcome]]  # sent, not yet marked
 LEASE_MARGIN_SECONDS = 1.0
 # An accepted message waits at most this long (or for ``mark_batch`` others) before its sent
 # mark starts committing; with one group committing while the next fills, a crash can make us
@@ -74,10 +75,11 @@ class Dispatcher:
         if mark_batch < 1:
             raise ValueError(f"mark_batch must be at least 1, got {mark_batch}")
         self.mark_batch = mark_batch
-        self._unmarked: list[tuple[MessageClaim, SendOutcome]] = []
+        self._unmarked: Accepted = []
         self._unmarked_since = 0.0
-        self._marking: tuple[list[tuple[MessageClaim, SendOutcome]], asyncio.Future[list[MessageClaim]]] | None = None
+        self._marking: tuple[Accepted, asyncio.Future[list[MessageClaim]]] | None = None
         self._marker: ThreadPoolExecutor | None = None
+        self._tried: set[str] = set()
 
     @classmethod
     def from_settings(
@@ -100,7 +102,7 @@ class Dispatcher:
         started = time.monotonic()
         deadline = started + max_seconds
         report = DeliveryReport(owner=self.owner, transport=self.transport.name)
-        tried: set[str] = set()
+        self._tried = set()
         # Claims of the next batch and sent marks run on this thread while messages are sent.
         self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runledger-ledger")
         try:
@@ -114,12 +116,11 @@ class Dispatcher:
                 if time.monotonic() >= deadline or report.stopped is not None:
                     self._release(claims, report)
                     break
-                again = [c for c in claims if c.message_id in tried]
+                again = [c for c in claims if c.message_id in self._tried]
                 self._release(again, report)
-                fresh = [c for c in claims if c.message_id not in tried]
+                fresh = [c for c in claims if c.message_id not in self._tried]
                 if not fresh:
                     break  # everything due now was already tried in this pass
-                tried.update(c.message_id for c in fresh)
                 if len(claims) == batch_size:  # more may be due: claim it while this batch goes
                     upcoming = self._claim_ahead(batch_size)
                 try:
@@ -165,6 +166,7 @@ class Dispatcher:
             if lease_left < self.transport.send_reserve_seconds + LEASE_MARGIN_SECONDS:
                 self._release(rest, report)  # claim them again with a fresh lease
                 return
+            self._tried.add(claim.message_id)
             try:
                 outcome = await self.transport.send(Letter.from_claim(claim, self.transport.sender))
             except MailConfigurationError as exc:

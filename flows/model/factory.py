@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from pydantic import SecretStr
 
 from flows.model.errors import ModelMisconfigured
@@ -21,7 +23,7 @@ def api_key(settings: RunledgerSettings) -> SecretStr | None:
     from prefect.blocks.system import Secret
 
     try:
-        block = Secret.load(settings.model_api_key_block)
+        block = cast("Secret[str]", Secret.load(settings.model_api_key_block))
     except ValueError as exc:
         raise ModelMisconfigured(
             f"no Prefect Secret block named {settings.model_api_key_block!r} "

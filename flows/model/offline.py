@@ -5,6 +5,7 @@ Deterministic, so the same input always gives the same summary."""
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import Counter
@@ -42,7 +43,7 @@ def summarize(text: str, max_sentences: int) -> str:
         tokens = [w.lower() for w in _WORD.findall(found[index])]
         useful = [frequency[w] for w in tokens if w in frequency]
         # Dividing by the square root favours informative sentences without rewarding length.
-        return sum(useful) / max(len(tokens), 1) ** 0.5
+        return sum(useful) / math.sqrt(max(len(tokens), 1))
 
     best = sorted(range(len(found)), key=lambda i: (-score(i), i))[:max_sentences]
     return " ".join(found[i] for i in sorted(best))

@@ -31,7 +31,10 @@ class StackError(RunledgerError):
 
 
 def port_is_free(host: str, port: int) -> bool:
+    """True if a server could listen on ``port`` now (connections of a server that just
+    stopped, in TIME_WAIT, do not count: servers bind with SO_REUSEADDR too)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

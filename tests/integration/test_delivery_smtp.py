@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import email
 import json
-import subprocess
 import time
 
 import pytest
-from delivery_support import RUNLEDGER, cli_env, deliver, queue, statuses
+from delivery_support import cli_env, deliver, queue, statuses
+from typer.testing import CliRunner, Result
 
+from flows.cli import app
 from flows.delivery.policy import RetryPolicy, UncertainPolicy
 from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import KEY_HEADER, message_id_for
@@ -212,18 +213,21 @@ def test_an_unreachable_server_costs_one_attempt_and_ends_the_pass(ledger: Ledge
     assert statuses(ledger) == {"retry": 1, "pending": 3}
 
 
+def runledger(env: dict[str, str], *args: str) -> Result:
+    """Run a `runledger` command in this process with ``env`` as its environment."""
+    return CliRunner().invoke(app, list(args), env=env)
+
+
 def test_cli_deliver_reports_a_configuration_error_in_one_line(db_url: str, ledger: Ledger) -> None:
     """`runledger deliver` with a wrong password exits 2 with one clear line, no traceback."""
     queue(ledger, 1)
     with Sink(credentials=("mailer", "right-password")) as sink:
-        env = cli_env(db_url, sink, RUNLEDGER_SMTP_USERNAME="mailer",
-                      RUNLEDGER_SMTP_PASSWORD="s3cret-wrong")
-        done = subprocess.run([*RUNLEDGER, "deliver"], env=env, capture_output=True, text=True,
-                              timeout=120)
-    assert done.returncode == 2, done.stderr
+        done = runledger(cli_env(db_url, sink, RUNLEDGER_SMTP_USERNAME="mailer",
+                                 RUNLEDGER_SMTP_PASSWORD="s3cret-wrong"), "deliver")
+    assert done.exit_code == 2, done.output
     assert "configuration error" in done.stderr and "authentication as mailer" in done.stderr
-    assert "Traceback" not in done.stderr
-    assert "s3cret-wrong" not in done.stderr + done.stdout
+    assert "Traceback" not in done.output
+    assert "s3cret-wrong" not in done.output
 
 
 def test_cli_deliver_and_requeue(db_url: str, ledger: Ledger) -> None:
@@ -233,21 +237,15 @@ def test_cli_deliver_and_requeue(db_url: str, ledger: Ledger) -> None:
     [message] = queue(ledger, 1)
     with Sink(faults=[Fault("rcpt", "550")]) as sink:
         env = cli_env(db_url, sink)
-        first = subprocess.run([*RUNLEDGER, "deliver", "--json"], env=env, capture_output=True,
-                               text=True, timeout=120)
-        assert first.returncode == 0, first.stderr
-        assert '"dead": 1' in first.stdout
-        requeued = subprocess.run([*RUNLEDGER, "outbox", "requeue", message.message_id], env=env,
-                                  capture_output=True, text=True, timeout=120)
-        assert requeued.returncode == 0, requeued.stderr
-        second = subprocess.run([*RUNLEDGER, "deliver", "--json"], env=env, capture_output=True,
-                                text=True, timeout=120)
-        assert '"sent": 1' in second.stdout, second.stderr
+        first = runledger(env, "deliver", "--json")
+        assert first.exit_code == 0, first.output
+        assert json.loads(first.stdout)["dead"] == 1
+        requeued = runledger(env, "outbox", "requeue", message.message_id)
+        assert requeued.exit_code == 0, requeued.output
+        second = runledger(env, "deliver", "--json")
+        assert json.loads(second.stdout)["sent"] == 1, second.output
         assert headers_of(sink) == [(message_id_for(message.message_id), message.message_id)]
-        shown = subprocess.run([*RUNLEDGER, "outbox", "show", message.message_id, "--json"],
-                               env=env, capture_output=True, text=True, timeout=120)
-    history = json.loads(shown.stdout)
+    history = json.loads(runledger(env, "outbox", "show", message.message_id, "--json").stdout)
     assert history["message"]["status"] == "sent"
     assert [(a["outcome"], a["reply_code"]) for a in history["attempts"]] == [("dead", 550),
                                                                               ("sent", 250)]
-

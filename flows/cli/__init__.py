@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import flows.cli.delivery_commands  # noqa: F401  (registers deliver, outbox requeue|show, sink)
-from flows.cli import demo  # noqa: F401  (registers demo)
-from flows.cli import ledger_commands  # noqa: F401  (registers db, runs, outbox list)
-from flows.cli import run_commands  # noqa: F401  (registers run)
-from flows.cli import stack_commands  # noqa: F401  (registers serve, stack up|automations)
+from flows.cli import (
+    demo,  # noqa: F401  (registers demo)
+    ledger_commands,  # noqa: F401  (registers db, runs, outbox list)
+    run_commands,  # noqa: F401  (registers run)
+    stack_commands,  # noqa: F401  (registers serve, stack up|automations)
+)
 from flows.cli.app import app
 
 

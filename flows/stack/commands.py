@@ -35,16 +35,10 @@ def worker_argv(pool: str, name: str, queues: Sequence[str] = ()) -> list[str]:
     return argv
 
 
-def deploy_argv(names: Sequence[str] = (), pool: str | None = None,
-                prefect_file: Path = PREFECT_FILE) -> list[str]:
-    """`prefect deploy` of every deployment in ``prefect_file`` (or only ``names``). Run it from
-    the project root: the working directory recorded for workers is the one it runs in."""
-    argv = prefect_argv("--no-prompt", "deploy", "--prefect-file", str(prefect_file))
-    if names:
-        for name in names:
-            argv += ["--name", name]
-    else:
-        argv.append("--all")
+def deploy_argv(pool: str | None = None) -> list[str]:
+    """`prefect deploy` of every deployment in deployments/prefect.yaml. Run it from the
+    project root: the working directory recorded for workers is the one it runs in."""
+    argv = prefect_argv("--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_FILE))
     if pool:
         argv += ["--pool", pool]
     return argv
@@ -54,8 +48,5 @@ def sink_argv(host: str, port: int, maildir: Path) -> list[str]:
     return runledger_argv("sink", "--host", host, "--port", str(port), "--maildir", str(maildir))
 
 
-def serve_argv(limit: int | None = None) -> list[str]:
-    argv = runledger_argv("serve")
-    if limit is not None:
-        argv += ["--limit", str(limit)]
-    return argv
+def serve_argv() -> list[str]:
+    return runledger_argv("serve")

@@ -58,7 +58,6 @@ class StackConfig:
     pool: str = DEFAULT_POOL
     kickoff: bool = True
     crash_after_seconds: float = 3 * HEARTBEAT_SECONDS
-    ledger_url: str | None = None
     prefect_database_url: str | None = None
 
     @property
@@ -181,7 +180,7 @@ class LocalStack:
         self.config = config
         self.say = say
         self.supervisor = Supervisor(config.log_dir)
-        self.ledger_url = absolute_ledger_url(config.ledger_url or LedgerSettings().database_url)
+        self.ledger_url = absolute_ledger_url(LedgerSettings().database_url)
 
     def start(self) -> None:
         config = self.config

@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from store.errors import RunledgerError
 
@@ -199,14 +198,3 @@ class Supervisor:
                 return True
             time.sleep(0.1)
         return not any(_alive(pid) for pid in pids)
-
-    def __enter__(self) -> Supervisor:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -115,14 +115,14 @@ class TickReport:
         }
 
 
-def emit_outcome(report_job: str, version: str, period: Period, outcome: SubjectOutcome) -> None:
+def emit_outcome(job: str, version: str, period: Period, outcome: SubjectOutcome) -> None:
     """A Prefect event for a ledger transition (or a refusal), with the Run as the resource."""
     emit_event(
         event=EVENTS[outcome.outcome],
         resource={
             "prefect.resource.id": f"runledger.run.{outcome.run_id}",
-            "prefect.resource.name": f"{report_job}/{outcome.subject}/{period.label}",
-            "runledger.job": report_job,
+            "prefect.resource.name": f"{job}/{outcome.subject}/{period.label}",
+            "runledger.job": job,
             "runledger.subject": outcome.subject,
             "runledger.version": version,
             "runledger.period": period.label,

@@ -31,6 +31,8 @@ from prefect.states import Scheduled, State
 from flows.outcomes import TickReport
 from flows.pipeline import run_job
 
+# Behaviour that does not depend on the ledger's dialect runs on the production one only.
+postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 
 @pytest.fixture
 def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -149,6 +151,7 @@ def test_a_failed_run_is_retried_without_duplicating_outbox_rows(
     assert env.the_run("acme", "2026-01-05").attempts == 2
 
 
+@postgres_only
 def test_transient_model_errors_are_retried_with_backoff_in_the_same_attempt(
         env: Env, model_server: ModelServer) -> None:
     """500 then 429 with Retry-After, then an answer: one flow run, one claim, three calls."""
@@ -160,6 +163,7 @@ def test_transient_model_errors_are_retried_with_backoff_in_the_same_attempt(
     assert run.attempts == 1 and run.output is not None and run.output["text"] == "answer 3"
 
 
+@postgres_only
 def test_a_permanent_failure_is_not_retried_until_an_operator_requeues_it(
         env: Env, model_server: ModelServer) -> None:
     """A 400 fails the Run at once (no task retry); reruns say so without calling the model."""
@@ -177,6 +181,7 @@ def test_a_permanent_failure_is_not_retried_until_an_operator_requeues_it(
     assert fixed.name == "Completed" and len(model_server.requests) == 2
 
 
+@postgres_only
 def test_an_invalid_candidate_fails_the_run_without_retry(
         env: Env, model_server: ModelServer) -> None:
     """An empty summary fails validation: the Run is failed, nothing is queued, no retry."""
@@ -188,6 +193,7 @@ def test_an_invalid_candidate_fails_the_run_without_retry(
     assert len(model_server.requests) == 1
 
 
+@postgres_only
 @pytest.mark.parametrize(("job", "subjects", "period", "message"), [
     ("no-such-job", None, "2026-01-05", "unknown job 'no-such-job'; registered jobs: "),
     (SUMMARY, None, "2026-13-45", "is not a date \\(YYYY-MM-DD\\)"),

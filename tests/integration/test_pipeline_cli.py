@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 
+pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+
 
 @pytest.fixture
 def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -62,16 +62,24 @@ def jobs_from_entry_points(found: Iterable[EntryPoint]) -> list[Job]:
     return jobs
 
 
+def shipped_jobs() -> list[Job]:
+    """The jobs defined by the modules of the ``flows.jobs`` package itself."""
+    package = importlib.import_module(PACKAGE)
+    return [
+        job
+        for info in pkgutil.iter_modules(package.__path__, prefix=f"{PACKAGE}.")
+        if not info.name.rsplit(".", 1)[-1].startswith("_")
+        for job in jobs_in_module(importlib.import_module(info.name))
+    ]
+
+
 def _discover() -> None:
     global _discovered
     with _lock:
         if _discovered:
             return
-        package = importlib.import_module(PACKAGE)
-        for info in pkgutil.iter_modules(package.__path__, prefix=f"{PACKAGE}."):
-            if not info.name.rsplit(".", 1)[-1].startswith("_"):
-                for job in jobs_in_module(importlib.import_module(info.name)):
-                    register(job)
+        for job in shipped_jobs():
+            register(job)
         for job in jobs_from_entry_points(entry_points(group=ENTRY_POINT_GROUP)):
             register(job)
         _discovered = True

@@ -21,6 +21,7 @@ from deployments.project import (
 )
 from deployments.serve import runner_deployment
 from flows.jobs import registered_jobs
+from flows.jobs.registry import shipped_jobs
 from flows.stack.work_pool import DEFAULT_POOL
 
 SPECS = load_deployments()
@@ -28,9 +29,9 @@ JOB_SPECS = [s for s in SPECS if s.entrypoint == "flows/pipeline.py:run_job"]
 
 
 def test_every_shipped_job_has_exactly_one_deployment() -> None:
-    """Each registered job is deployed once, by name, with nothing else pinned."""
+    """Each job shipped in flows/jobs is deployed once, by name, with nothing else pinned."""
     deployed = sorted(s.parameters["job"] for s in JOB_SPECS)
-    assert deployed == sorted(registered_jobs())
+    assert deployed == sorted(job.name for job in shipped_jobs())
     assert all(s.name == s.parameters["job"] for s in JOB_SPECS)
 
 

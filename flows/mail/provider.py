@@ -6,8 +6,6 @@ replies classified: 409 payload mismatch is permanent, 409 still-in-flight and 4
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -16,6 +14,7 @@ from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import Letter
 from flows.mail.settings import ProviderSettings
 from flows.mail.transport import OutcomeKind, SendOutcome
+from flows.retry_after import retry_after_seconds
 from store import Reply
 
 PAYLOAD_MISMATCH = "invalid_idempotent_request"
@@ -27,18 +26,9 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.
 def retry_after(headers: httpx.Headers) -> float | None:
     """Seconds to wait from ``Retry-After`` (seconds or an HTTP date), else ``ratelimit-reset``."""
     for name in ("retry-after", "ratelimit-reset"):
-        value = headers.get(name)
-        if not value:
-            continue
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            pass
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            continue
-        return max(0.0, (when - datetime.now(UTC)).total_seconds())
+        seconds = retry_after_seconds(headers.get(name))
+        if seconds is not None:
+            return seconds
     return None
 
 

@@ -5,8 +5,6 @@ It never retries by itself: it classifies each failure so that the pipeline's ta
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -14,27 +12,10 @@ from pydantic import SecretStr
 
 from flows.model.errors import ModelMisconfigured, ModelRejected, ModelUnavailable
 from flows.model.protocol import Generation
+from flows.retry_after import retry_after_seconds
 
 TRANSIENT_STATUSES = frozenset({408, 429})  # besides 5xx: the server asks to try again later
 MAX_ERROR_BODY = 300
-
-
-def retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date), if any."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 def _snippet(response: httpx.Response) -> str:

@@ -9,7 +9,7 @@ from pydantic import SecretStr
 
 from flows.model import ModelMisconfigured, OfflineModel, OpenAICompatibleModel, model_from_settings
 from flows.model.offline import sentences, summarize
-from flows.model.openai_compatible import retry_after_seconds
+from flows.retry_after import retry_after_seconds
 from flows.settings import RunledgerSettings
 
 TEXT = """# Globex pricing

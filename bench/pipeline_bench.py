@@ -7,10 +7,15 @@ Baseline: a bare flow with the same fan-out (same number of threads) running the
 collect, transform (offline model) and validate + messages as Prefect tasks per subject, with
 no ledger. Candidate: ``run_job`` on a fresh ledger for a new period (register+claim, collect,
 transform, persist per subject, plus the batched read, artifact and events). Then the rerun of
-that completed tick, which must call no model and start no task run. Prints the times and the
-overhead ratio (target <= 1.15). Prefect runs on a temporary local server; its logs are at
-WARNING so that both flows pay the same (small) logging cost. PostgreSQL is skipped when
-unreachable (RUNLEDGER_BENCH_POSTGRES_URL, default postgresql+psycopg://postgres@127.0.0.1:5432/postgres)."""
+that completed tick, which must call no model and start no task run. Prints wall times, the
+overhead ratio (target <= 1.15) and the ratio of this process's CPU time (which leaves out the
+Prefect server's share when the server runs on the same machine). Between measurements the
+server is given time to record the task runs it was sent.
+
+Prefect: PREFECT_API_URL if set (e.g. a PostgreSQL-backed `prefect server start`), otherwise a
+temporary local server on SQLite; logs at WARNING so that both flows pay the same small logging
+cost. PostgreSQL ledgers are skipped when unreachable (RUNLEDGER_BENCH_POSTGRES_URL, default
+postgresql+psycopg://postgres@127.0.0.1:5432/postgres)."""
 
 from __future__ import annotations
 
@@ -100,7 +105,7 @@ def bench_job(size: int, calls: list[str]) -> Any:
     ))
 
 
-def bare_flow(job: Any, concurrency: int, model: Any) -> Callable[[str], int]:
+def bare_flow(job: Any, concurrency: int, model: Any) -> Any:
     """The same stage work as run-job, as Prefect tasks with the same fan-out, without a ledger."""
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
@@ -131,36 +136,39 @@ def bare_flow(job: Any, concurrency: int, model: Any) -> Callable[[str], int]:
                        for s in job.subject_names()]
             return sum(f.result() for f in futures)
 
-    return bare  # type: ignore[return-value]
+    return bare
 
 
-def task_runs(flow_run_id: Any = None) -> int:
-    """How many task runs the Prefect server has recorded (for one flow run, or in all)."""
+def task_runs(flow_run_id: Any) -> int:
+    """How many task runs the Prefect server has recorded for a flow run."""
     from prefect.client.orchestration import get_client
 
-    query = {"flow_runs": {"id": {"any_": [str(flow_run_id)]}}} if flow_run_id else {}
     with get_client(sync_client=True) as client:
-        response = client.request("POST", "/task_runs/count", json=query)
+        response = client.request("POST", "/task_runs/count",
+                                  json={"flow_runs": {"id": {"any_": [str(flow_run_id)]}}})
         response.raise_for_status()
         return int(response.json())
 
 
-def drain(timeout: float = 900) -> None:
-    """Wait until the server has recorded every task run sent so far: it records them from
-    events in the background, and that work would otherwise slow the next measurement."""
-    deadline = time.monotonic() + timeout
-    seen = -1
-    while (count := task_runs()) != seen and time.monotonic() < deadline:
+def drain(flow_run_id: Any, expected: int, quiet_seconds: int = 5) -> None:
+    """Wait until the server has recorded the flow run's ``expected`` task runs, or recorded no
+    more for ``quiet_seconds`` (a server whose in-memory event queue overflowed drops some): it
+    records them in the background, and that work would otherwise slow the next measurement."""
+    seen, quiet = -1, 0
+    while quiet < quiet_seconds and (count := task_runs(flow_run_id)) < expected:
+        quiet = quiet + 1 if count == seen else 0
         seen = count
-        time.sleep(3)
+        time.sleep(1)
 
 
-def timed(work: Callable[[], Any]) -> tuple[float, Any]:
-    started = time.perf_counter()
-    result = work()
-    seconds = time.perf_counter() - started
-    drain()
-    return seconds, result
+def timed(work: Callable[[], Any], task_runs_per_call: int) -> tuple[float, float, Any]:
+    """Wall seconds and this process's CPU seconds for ``work()`` (a flow call returning its
+    state; the CPU figure leaves out the Prefect server's share), then a drained server."""
+    started, cpu = time.perf_counter(), time.process_time()
+    state = work()
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
+    drain(state.state_details.flow_run_id, task_runs_per_call)
+    return seconds, cpu_seconds, state
 
 
 def one_round(size: int, delay: float, concurrency: int, bare_first: bool) -> dict[str, Any]:
@@ -175,15 +183,16 @@ def one_round(size: int, delay: float, concurrency: int, bare_first: bool) -> di
     result: dict[str, Any] = {}
     for which in ("bare", "run_job") if bare_first else ("run_job", "bare"):
         if which == "bare":
-            result["bare_s"], rows = timed(lambda: bare(bare_period))
-            assert rows == size, rows
+            result["bare_s"], result["bare_cpu_s"], done = timed(
+                lambda: bare(bare_period, return_state=True), 3 * size)
+            assert done.result() == size, done.message
         else:
-            result["run_job_s"], first = timed(
-                lambda: run_job(job.name, period=job_period, return_state=True))
+            result["run_job_s"], result["run_job_cpu_s"], first = timed(
+                lambda: run_job(job.name, period=job_period, return_state=True), 4 * size)
             assert first.name == "Completed", first.message
     before = len(calls)
-    result["rerun_s"], again = timed(lambda: run_job(job.name, period=job_period,
-                                                     return_state=True))
+    result["rerun_s"], _, again = timed(
+        lambda: run_job(job.name, period=job_period, return_state=True), 0)
     assert again.name == "Duplicate", again.message
     result["rerun_model_calls"] = len(calls) - before
     result["first_task_runs"] = task_runs(first.state_details.flow_run_id)
@@ -199,12 +208,13 @@ def measure(size: int, dialect: str, url: str, delay: float, repeat: int) -> dic
     concurrency = RunledgerSettings().subject_concurrency
     rounds = [one_round(size, delay, concurrency, bare_first=i % 2 == 0) for i in range(repeat)]
     row: dict[str, Any] = {"subjects": size, "dialect": dialect}
-    for key in ("bare_s", "run_job_s", "rerun_s"):
+    for key in ("bare_s", "run_job_s", "rerun_s", "bare_cpu_s", "run_job_cpu_s"):
         row[key] = statistics.median(r[key] for r in rounds)
     for key in ("rerun_model_calls", "rerun_task_runs"):
         row[key] = sum(r[key] for r in rounds)
     row["first_task_runs"] = rounds[-1]["first_task_runs"]
     row["ratio"] = row["run_job_s"] / row["bare_s"]
+    row["cpu_ratio"] = row["run_job_cpu_s"] / row["bare_cpu_s"]
     return row
 
 
@@ -229,12 +239,13 @@ def main() -> None:
                     continue
                 warm = bench_job(10, [])
                 os.environ["RUNLEDGER_DATABASE_URL"] = url
-                run_job(warm.name, period="2025-12-31")  # server start-up and imports
-                drain()
+                warm_up = run_job(warm.name, period="2025-12-31", return_state=True)
+                drain(warm_up.state_details.flow_run_id, 40)  # server start-up and imports
                 for size in args.sizes:
                     row = measure(size, dialect, url, args.model_delay, args.repeat)
                     print(f"{dialect:8} N={size:5}: bare {row['bare_s']:7.2f} s, run_job "
-                          f"{row['run_job_s']:7.2f} s, ratio {row['ratio']:.3f} (target <= 1.15); "
+                          f"{row['run_job_s']:7.2f} s, ratio {row['ratio']:.3f} (target <= 1.15), "
+                          f"client CPU ratio {row['cpu_ratio']:.3f}; "
                           f"rerun {row['rerun_s']:6.2f} s with {row['rerun_model_calls']} model "
                           f"calls and {row['rerun_task_runs']} task runs "
                           f"(first run: {row['first_task_runs']} task runs)", flush=True)

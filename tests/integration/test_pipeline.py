@@ -67,7 +67,8 @@ def test_the_same_logical_run_twice_keeps_the_first_output_and_calls_the_model_o
 
 
 def test_two_flow_runs_of_the_same_period_at_once_call_the_model_once(env: Env) -> None:
-    """The second flow run finds the Run leased and stops without a model call."""
+    """Whichever flow run comes second finds the Run leased (or, if it started late on a busy
+    machine, already completed) and stops without a model call."""
     env.set(offline_model_delay_seconds=2)
     results: list[tuple[State[Any], Any]] = []
     threads = [threading.Thread(target=lambda: results.append(env.run(SUMMARY, ["acme"],
@@ -77,8 +78,10 @@ def test_two_flow_runs_of_the_same_period_at_once_call_the_model_once(env: Env) 
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    assert sorted(state.name for state, _ in results) == ["Completed", "InProgressElsewhere"]
-    assert sorted(outcomes(r)["acme"] for _, r in results) == ["in-progress-elsewhere", "new"]
+    states = sorted(state.name for state, _ in results)
+    assert states in (["Completed", "InProgressElsewhere"], ["Completed", "Duplicate"])
+    assert sorted(outcomes(r)["acme"] for _, r in results) in (
+        ["in-progress-elsewhere", "new"], ["duplicate", "new"])
     assert env.model_calls() == 1
     run = env.the_run("acme", "2026-01-05")
     assert run.status == "completed" and run.attempts == 1

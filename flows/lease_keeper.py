@@ -44,9 +44,9 @@ class LeaseKeeper:
         self.stop()
 
     def stop(self) -> None:
+        # No join: a renewal still in flight is fenced like every write, so waiting for the
+        # thread to wake up and exit would only delay the subject.
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
 
     def _keep(self) -> None:
         while not self._stop.wait(self.interval):

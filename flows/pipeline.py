@@ -207,6 +207,8 @@ def _with_retries(stage: Task[..., Any], settings: RunledgerSettings) -> Task[..
 
 @dataclass(frozen=True)
 class Stages:
+    """The four stage tasks, with this flow run's retry policy for transient failures."""
+
     claim: Task[..., Any]
     collect: Task[..., Any]
     transform: Task[..., Any]
@@ -219,6 +221,7 @@ class Stages:
 
 
 def _lease_lost(tick: Tick, subject: str, run_id: str, error: LeaseLost) -> SubjectOutcome:
+    """Another attempt holds the Run now: this one's candidate is gone, which is no failure."""
     return SubjectOutcome(subject, run_id, "lease-lost", tick.ledger.require(run_id).attempts,
                           error=str(error))
 
@@ -286,9 +289,8 @@ def _known_outcome(tick: Tick, subject: str, identity: RunIdentity, run: Run) ->
     return SubjectOutcome(subject, run.run_id, "duplicate", run.attempts, output=run.output)
 
 
-def run_tick(tick: Tick, subjects: list[str]) -> TickReport:
+def run_tick(tick: Tick, identities: dict[str, RunIdentity]) -> TickReport:
     """Read every Run of the tick at once; only subjects not yet finished get task runs."""
-    identities = {s: tick.job.identity(s, tick.period) for s in subjects}
     known = tick.ledger.get_many([i.run_id for i in identities.values()])
     outcomes: dict[str, SubjectOutcome] = {}
     pending: list[str] = []
@@ -316,7 +318,7 @@ def run_tick(tick: Tick, subjects: list[str]) -> TickReport:
                                              error=f"{type(exc).__name__}: {exc}")
                 outcomes[subject] = tick.emit(outcome)
     return TickReport(tick.job.name, tick.job.version, tick.period,
-                      [outcomes[s] for s in subjects])
+                      [outcomes[s] for s in identities])
 
 
 def nominal_period(job: Job, period: str | None) -> Period:
@@ -373,9 +375,9 @@ def run_job(job: str, subjects: list[str] | None = None, period: str | None = No
     logger = get_run_logger()
     definition = get_job(job)
     the_period = nominal_period(definition, period)
-    names = definition.resolve_subjects(subjects)
-    for name in names:
-        definition.identity(name, the_period)  # every identity is valid before anything is written
+    # Every identity is checked before anything is written.
+    identities = {s: definition.identity(s, the_period)
+                  for s in definition.resolve_subjects(subjects)}
     settings = RunledgerSettings()
     _tag_flow_run(definition)
     ledger = Ledger.connect()
@@ -385,7 +387,7 @@ def run_job(job: str, subjects: list[str] | None = None, period: str | None = No
         tick = Tick(definition, the_period, ledger, model,
                     CallLog(settings.model_call_log) if settings.model_call_log else None,
                     settings, str(current_flow_run.id))
-        report = run_tick(tick, names)
+        report = run_tick(tick, identities)
     finally:
         model.close()
         ledger.close()

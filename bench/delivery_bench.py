@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -29,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import aiosmtplib
-import sqlalchemy as sa
+from databases import postgres_database
 
 from flows.delivery.dispatcher import Dispatcher
 from flows.delivery.policy import RetryPolicy
@@ -41,8 +40,6 @@ from store import Ledger, OutboxMessage, RunIdentity
 
 SENDER = "jobs@example.com"
 HOST = "127.0.0.1"
-POSTGRES = os.environ.get("RUNLEDGER_BENCH_POSTGRES_URL",
-                          "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 BODY = "Your weekly digest.\n\n" + "A line of the summary that the model wrote.\n" * 20
 
 
@@ -114,25 +111,6 @@ def dispatch(url: str, port: int, count: int, batch_size: int) -> float:
         return seconds
     finally:
         ledger.close()
-
-
-@contextmanager
-def postgres_database() -> Iterator[str | None]:
-    admin = sa.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
-    name = f"rlbench_{uuid.uuid4().hex[:8]}"
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    except sa.exc.OperationalError as exc:
-        print(f"PostgreSQL unreachable, skipped: {exc.orig}")
-        yield None
-        return
-    try:
-        yield sa.engine.make_url(POSTGRES).set(database=name).render_as_string(False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 class Sink:

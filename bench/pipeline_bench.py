@@ -32,10 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
+from databases import postgres_database
 
-POSTGRES = os.environ.get("RUNLEDGER_BENCH_POSTGRES_URL",
-                          "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 PERIODS = iter(f"2026-{month:02d}-{day:02d}" for month in range(1, 13) for day in range(1, 29))
 
 
@@ -56,25 +54,12 @@ def ledger_url(dialect: str, directory: Path) -> Iterator[str | None]:
         Ledger.connect(url).migrate()
         yield url
         return
-    admin = sa.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
-    name = f"rlbench_{uuid.uuid4().hex[:8]}"
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    except sa.exc.OperationalError as exc:
-        print(f"postgres: skipped ({exc.orig})")
-        yield None
-        return
-    url = sa.engine.make_url(POSTGRES).set(database=name).render_as_string(False)
-    try:
-        ledger = Ledger.connect(url)
-        ledger.migrate()
-        ledger.close()
+    with postgres_database() as url:
+        if url is not None:
+            ledger = Ledger.connect(url)
+            ledger.migrate()
+            ledger.close()
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 def bench_job(size: int, calls: list[str]) -> Any:

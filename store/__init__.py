@@ -21,12 +21,12 @@ from store.message import OutboxMessage
 from store.models import Attempt, DeliveryAttempt, QueuedMessage, Run
 from store.outbox import MessageClaim, Reply
 from store.period import Period
-from store.runs import Claim, Completion
+from store.runs import Claim, Completion, Registration
 
 __all__ = [
     "Attempt", "Claim", "Completion", "DeliveryAttempt", "DeliveryLeaseLost", "InvalidIdentity",
     "InvalidInput", "InvalidMessage", "InvalidPeriod", "InvalidTransition", "LeaseLost",
     "Ledger", "LedgerBusy", "MessageClaim", "MessageNotFound", "OutboxMessage", "OutputTooLarge",
-    "Period", "QueuedMessage", "Reply", "Run", "RunConflict", "RunIdentity", "RunNotFound",
+    "Period", "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity", "RunNotFound",
     "RunledgerError", "message_key", "params_fingerprint", "run_key",
 ]

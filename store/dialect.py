@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,11 +78,14 @@ def seconds(value: float, name: str = "seconds") -> ColumnElement[Any]:
     return sa.literal(check_seconds(value, name), sa.Float())
 
 
+def upsert(dialect: str, table: sa.Table) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT of ``dialect`` that can take an ON CONFLICT clause."""
+    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+
+
 def insert_ignoring_conflicts(dialect: str, table: sa.Table) -> Insert:
     """INSERT ... ON CONFLICT DO NOTHING (any unique constraint) for ``dialect``."""
-    if dialect == "postgresql":
-        return postgresql.insert(table).on_conflict_do_nothing()
-    return sqlite.insert(table).on_conflict_do_nothing()
+    return upsert(dialect, table).on_conflict_do_nothing()
 
 
 def json_rows(dialect: str, param: str, columns: Sequence[sa.Column[Any]]) -> sa.Select[Any]:
@@ -98,6 +102,14 @@ def json_rows(dialect: str, param: str, columns: Sequence[sa.Column[Any]]) -> sa
     return sa.select(
         *[sa.func.json_extract(each.c.value, f"$.{c.key}").label(c.key) for c in columns]
     )
+
+
+def json_timestamp(dialect: str, value: datetime) -> str:
+    """A UTC timestamp as a JSON string that ``json_rows`` turns back into the column's value:
+    ISO 8601 for PostgreSQL's typed records, SQLAlchemy's stored text shape for SQLite."""
+    if dialect == "postgresql":
+        return value.isoformat()
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 def is_postgres(conn: Connection) -> bool:

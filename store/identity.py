@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from hashlib import sha256
 from typing import Any
 
@@ -54,22 +55,17 @@ class RunIdentity:
         start = require_aware(self.period_start, "period_start").replace(microsecond=0)
         object.__setattr__(self, "period_start", start)
 
-    @property
+    @cached_property
     def run_id(self) -> str:
-        return run_key(self.job, self.subject, self.period_start, self.version)
+        """sha256 of the normalized identity: stripped fields, period start in UTC, ISO seconds."""
+        start = self.period_start.isoformat(timespec="seconds")
+        canonical = SEPARATOR.join([self.job, self.subject, start, self.version])
+        return sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def run_key(job: str, subject: str, period_start: datetime, version: str) -> str:
-    """sha256 of the normalized identity: stripped fields, period start in UTC, ISO seconds."""
-    canonical = SEPARATOR.join(
-        [
-            _field(job, "job"),
-            _field(subject, "subject"),
-            require_aware(period_start, "period_start").isoformat(timespec="seconds"),
-            _field(version, "version"),
-        ]
-    )
-    return sha256(canonical.encode("utf-8")).hexdigest()
+    """The stable id of the logical run (job, subject, period_start, version)."""
+    return RunIdentity(job, subject, period_start, version).run_id
 
 
 def _has_nul(value: Any) -> bool:

@@ -104,10 +104,45 @@ class Ledger:
         seconds = _lease_seconds(lease)
         return self._write(lambda c: rn.claim_txn(c, run_id, owner, seconds), autocommit=True)
 
+    def register_and_claim(
+        self,
+        identity: RunIdentity,
+        params: dict[str, Any] | None = None,
+        *,
+        owner: str,
+        lease: timedelta | float,
+    ) -> rn.Registration:
+        """Register the Run and take its lease in one statement (see ``register_and_claim_txn``);
+        ``RunConflict`` if it exists with other parameters."""
+        found = self.register_and_claim_many([(identity, params)], owner=owner, lease=lease)
+        registration = found[identity.run_id]
+        if registration.conflict is not None:
+            raise registration.conflict
+        return registration
+
+    def register_and_claim_many(
+        self,
+        entries: Sequence[tuple[RunIdentity, dict[str, Any] | None]],
+        *,
+        owner: str,
+        lease: timedelta | float,
+    ) -> dict[str, rn.Registration]:
+        """Register and claim many Runs in one statement, keyed by run id; a conflicting Run is
+        reported in its Registration, not raised, so that the others proceed."""
+        seconds = _lease_seconds(lease)
+        return self._write(
+            lambda c: rn.register_and_claim_txn(c, entries, owner, seconds), autocommit=True
+        )
+
     def renew(self, claim: rn.Claim, lease: timedelta | float) -> datetime:
         """Extend the lease by ``lease`` from now (database clock); ``LeaseLost`` if stale."""
         seconds = _lease_seconds(lease)
         return self._write(lambda c: rn.renew_txn(c, claim, seconds), autocommit=True)
+
+    def renew_many(self, claims: Sequence[rn.Claim], lease: timedelta | float) -> dict[str, datetime]:
+        """Extend many leases in one statement; the claims left out of the result are lost."""
+        seconds = _lease_seconds(lease)
+        return self._write(lambda c: rn.renew_many_txn(c, claims, seconds), autocommit=True)
 
     def save_input(self, claim: rn.Claim, raw: dict[str, Any]) -> dict[str, Any]:
         """Store the raw input once and return the stored one (the first writer's)."""

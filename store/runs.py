@@ -18,7 +18,15 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 from sqlmodel import Session
 
-from store.dialect import check_seconds, db_now, insert_ignoring_conflicts, is_postgres, json_rows
+from store.dialect import (
+    check_seconds,
+    db_now,
+    insert_ignoring_conflicts,
+    is_postgres,
+    json_rows,
+    json_timestamp,
+    upsert,
+)
 from store.errors import (
     InvalidInput,
     InvalidTransition,
@@ -58,6 +66,16 @@ class Claim:
     fence: int
     attempt_id: str
     lease_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What register+claim found for one identity: the Run, the claim when this owner holds
+    it now, and the conflict when the identity exists with other parameters (nothing written)."""
+
+    run: Run
+    claim: Claim | None
+    conflict: RunConflict | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +219,84 @@ _OPEN_ATTEMPT = Prepared(
     )
 )
 
+
+_ENTERED = ("run_id", "job", "subject", "period_start", "version", "params_fingerprint", "params")
+
+
+def _entries(d: str, one: bool) -> sa.Subquery:
+    """The Runs to enter with their new attempt ids: one row of bound values, or the rows of a
+    JSON array. One row is bound plainly so that the planner knows it is one row (it guesses
+    100 for a JSON array, and would then scan the attempts table instead of its index)."""
+    columns = [*(runs.c[n] for n in _ENTERED), attempts.c.attempt_id]
+    if one:
+        return sa.select(*(_p(c).label(c.key) for c in columns)).subquery("given")
+    return json_rows(d, "runs", columns).subquery("given")
+
+
+def _enter(d: str, given: sa.Subquery) -> Any:
+    """Insert each given Run already claimed, or claim the existing row when it is claimable
+    and has the same parameters: register and claim as one upsert."""
+    now = db_now()
+    # Always a WHERE: SQLite cannot otherwise tell ON CONFLICT from a join's ON. Ordered by
+    # run_id so that concurrent batches lock shared Runs in the same order (no deadlock).
+    rows = sa.select(
+        *(given.c[n] for n in _ENTERED), sa.literal("running"), sa.literal(1),
+        _p(runs.c.owner), sa.literal(1), _lease_until(), now, now,
+    ).where(sa.true()).order_by(given.c.run_id)
+    insert = upsert(d, runs).from_select(
+        [*_ENTERED, "status", "fence", "owner", "attempts", "lease_expires_at", "created_at",
+         "updated_at"],
+        rows,
+    )
+    proposed = insert.excluded
+    return insert.on_conflict_do_update(
+        index_elements=[runs.c.run_id],
+        set_={
+            "fence": runs.c.fence + 1, "owner": proposed.owner, "status": "running",
+            "attempts": runs.c.attempts + 1, "lease_expires_at": proposed.lease_expires_at,
+            "updated_at": proposed.updated_at,
+        },
+        where=sa.and_(
+            sa.or_(runs.c.status == "pending", runs.c.status == "running"),
+            sa.or_(
+                runs.c.lease_expires_at.is_(None),
+                runs.c.lease_expires_at <= db_now(),
+                runs.c.owner == proposed.owner,
+            ),
+            runs.c.params_fingerprint == proposed.params_fingerprint,
+        ),
+    ).returning(*runs.c)
+
+
+def _enter_in_one_statement(d: str, one: bool) -> sa.Select[Any]:
+    given = _entries(d, one)
+    taken = _enter(d, given).cte("taken")
+    return sa.select(taken).add_cte(
+        _close_attempts(taken.c.run_id).cte("closed"),
+        postgresql.insert(attempts).from_select(
+            ["attempt_id", "run_id", "owner", "fence", "started_at"],
+            sa.select(given.c.attempt_id, taken.c.run_id, taken.c.owner, taken.c.fence, db_now())
+            .join_from(taken, given, given.c.run_id == taken.c.run_id),
+        ).cte("opened"),
+    )
+
+
+_ENTER_ONE_PG = Prepared(lambda d: _enter_in_one_statement(d, one=True))
+_ENTER_MANY_PG = Prepared(lambda d: _enter_in_one_statement(d, one=False))
+_ENTER_MANY = Prepared(lambda d: _enter(d, _entries(d, one=False)))
+
+_RENEW_MANY = Prepared(
+    lambda d: sa.update(runs)
+    .where(
+        sa.tuple_(runs.c.run_id, runs.c.fence, runs.c.owner).in_(
+            json_rows(d, "claims", [runs.c.run_id, runs.c.fence, runs.c.owner])
+        ),
+        runs.c.status == "running",
+    )
+    .values(lease_expires_at=_lease_until(), updated_at=db_now())
+    .returning(runs.c.run_id, runs.c.lease_expires_at)
+)
+
 _RENEW = Prepared(
     lambda d: sa.update(runs).where(_holder())
     .values(lease_expires_at=_lease_until(), updated_at=db_now())
@@ -336,12 +432,7 @@ def register_txn(conn: Connection, identity: RunIdentity, params: dict[str, Any]
         return _run(inserted)
     existing = _require(conn, identity.run_id)
     if existing.params_fingerprint != fingerprint:
-        raise RunConflict(
-            f"run {identity.run_id} ({identity.job}/{identity.subject}/"
-            f"{identity.period_start.isoformat()}/{identity.version}) already exists with different "
-            f"parameters (fingerprint {existing.params_fingerprint[:12]}, now {fingerprint[:12]}); "
-            "bump the job version or request a revision to change them"
-        )
+        raise _conflict(identity, existing, fingerprint)
     return existing
 
 
@@ -365,12 +456,86 @@ def claim_txn(conn: Connection, run_id: str, owner: str, lease_seconds: float) -
     return Claim(run_id, owner, row["fence"], attempt_id, row["lease_expires_at"])
 
 
+def _conflict(identity: RunIdentity, existing: Run, fingerprint: str) -> RunConflict:
+    return RunConflict(
+        f"run {identity.run_id} ({identity.job}/{identity.subject}/"
+        f"{identity.period_start.isoformat()}/{identity.version}) already exists with different "
+        f"parameters (fingerprint {existing.params_fingerprint[:12]}, now {fingerprint[:12]}); "
+        "bump the job version or request a revision to change them"
+    )
+
+
+def register_and_claim_txn(
+    conn: Connection,
+    entries: Sequence[tuple[RunIdentity, dict[str, Any] | None]],
+    owner: str,
+    lease_seconds: float,
+) -> dict[str, Registration]:
+    """Register each Run and take its lease in one upsert: a new Run is inserted claimed; an
+    existing one is claimed only if it is claimable (as ``claim_txn``) and has the same
+    parameters; a different fingerprint is a conflict that writes nothing for that Run."""
+    check_owner(owner)
+    lease = check_seconds(lease_seconds, "lease")
+    d = conn.dialect.name
+    wanted: dict[str, tuple[RunIdentity, str, dict[str, Any]]] = {}
+    for identity, params in entries:
+        if not isinstance(identity, RunIdentity):
+            raise InvalidInput(f"entries must hold RunIdentity objects, got {type(identity).__name__}")
+        wanted.setdefault(identity.run_id, (identity, params_fingerprint(params), params or {}))
+    if not wanted:
+        return {}
+    given: list[dict[str, Any]] = [
+        {"run_id": run_id, "job": i.job, "subject": i.subject,
+         "period_start": i.period_start, "version": i.version,
+         "params_fingerprint": fingerprint, "params": params, "attempt_id": str(uuid.uuid4())}
+        for run_id, (i, fingerprint, params) in sorted(wanted.items())
+    ]
+    attempt_ids = {g["run_id"]: g["attempt_id"] for g in given}
+    if is_postgres(conn) and len(given) == 1:
+        taken = _ENTER_ONE_PG.rows(conn, **given[0], owner=owner, lease=lease)
+    else:
+        batch = [{**g, "period_start": json_timestamp(d, g["period_start"])} for g in given]
+        enter = _ENTER_MANY_PG if is_postgres(conn) else _ENTER_MANY
+        taken = enter.rows(conn, runs=batch, owner=owner, lease=lease)
+    if not is_postgres(conn):
+        for row in taken:
+            _CLOSE_ATTEMPTS.rows(conn, run_id=row["run_id"])
+            _OPEN_ATTEMPT.rows(conn, run_id=row["run_id"], fence=row["fence"], owner=owner,
+                               attempt_id=attempt_ids[row["run_id"]])
+    found: dict[str, Registration] = {}
+    for row in taken:
+        run = _run(row)
+        found[run.run_id] = Registration(run, Claim(
+            run.run_id, owner, run.fence, attempt_ids[run.run_id], row["lease_expires_at"]))
+    left = [run_id for run_id in wanted if run_id not in found]
+    existing = get_runs(conn, left) if left else {}
+    for run_id in left:
+        identity, fingerprint, _ = wanted[run_id]
+        run = existing[run_id]
+        conflict = None
+        if run.params_fingerprint != fingerprint:
+            conflict = _conflict(identity, run, fingerprint)
+        found[run_id] = Registration(run, None, conflict)
+    return {run_id: found[run_id] for run_id in wanted}
+
+
 def renew_txn(conn: Connection, claim: Claim, lease_seconds: float) -> datetime:
     """Extend the lease from the database clock; only the current fence holder can."""
     row = _RENEW.first(conn, **_holder_params(claim), lease=check_seconds(lease_seconds, "lease"))
     if row is None:
         raise _lease_lost(claim, get_run(conn, claim.run_id))
     return row["lease_expires_at"]  # type: ignore[no-any-return]
+
+
+def renew_many_txn(conn: Connection, claims: Sequence[Claim], lease_seconds: float) -> dict[str, datetime]:
+    """Extend every still-held lease from the database clock in one statement; a claim whose
+    fence moved on is left out of the result (its lease is lost)."""
+    lease = check_seconds(lease_seconds, "lease")
+    if not claims:
+        return {}
+    given = [{"run_id": c.run_id, "fence": c.fence, "owner": c.owner} for c in claims]
+    rows = _RENEW_MANY.rows(conn, claims=given, lease=lease)
+    return {row["run_id"]: row["lease_expires_at"] for row in rows}
 
 
 def save_input_txn(conn: Connection, claim: Claim, raw: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from store.faults import ENV as FAULTS_ENV
 
 PROCESSES = 8
 DRILL_ROUNDS = 20  # seed 004's full drill: with the processes kept across rounds it is fast
+REGISTER_ROUNDS = 5
 PERIOD = datetime(2026, 9, 13, tzinfo=UTC)
 LONG = timedelta(minutes=15)
 SHORT = timedelta(seconds=1)
@@ -89,6 +90,18 @@ def race_to_claim(url: str, run_id: str) -> bool:
         ledger.get(run_id)  # connected before the race, so the race is the claim itself
         _start_together()
         return ledger.claim(run_id, owner(), LONG) is not None
+    finally:
+        ledger.close()
+
+
+def race_to_register_and_claim(url: str, subject: str) -> bool:
+    """Open a connection, wait for the others, then register and claim the same new Run."""
+    ledger = Ledger.connect(url)
+    try:
+        ledger.db_now()
+        _start_together()
+        identity = RunIdentity("triage", subject, PERIOD, "v1")
+        return ledger.register_and_claim(identity, owner=owner(), lease=LONG).claim is not None
     finally:
         ledger.close()
 
@@ -203,6 +216,25 @@ def test_eight_processes_claiming_one_key_have_exactly_one_winner_every_round(
             stored = ledger.require(run.run_id)
             assert wins.count(True) == 1, f"round {round_no}: {wins.count(True)} winners"
             assert (stored.fence, stored.attempts, len(ledger.attempts(run.run_id))) == (1, 1, 1)
+        finally:
+            ledger.close()
+
+
+def test_eight_processes_registering_and_claiming_one_new_key_have_exactly_one_winner(
+    db_url: str, fresh_db_url: Callable[[], str], racers: ProcessPoolExecutor
+) -> None:
+    """The same drill when the Run does not exist yet and every process inserts it claimed in
+    one statement: one Run row, one winner, one Attempt, every round."""
+    for round_no in range(REGISTER_ROUNDS):
+        url = db_url if round_no == 0 else fresh_db_url()
+        wins = race(racers, race_to_register_and_claim, url, f"issue-{round_no}")
+        ledger = Ledger.connect(url)
+        try:
+            run_id = RunIdentity("triage", f"issue-{round_no}", PERIOD, "v1").run_id
+            stored = ledger.require(run_id)
+            assert wins.count(True) == 1, f"round {round_no}: {wins.count(True)} winners"
+            assert (stored.fence, stored.attempts, len(ledger.attempts(run_id))) == (1, 1, 1)
+            assert len(ledger.runs(job="triage")) == 1
         finally:
             ledger.close()
 

@@ -92,8 +92,28 @@ def machine_for(ledger: Ledger) -> type[RuleBasedStateMachine]:
             claimable = m.status in ("pending", "running") and (not m.lease_live or m.owner == owner)
             claim = ledger.claim(self.run_id, owner, LEASE)
             assert (claim is not None) == claimable
+            return self.claimed(claim, owner)
+
+        @rule(target=claims, owner=st.sampled_from(OWNERS), variant=st.sampled_from([0, 1]))
+        def register_and_claim(self, owner: str, variant: int) -> Any:
+            """register then claim in one statement: the same rules as the two calls."""
+            m = self.model
+            if m.params is not None and variant != m.params:
+                with pytest.raises(RunConflict):
+                    ledger.register_and_claim(self.identity, {"variant": variant}, owner=owner,
+                                              lease=LEASE)
+                return multiple()
+            claimable = m.status in ("pending", "running") and (not m.lease_live or m.owner == owner)
+            entered = ledger.register_and_claim(self.identity, {"variant": variant}, owner=owner,
+                                                lease=LEASE)
+            m.params = variant
+            assert (entered.claim is not None) == claimable
+            return self.claimed(entered.claim, owner)
+
+        def claimed(self, claim: Claim | None, owner: str) -> Any:
             if claim is None:
                 return multiple()
+            m = self.model
             m.fence, m.owner, m.status, m.lease_live = m.fence + 1, owner, "running", True
             m.attempts += 1
             m.outcomes = ["expired" if o is None else o for o in m.outcomes] + [None]

@@ -88,16 +88,24 @@ def insert_ignoring_conflicts(dialect: str, table: sa.Table) -> Insert:
     return upsert(dialect, table).on_conflict_do_nothing()
 
 
-def json_rows(dialect: str, param: str, columns: Sequence[sa.Column[Any]]) -> sa.Select[Any]:
-    """The rows of a JSON array of objects bound as ``param``, as a SELECT of ``columns`` (by
-    name and type): a whole batch is one parameter, so one prepared statement fits any size."""
+def json_rows(
+    dialect: str, param: str, columns: Sequence[sa.Column[Any]], *, one: bool = False
+) -> sa.Select[Any]:
+    """The rows of a JSON array of objects bound as ``param`` (``one``: a single JSON object),
+    as a SELECT of ``columns`` (by name and type): a whole batch is one parameter, so one
+    prepared statement fits any size. PostgreSQL's planner counts a single object as one row
+    (an array as a hundred), which keeps its joins on indexes."""
     if dialect == "postgresql":
         given = (
-            sa.func.jsonb_to_recordset(sa.bindparam(param, type_=JSONB))
+            getattr(sa.func, "jsonb_to_record" if one else "jsonb_to_recordset")(
+                sa.bindparam(param, type_=JSONB))
             .table_valued(*[sa.column(c.key, c.type) for c in columns])
             .render_derived(name="given", with_types=True)
         )
         return sa.select(*[given.c[c.key] for c in columns])
+    if one:
+        value: Any = sa.bindparam(param, type_=sa.JSON)
+        return sa.select(*[sa.func.json_extract(value, f"$.{c.key}").label(c.key) for c in columns])
     each = sa.func.json_each(sa.bindparam(param, type_=sa.JSON)).table_valued("value")
     return sa.select(
         *[sa.func.json_extract(each.c.value, f"$.{c.key}").label(c.key) for c in columns]

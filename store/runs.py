@@ -224,13 +224,11 @@ _ENTERED = ("run_id", "job", "subject", "period_start", "version", "params_finge
 
 
 def _entries(d: str, one: bool) -> sa.Subquery:
-    """The Runs to enter with their new attempt ids: one row of bound values, or the rows of a
-    JSON array. One row is bound plainly so that the planner knows it is one row (it guesses
-    100 for a JSON array, and would then scan the attempts table instead of its index)."""
+    """The Runs to enter with their new attempt ids, from one JSON parameter: an object for one
+    Run (so that PostgreSQL plans for one row and finds the old attempts by index), an array
+    for a tick."""
     columns = [*(runs.c[n] for n in _ENTERED), attempts.c.attempt_id]
-    if one:
-        return sa.select(*(_p(c).label(c.key) for c in columns)).subquery("given")
-    return json_rows(d, "runs", columns).subquery("given")
+    return json_rows(d, "runs", columns, one=one).subquery("given")
 
 
 def _enter(d: str, given: sa.Subquery) -> Any:
@@ -283,7 +281,7 @@ def _enter_in_one_statement(d: str, one: bool) -> sa.Select[Any]:
 
 _ENTER_ONE_PG = Prepared(lambda d: _enter_in_one_statement(d, one=True))
 _ENTER_MANY_PG = Prepared(lambda d: _enter_in_one_statement(d, one=False))
-_ENTER_MANY = Prepared(lambda d: _enter(d, _entries(d, one=False)))
+_ENTER = Prepared(lambda d: _enter(d, _entries(d, one=False)))
 
 _RENEW_MANY = Prepared(
     lambda d: sa.update(runs)
@@ -486,17 +484,17 @@ def register_and_claim_txn(
         return {}
     given: list[dict[str, Any]] = [
         {"run_id": run_id, "job": i.job, "subject": i.subject,
-         "period_start": i.period_start, "version": i.version,
+         "period_start": json_timestamp(d, i.period_start), "version": i.version,
          "params_fingerprint": fingerprint, "params": params, "attempt_id": str(uuid.uuid4())}
         for run_id, (i, fingerprint, params) in sorted(wanted.items())
     ]
     attempt_ids = {g["run_id"]: g["attempt_id"] for g in given}
     if is_postgres(conn) and len(given) == 1:
-        taken = _ENTER_ONE_PG.rows(conn, **given[0], owner=owner, lease=lease)
+        taken = _ENTER_ONE_PG.rows(conn, runs=given[0], owner=owner, lease=lease)
+    elif is_postgres(conn):
+        taken = _ENTER_MANY_PG.rows(conn, runs=given, owner=owner, lease=lease)
     else:
-        batch = [{**g, "period_start": json_timestamp(d, g["period_start"])} for g in given]
-        enter = _ENTER_MANY_PG if is_postgres(conn) else _ENTER_MANY
-        taken = enter.rows(conn, runs=batch, owner=owner, lease=lease)
+        taken = _ENTER.rows(conn, runs=given, owner=owner, lease=lease)
     if not is_postgres(conn):
         for row in taken:
             _CLOSE_ATTEMPTS.rows(conn, run_id=row["run_id"])

@@ -27,6 +27,8 @@ RUN_STATUSES = ("pending", "running", "completed", "failed")
 ATTEMPT_OUTCOMES = ("completed", "released", "failed", "expired")
 MESSAGE_STATUSES = ("pending", "sending", "sent", "retry", "uncertain", "dead")
 DELIVERY_OUTCOMES = ("sent", "retry", "uncertain", "dead")
+CLAIMABLE_STATUSES = ("pending", "retry", "uncertain", "sending")  # what a dispatcher may claim
+CLAIMABLE_WHERE = "status IN (" + ", ".join(f"'{s}'" for s in CLAIMABLE_STATUSES) + ")"
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):
@@ -129,7 +131,13 @@ class QueuedMessage(SQLModel, table=True):
     __table_args__ = (
         sa.UniqueConstraint("run_id", "channel", "recipient", name="uq_outbox_run_channel_recipient"),
         _check_in("status", MESSAGE_STATUSES, "status"),
-        sa.Index("ix_outbox_due", "status", "next_attempt_at"),
+        # Only messages still to deliver, in claim order: a claim reads ``limit`` entries of
+        # this index instead of sorting the whole due backlog, and sent messages (nearly all
+        # rows, in time) never enter it.
+        sa.Index(
+            "ix_outbox_claimable", "next_attempt_at", "message_id",
+            postgresql_where=sa.text(CLAIMABLE_WHERE), sqlite_where=sa.text(CLAIMABLE_WHERE),
+        ),
     )
 
     message_id: str = Field(primary_key=True, max_length=64)

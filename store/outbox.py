@@ -14,7 +14,13 @@ from sqlalchemy.engine import Connection
 
 from store.dialect import db_now, is_postgres, json_rows, seconds
 from store.errors import DeliveryLeaseLost, InvalidInput, InvalidTransition, MessageNotFound
-from store.models import DeliveryAttempt, QueuedMessage, delivery_attempts_table, outbox_table
+from store.models import (
+    CLAIMABLE_WHERE,
+    DeliveryAttempt,
+    QueuedMessage,
+    delivery_attempts_table,
+    outbox_table,
+)
 from store.prepared import Prepared
 
 outbox = outbox_table
@@ -68,10 +74,12 @@ def claim_messages_txn(
     due = (
         sa.select(outbox.c.message_id, outbox.c.status)
         .where(
-            sa.or_(
-                sa.and_(outbox.c.status.in_(DUE_STATUSES), outbox.c.next_attempt_at <= now),
-                sa.and_(outbox.c.status == "sending", outbox.c.lease_expires_at <= now),
-            )
+            # Implies the predicate of ix_outbox_claimable and bounds its first column, so the
+            # planner reads that index in claim order and stops after ``limit`` rows. A message
+            # in "sending" was due when it was claimed, so its next_attempt_at is past too.
+            sa.text(CLAIMABLE_WHERE),
+            outbox.c.next_attempt_at <= now,
+            sa.or_(outbox.c.status != "sending", outbox.c.lease_expires_at <= now),
         )
         .order_by(outbox.c.next_attempt_at, outbox.c.message_id)
         .limit(limit)

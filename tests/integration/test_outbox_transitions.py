@@ -51,3 +51,24 @@ def test_a_released_uncertain_message_stays_uncertain(ledger: Ledger) -> None:
     ledger.release_message(again)
     stored = ledger.message(message.message_id)
     assert stored is not None and (stored.status, stored.attempts) == ("uncertain", 1)
+
+
+def test_a_claim_takes_the_oldest_due_messages_and_skips_the_not_yet_due_and_the_held(
+        ledger: Ledger) -> None:
+    """Claim order is next_attempt_at: a retry scheduled for later waits, a message held under a
+    live delivery lease is skipped, one whose lease expired is taken again; sent ones never."""
+    messages = queue(ledger, 5)
+    [sent, later, held, released] = ledger.claim_messages("dispatcher-a", 4, 60)
+    assert {c.message_id for c in (sent, later, held, released)} == {
+        m.message_id for m in messages[:4]}
+    ledger.mark_sent(sent)
+    ledger.schedule_retry(later, 3600, "421 try later")
+    ledger.release_message(released)  # due again, from now: after the fifth message
+    [lapsing] = ledger.claim_messages("dispatcher-a", 1, 0.001)
+    assert lapsing.message_id == messages[4].message_id
+    time.sleep(0.05)
+    taken = {c.message_id: c for c in ledger.claim_messages("dispatcher-b", 10, 60)}
+    assert set(taken) == {lapsing.message_id, released.message_id}
+    retaken = taken[lapsing.message_id]
+    assert retaken.previous_status == "sending" and retaken.fence == lapsing.fence + 1
+    assert ledger.claim_messages("dispatcher-c", 10, 60) == []

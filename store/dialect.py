@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.sql
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
@@ -189,6 +190,34 @@ def _sqlite_engine(url: sa.URL, busy: Busy) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def create_database_if_missing(url: str) -> bool:
+    """Create the PostgreSQL database that ``url`` names, connecting to the server's
+    ``postgres`` database with the same credentials; False if it already exists."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "postgresql" or not parsed.database:
+        raise InvalidInput(f"not a PostgreSQL database URL: {parsed.render_as_string()}")
+    name = parsed.database
+    admin = sa.create_engine(
+        parsed.set(drivername="postgresql+psycopg", database="postgres"),
+        isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool,
+    )
+    try:
+        with admin.connect() as conn:
+            found = conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname = :name"),
+                                 {"name": name}).first()
+            if found:
+                return False
+            driver = conn.connection.dbapi_connection
+            try:
+                driver.execute(  # type: ignore[union-attr]
+                    psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+            except psycopg.errors.DuplicateDatabase:
+                return False  # created by another process since our check
+            return True
+    finally:
+        admin.dispose()
 
 
 def _is_locked(exc: OperationalError) -> bool:

@@ -39,6 +39,7 @@ from flows.stack.prefect_server import (
 from flows.stack.processes import StackError, Supervisor, port_is_free
 from flows.stack.work_pool import DEFAULT_POOL, ensure_pool
 from store import Ledger
+from store.dialect import create_database_if_missing
 from store.settings import LedgerSettings
 
 REFERENCE_DEPLOYMENT = "competitor-summary"
@@ -211,6 +212,8 @@ class LocalStack:
     def _start_server(self) -> None:
         config = self.config
         database = prefect_database_for(self.ledger_url, config.prefect_database_url)
+        if database and not config.prefect_database_url:
+            self._create_prefect_database(database)
         env = server_env(os.environ, config.prefect_home, database)
         self.say(f"starting the Prefect server on {ui_url(config.host, config.port)} "
                  f"({'PostgreSQL' if database else 'SQLite in ' + str(config.prefect_home)})")
@@ -226,6 +229,16 @@ class LocalStack:
             raise
         with client(config.api) as api:
             install_crash_detector(api, config.crash_after_seconds)
+
+    def _create_prefect_database(self, url: str) -> None:
+        """Create the ``<ledger>_prefect`` database the stack chose; a user who may not create
+        databases gets the server's own error and a hint instead."""
+        name = sa.engine.make_url(url).database
+        try:
+            if create_database_if_missing(url):
+                self.say(f"created Prefect's database {name}")
+        except sa.exc.DBAPIError as exc:
+            self.say(f"could not create Prefect's database {name}: {exc.orig}")
 
     def _start_workers(self, env: dict[str, str]) -> None:
         config = self.config

@@ -2,8 +2,10 @@
 for it and email the summary to the workspace's subscribers.
 
 A source folder holds one sub-folder per workspace (the subjects) with the documents
-(``*.md``) and ``subscribers.txt`` (one address per line). The default source is the sample
-data shipped in this package; point RUNLEDGER_COMPETITOR_SUMMARY_SOURCE at your own folder."""
+(``*.md``), optionally ``urls.txt`` (one http(s) URL per line: pages fetched at collect time,
+HTML reduced to its text) and ``subscribers.txt`` (one address per line). The default source is
+the sample data shipped in this package; point RUNLEDGER_COMPETITOR_SUMMARY_SOURCE at your own
+folder. What collect gathered is stored once per Run: a retry summarizes the same documents."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flows.jobs.errors import ValidationFailed
+from flows.jobs.http_source import fetch_document, http_client
 from flows.jobs.job import Candidate, Job
 from flows.model import Model
 from store import InvalidInput, OutboxMessage, Period
@@ -20,6 +23,7 @@ from store.message import normalize_address
 
 SAMPLE_DATA = Path(__file__).with_name("sample_data")
 SUBSCRIBERS = "subscribers.txt"
+URLS = "urls.txt"
 INSTRUCTIONS = (
     "You brief a product team on its competitors. Summarize the documents below in at most "
     "five sentences of plain, factual text. Do not invent facts."
@@ -35,6 +39,7 @@ class CompetitorSummarySettings(BaseSettings):
     timezone: str = "Europe/Paris"
     max_summary_chars: int = 2_000
     max_source_bytes: int = 200_000
+    fetch_timeout_seconds: float = 20.0
 
 
 def _settings() -> CompetitorSummarySettings:
@@ -66,19 +71,43 @@ def subscribers(workspace: str) -> list[str]:
     return sorted(found)
 
 
+def urls(workspace: str) -> list[str]:
+    """The pages listed in the workspace's urls.txt, in file order; only http(s) URLs."""
+    path = _folder(workspace) / URLS
+    if not path.is_file():
+        return []
+    found = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    listed = [url for url in found if url and not url.startswith("#")]
+    for url in listed:
+        if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+            raise InvalidInput(f"{path}: {url!r} is not an http(s) URL")
+    return listed
+
+
 def collect(workspace: str, period: Period) -> dict[str, Any]:
-    """The workspace's documents (name and text), in name order."""
+    """The workspace's documents (name and text): its files in name order, then its pages."""
     settings = _settings()
+    limit = settings.max_source_bytes
     paths = sorted(_folder(workspace).glob("*.md"))
-    if not paths:
-        raise InvalidInput(f"workspace {workspace!r} has no documents (*.md) to summarize")
-    size = sum(p.stat().st_size for p in paths)
-    if size > settings.max_source_bytes:
-        raise InvalidInput(
-            f"workspace {workspace!r} has {size} bytes of documents, above the "
-            f"{settings.max_source_bytes}-byte limit (RUNLEDGER_COMPETITOR_SUMMARY_MAX_SOURCE_BYTES)"
-        )
+    pages = urls(workspace)
+    if not paths and not pages:
+        raise InvalidInput(f"workspace {workspace!r} has no documents (*.md or {URLS}) to summarize")
+    too_large = InvalidInput(
+        f"workspace {workspace!r} has more than {limit} bytes of documents "
+        "(RUNLEDGER_COMPETITOR_SUMMARY_MAX_SOURCE_BYTES)"
+    )
+    left = limit - sum(p.stat().st_size for p in paths)
+    if left < 0:
+        raise too_large
     documents = [{"name": p.name, "text": p.read_text(encoding="utf-8")} for p in paths]
+    if pages:
+        with http_client(settings.fetch_timeout_seconds) as client:
+            for url in pages:
+                if left <= 0:
+                    raise too_large
+                page = fetch_document(client, url, left)
+                left -= len(page["text"].encode("utf-8"))
+                documents.append(page)
     return {"workspace": workspace, "period": period.label, "documents": documents}
 
 

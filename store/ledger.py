@@ -25,6 +25,17 @@ from store.settings import LedgerSettings
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
+IDENTITY_RACE_TRIES = 3
+
+
+def _lost_identity_race(exc: sa.exc.IntegrityError) -> bool:
+    """Two workers inserted the same new Run at once and PostgreSQL reported the loser's clash
+    on the identity index, which ``ON CONFLICT (run_id)`` does not arbitrate (only one unique
+    index can). The statement wrote nothing; run again, it takes the existing-row path."""
+    diag = getattr(exc.orig, "diag", None)
+    return getattr(diag, "constraint_name", None) == "uq_runs_identity"
+
+
 def _lease_seconds(lease: timedelta | float) -> float:
     value = lease.total_seconds() if isinstance(lease, timedelta) else lease
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -130,9 +141,16 @@ class Ledger:
         """Register and claim many Runs in one statement, keyed by run id; a conflicting Run is
         reported in its Registration, not raised, so that the others proceed."""
         seconds = _lease_seconds(lease)
-        return self._write(
-            lambda c: rn.register_and_claim_txn(c, entries, owner, seconds), autocommit=True
-        )
+        for attempt in range(1, IDENTITY_RACE_TRIES + 1):
+            try:
+                return self._write(
+                    lambda c: rn.register_and_claim_txn(c, entries, owner, seconds),
+                    autocommit=True,
+                )
+            except sa.exc.IntegrityError as exc:
+                if attempt == IDENTITY_RACE_TRIES or not _lost_identity_race(exc):
+                    raise
+        raise AssertionError("unreachable")
 
     def renew(self, claim: rn.Claim, lease: timedelta | float) -> datetime:
         """Extend the lease by ``lease`` from now (database clock); ``LeaseLost`` if stale."""

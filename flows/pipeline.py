@@ -1,6 +1,9 @@
 """The ``run-job`` flow: one tick of a job, each subject's Run registered, claimed, collected,
 transformed and persisted at most once, whatever retries, overlaps or reruns happen.
 
+Per tick: one batched read, then one register+claim task run for every subject not yet
+finished, one lease keeper for all the claims; per claimed subject: collect, transform, persist.
+
 The ledger is the authority: Prefect's retries only repeat a stage, Prefect's caching is off,
 and the nominal time comes from the flow run's expected start (or the ``period`` parameter),
 never from a worker's clock."""
@@ -11,10 +14,11 @@ import contextvars
 import os
 import socket
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from prefect import State, flow, get_run_logger, task
@@ -29,7 +33,7 @@ from prefect.states import Completed
 from prefect.tasks import Task, exponential_backoff
 from prefect.utilities.annotations import quote
 
-from flows.jobs import Candidate, Job, PermanentError, TransientError, get_job, is_transient
+from flows.jobs import Candidate, Job, TransientError, get_job, is_transient
 from flows.lease_keeper import LeaseKeeper
 from flows.model import CallLog, LoggedModel, Model, model_from_settings
 from flows.outcomes import Outcome, SubjectOutcome, TickReport, emit_outcome
@@ -40,6 +44,7 @@ from store import (
     Ledger,
     OutboxMessage,
     Period,
+    Registration,
     Run,
     RunIdentity,
     RunledgerError,
@@ -48,9 +53,9 @@ from store import (
 
 RETRY_JITTER_FACTOR = 0.5
 
-
-class RunFailed(PermanentError):
-    """The Run failed permanently; an operator must requeue it."""
+Finding = Literal["claimed", "duplicate", "in-progress-elsewhere", "conflict", "failed"]
+FINDINGS: tuple[Finding, ...] = ("claimed", "duplicate", "in-progress-elsewhere", "conflict",
+                                 "failed")
 
 
 @dataclass(frozen=True)
@@ -79,14 +84,6 @@ class Tick:
 
 
 @dataclass(frozen=True)
-class Started:
-    """What register+claim found: the Run, and the claim when this attempt holds it."""
-
-    run: Run
-    claim: Claim | None
-
-
-@dataclass(frozen=True)
 class Persisted:
     """The Run this attempt completed, and how many outbox rows it queued."""
 
@@ -105,36 +102,56 @@ def _named(name: str, message: str, data: Any) -> State[Any]:
 STAGE: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
 
 
-@task(name="register+claim", task_run_name="register+claim[{subject}]", **STAGE)
-def register_and_claim(tick: Tick, subject: str) -> State[Any]:
-    """Register the Run (one row per identity) and take its lease if nobody else holds it."""
-    identity = tick.job.identity(subject, tick.period)
-    run = tick.ledger.register(identity, tick.job.run_params(subject, tick.period))
-    claim = None
-    if run.status in ("pending", "running"):
-        claim = tick.ledger.claim(run.run_id, tick.owner(str(current_task_run.id)),
-                                  tick.lease_seconds)
-        if claim is None:
-            run = tick.ledger.require(run.run_id)
-    if claim is not None:
-        return _named("Claimed", f"fence {claim.fence}, lease until {claim.lease_expires_at}",
-                      Started(run, claim))
-    if run.status == "completed":
-        return _named("Duplicate", f"run {run.run_id} is already completed; stored output kept",
-                      Started(run, None))
-    if run.status == "failed":
-        raise RunFailed(
-            f"run {run.run_id} failed permanently ({run.error}); requeue it with "
-            f"`runledger runs requeue {run.run_id}`"
-        )
-    return _named("InProgressElsewhere",
-                  f"run {run.run_id} is leased by {run.owner} until {run.lease_expires_at}",
-                  Started(run, None))
+def _finding(registration: Registration) -> Finding:
+    """What register+claim found for one Run."""
+    if registration.claim is not None:
+        return "claimed"
+    if registration.conflict is not None:
+        return "conflict"
+    if registration.run.status == "completed":
+        return "duplicate"
+    if registration.run.status == "failed":
+        return "failed"
+    return "in-progress-elsewhere"
+
+
+def _register_and_claim_name(parameters: dict[str, Any]) -> str:
+    return f"register+claim[{len(parameters['identities'])} subjects]"
+
+
+# Prefect calls a name callback with the parameters when it has a ``parameters`` argument; its
+# Protocol for that also demands a classmethod no plain function has.
+@task(name="register+claim", task_run_name=_register_and_claim_name,  # type: ignore[arg-type]
+      **STAGE)
+def register_and_claim(tick: Tick, identities: dict[str, RunIdentity]) -> State[Any]:
+    """Register every subject's Run (one row per identity) and take the leases nobody else
+    holds, in one ledger call for the whole tick; returns each subject's Registration."""
+    found = tick.ledger.register_and_claim_many(
+        [(identity, tick.job.run_params(subject, tick.period))
+         for subject, identity in identities.items()],
+        owner=tick.owner(str(current_task_run.id)), lease=tick.lease_seconds,
+    )
+    registrations = {subject: found[identity.run_id] for subject, identity in identities.items()}
+    counts = Counter(_finding(r) for r in registrations.values())
+    return Completed(message=", ".join(f"{counts[f]} {f.replace('-', ' ')}" for f in FINDINGS),
+                     data=registrations)
+
+
+def _lost_state(keeper: LeaseKeeper, claim: Claim, consequence: str = "") -> State[Any] | None:
+    """A LeaseLost state when the keeper found the claim's fence moved on, else None."""
+    reason = keeper.lost(claim)
+    if reason is None:
+        return None
+    error = LeaseLost(f"{consequence}{reason}")
+    return _named("LeaseLost", str(error), error)
 
 
 @task(name="collect", task_run_name="collect[{subject}]", **STAGE)
-def collect_input(tick: Tick, subject: str, claim: Claim) -> State[Any] | dict[str, Any]:
+def collect_input(tick: Tick, subject: str, claim: Claim,
+                  keeper: LeaseKeeper) -> State[Any] | dict[str, Any]:
     """Collect the raw input and store it once; the stored value (maybe an earlier one) wins."""
+    if (lost := _lost_state(keeper, claim)) is not None:
+        return lost
     raw = tick.job.collect(subject, tick.period)
     try:
         return tick.ledger.save_input(claim, raw)
@@ -146,8 +163,8 @@ def collect_input(tick: Tick, subject: str, claim: Claim) -> State[Any] | dict[s
 def transform_input(tick: Tick, subject: str, claim: Claim, raw: dict[str, Any],
                     keeper: LeaseKeeper) -> State[Any] | Candidate:
     """Ask the model for a candidate; a lease already lost skips the model call."""
-    if keeper.lost:
-        return _named("LeaseLost", keeper.reason or "lease lost", LeaseLost(keeper.reason))
+    if (lost := _lost_state(keeper, claim)) is not None:
+        return lost
     model = LoggedModel(tick.model, tick.call_log, tick.job.name, subject, claim.run_id)
     try:
         return tick.job.transform(raw, model)
@@ -162,9 +179,8 @@ def persist_output(tick: Tick, subject: str, claim: Claim, candidate: Candidate,
                    keeper: LeaseKeeper) -> State[Any]:
     """Validate the candidate, then complete the Run with its outbox rows and business effect
     in one transaction; a moved fence discards the candidate."""
-    if keeper.lost:
-        return _named("LeaseLost", f"candidate discarded: {keeper.reason}",
-                      LeaseLost(keeper.reason))
+    if (lost := _lost_state(keeper, claim, "candidate discarded: ")) is not None:
+        return lost
     tick.job.validate(candidate)
     output = candidate.output()
     messages: list[OutboxMessage] = list(tick.job.messages(subject, tick.period, output))
@@ -207,7 +223,8 @@ def _with_retries(stage: Task[..., Any], settings: RunledgerSettings) -> Task[..
 
 @dataclass(frozen=True)
 class Stages:
-    """The four stage tasks, with this flow run's retry policy for transient failures."""
+    """The stage tasks (register+claim once per tick, the others once per claimed subject),
+    with this flow run's retry policy for transient failures."""
 
     claim: Task[..., Any]
     collect: Task[..., Any]
@@ -237,46 +254,59 @@ def _fail(tick: Tick, claim: Claim, subject: str, error: BaseException) -> Subje
     return SubjectOutcome(subject, run.run_id, "failed", run.attempts, error=message)
 
 
-def process_subject(tick: Tick, stages: Stages, subject: str, run_id: str) -> SubjectOutcome:
-    """Take one subject through the stages; every way out is a SubjectOutcome."""
+def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: str,
+                    run: Run, claim: Claim) -> SubjectOutcome:
+    """Take one claimed subject through the stages; every way out is a SubjectOutcome, and
+    the claim leaves the keeper when the subject ends."""
     # quote(): Prefect would otherwise walk these objects (the job's subject list among them)
     # on every task call, looking for futures.
     shared = quote(tick)
     try:
-        started: Started = _value(stages.claim(shared, subject))
-    except Exception as exc:
-        return SubjectOutcome(subject, run_id, "failed", error=f"{type(exc).__name__}: {exc}")
-    run, claim = started.run, started.claim
-    if claim is None:
-        outcome: Outcome = "duplicate" if run.status == "completed" else "in-progress-elsewhere"
-        return SubjectOutcome(subject, run_id, outcome, run.attempts, output=run.output)
-    try:
-        with LeaseKeeper(tick.ledger, claim, tick.lease_seconds) as keeper:
-            raw = run.raw_input
-            if raw is None:
-                raw = _value(stages.collect(shared, subject, quote(claim)))
-            candidate = _value(
-                stages.transform(shared, subject, quote(claim), quote(raw), quote(keeper))
-            )
+        raw = run.raw_input
+        if raw is None:
+            raw = _value(stages.collect(shared, subject, quote(claim), quote(keeper)))
+        candidate = _value(
+            stages.transform(shared, subject, quote(claim), quote(raw), quote(keeper))
+        )
         persisted: Persisted = _value(
             stages.persist(shared, subject, quote(claim), quote(candidate), quote(keeper))
         )
     except LeaseLost as exc:
-        return _lease_lost(tick, subject, run_id, exc)
+        return _lease_lost(tick, subject, run.run_id, exc)
     except Exception as exc:
         return _fail(tick, claim, subject, exc)
-    return SubjectOutcome(subject, run_id, "new", persisted.run.attempts, persisted.outbox_rows,
-                          output=persisted.run.output)
+    finally:
+        keeper.release(claim)
+    return SubjectOutcome(subject, run.run_id, "new", persisted.run.attempts,
+                          persisted.outbox_rows, output=persisted.run.output)
+
+
+def _failed_permanently(subject: str, run: Run) -> SubjectOutcome:
+    return SubjectOutcome(
+        subject, run.run_id, "failed", run.attempts,
+        error=f"failed permanently ({run.error}); requeue it with "
+              f"`runledger runs requeue {run.run_id}`",
+    )
+
+
+def _unclaimed_outcome(subject: str, registration: Registration) -> SubjectOutcome:
+    """The outcome of a subject whose Run register+claim did not claim."""
+    run = registration.run
+    finding = _finding(registration)
+    if finding == "conflict":
+        return SubjectOutcome(subject, run.run_id, "failed", run.attempts,
+                              error=f"{type(registration.conflict).__name__}: "
+                                    f"{registration.conflict}")
+    if finding == "failed":
+        return _failed_permanently(subject, run)
+    outcome: Outcome = "duplicate" if finding == "duplicate" else "in-progress-elsewhere"
+    return SubjectOutcome(subject, run.run_id, outcome, run.attempts, output=run.output)
 
 
 def _known_outcome(tick: Tick, subject: str, identity: RunIdentity, run: Run) -> SubjectOutcome | None:
     """The outcome of a Run the batched read found finished, or None if it needs work."""
     if run.status == "failed":
-        return SubjectOutcome(
-            subject, run.run_id, "failed", run.attempts,
-            error=f"failed permanently ({run.error}); requeue it with "
-                  f"`runledger runs requeue {run.run_id}`",
-        )
+        return _failed_permanently(subject, run)
     if run.status != "completed":
         return None
     params = tick.job.run_params(subject, tick.period)
@@ -289,34 +319,61 @@ def _known_outcome(tick: Tick, subject: str, identity: RunIdentity, run: Run) ->
     return SubjectOutcome(subject, run.run_id, "duplicate", run.attempts, output=run.output)
 
 
+def _process_claimed(tick: Tick, stages: Stages, claimed: dict[str, tuple[Run, Claim]]
+                     ) -> dict[str, SubjectOutcome]:
+    """Run the claimed subjects through the stages with bounded concurrency, while one keeper
+    renews the leases of all those not yet finished, including those waiting for a slot."""
+    outcomes: dict[str, SubjectOutcome] = {}
+    with LeaseKeeper(tick.ledger, tick.lease_seconds) as keeper, \
+            ThreadPoolExecutor(max_workers=tick.settings.subject_concurrency,
+                               thread_name_prefix="subject") as pool:
+        keeper.hold(claim for _, claim in claimed.values())
+        futures = {
+            s: pool.submit(contextvars.copy_context().run, process_subject, tick, stages,
+                           keeper, s, run, claim)
+            for s, (run, claim) in claimed.items()
+        }
+        for subject, future in futures.items():
+            try:
+                outcome = future.result()
+            except Exception as exc:  # the ledger itself failed: report it, keep the others
+                outcome = SubjectOutcome(subject, claimed[subject][0].run_id, "failed",
+                                         error=f"{type(exc).__name__}: {exc}")
+            outcomes[subject] = tick.emit(outcome)
+    return outcomes
+
+
 def run_tick(tick: Tick, identities: dict[str, RunIdentity]) -> TickReport:
-    """Read every Run of the tick at once; only subjects not yet finished get task runs."""
+    """Read every Run of the tick at once; only subjects not yet finished are registered and
+    claimed (one task run for all of them), and only claimed ones get stage task runs."""
     known = tick.ledger.get_many([i.run_id for i in identities.values()])
     outcomes: dict[str, SubjectOutcome] = {}
-    pending: list[str] = []
+    pending: dict[str, RunIdentity] = {}
     for subject, identity in identities.items():
         run = known.get(identity.run_id)
         found = _known_outcome(tick, subject, identity, run) if run is not None else None
         if found is None:
-            pending.append(subject)
+            pending[subject] = identity
         else:
             outcomes[subject] = tick.emit(found)
     if pending:
         stages = Stages.configured(tick.settings)
-        with ThreadPoolExecutor(max_workers=tick.settings.subject_concurrency,
-                                thread_name_prefix="subject") as pool:
-            futures = {
-                s: pool.submit(contextvars.copy_context().run, process_subject, tick, stages, s,
-                               identities[s].run_id)
-                for s in pending
-            }
-            for subject, future in futures.items():
-                try:
-                    outcome = future.result()
-                except Exception as exc:  # the ledger itself failed: report it, keep the others
-                    outcome = SubjectOutcome(subject, identities[subject].run_id, "failed",
-                                             error=f"{type(exc).__name__}: {exc}")
-                outcomes[subject] = tick.emit(outcome)
+        try:
+            registrations: dict[str, Registration] = _value(
+                stages.claim(quote(tick), quote(pending)))
+        except Exception as exc:
+            registrations = {}
+            for subject, identity in pending.items():
+                outcomes[subject] = tick.emit(SubjectOutcome(
+                    subject, identity.run_id, "failed", error=f"{type(exc).__name__}: {exc}"))
+        claimed: dict[str, tuple[Run, Claim]] = {}
+        for subject, registration in registrations.items():
+            if registration.claim is not None:
+                claimed[subject] = (registration.run, registration.claim)
+            else:
+                outcomes[subject] = tick.emit(_unclaimed_outcome(subject, registration))
+        if claimed:
+            outcomes.update(_process_claimed(tick, stages, claimed))
     return TickReport(tick.job.name, tick.job.version, tick.period,
                       [outcomes[s] for s in identities])
 

@@ -266,8 +266,9 @@ def test_one_delivery_pass_after_reruns_overlap_and_crash_sends_each_email_once(
 
 def test_flow_runs_task_runs_artifacts_and_events_read_back_through_the_api(
         stack: AcceptanceStack, scheduled_tick: Tick) -> None:
-    """What the UI shows: the named flow run with its job tags, one task run per stage and
-    subject, the tick artifact naming each Run, and the ledger's events."""
+    """What the UI shows: the named flow run with its job tags, one register+claim task run
+    for the tick and one task run per stage and subject, the tick artifact naming each Run,
+    and the ledger's events."""
     run = stack.flow_run(scheduled_tick.flow_run_id)
     assert run.name == f"{SUMMARY}/{scheduled_tick.label}"
     assert {"runledger", f"job:{SUMMARY}", f"version:{JOB.version}"} <= set(run.tags)
@@ -287,7 +288,8 @@ def test_flow_runs_task_runs_artifacts_and_events_read_back_through_the_api(
                    "the completion events")
         wait_until(lambda: events("runledger.run.duplicate") >= len(scheduled_tick.run_ids), 60,
                    "the retry's duplicate events")
-    stages = ("register+claim", "collect", "transform", "persist")
+    stages = ("collect", "transform", "persist")
     assert {f"{stage}[{s}]" for stage in stages for s in workspaces()} <= task_runs
+    assert f"register+claim[{len(workspaces())} subjects]" in task_runs
     assert f"{SUMMARY}-tick" in {a.key for a in artifacts}
     assert all(r in str([a.data for a in artifacts]) for r in scheduled_tick.run_ids)

@@ -248,7 +248,7 @@ def test_a_rerun_of_a_completed_tick_starts_no_task_runs_and_calls_no_model(env:
                 resource=EventResourceFilter(id=[f"runledger.run.{i}" for i in run_ids]),
             ), limit=50).events)
 
-        wait_until(lambda: task_runs(first) == 12 * 4, 30, "the first tick's task runs")
+        wait_until(lambda: task_runs(first) == 12 * 3 + 1, 30, "the first tick's task runs")
         wait_until(lambda: events("runledger.run.duplicate") == 12, 30, "the duplicate events")
         assert events("runledger.run.completed") == 12
         assert task_runs(second) == 0
@@ -256,6 +256,34 @@ def test_a_rerun_of_a_completed_tick_starts_no_task_runs_and_calls_no_model(env:
             id=FlowRunFilterId(any_=[second.state_details.flow_run_id])))
     assert [a.key for a in artifacts] == [f"{probe.name}-tick"]
     assert all(run_id in str(artifacts[0].data) for run_id in run_ids)
+
+
+def test_a_tick_registers_and_claims_all_its_unfinished_subjects_in_one_task_run(
+        env: Env) -> None:
+    """Of five subjects, one already completed: one register+claim task run for the other four,
+    then collect, transform and persist for each of them, and nothing for the completed one."""
+    probe = probe_job([f"s{i}" for i in range(5)], ["ops@example.com"])
+    done, _ = env.run(probe.name, ["s0"], period="2026-01-05")
+    state, report = env.run(probe.name, period="2026-01-05")
+    assert (done.name, state.name) == ("Completed", "Completed")
+    assert outcomes(report) == {"s0": "duplicate", **{f"s{i}": "new" for i in range(1, 5)}}
+    assert sorted(probe.transforms) == [f"s{i}" for i in range(5)]
+    with get_client(sync_client=True) as client:
+        def task_runs() -> list[Any]:
+            return client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+
+        wait_until(lambda: len(task_runs()) == 4 * 3 + 1, 30, "the tick's task runs")
+        wait_until(lambda: all(t.state is not None and t.state.is_final() for t in task_runs()),
+                   30, "the task runs' final states")
+        runs = task_runs()
+    claims = [t for t in runs if t.name.startswith("register+claim")]
+    assert [t.name for t in claims] == ["register+claim[4 subjects]"]
+    assert claims[0].state is not None and claims[0].state.name == "Completed"
+    assert claims[0].state.message == (
+        "4 claimed, 0 duplicate, 0 in progress elsewhere, 0 conflict, 0 failed")
+    assert sorted(t.name for t in runs if t not in claims) == sorted(
+        f"{stage}[s{i}]" for stage in ("collect", "transform", "persist") for i in range(1, 5))
 
 
 def test_daily_credit_commits_its_credit_with_the_completion(env: Env) -> None:

@@ -124,6 +124,33 @@ def test_a_stale_workers_persist_is_rejected_after_another_worker_took_over(
     assert env.model_calls() == 2
 
 
+def test_a_subject_whose_lease_was_taken_while_it_waited_for_a_pool_slot_ends_without_a_model_call(
+        env: Env, workers: list[Worker]) -> None:
+    """One pool slot: the second subject waits, claimed, while the first one's model call runs.
+    The worker freezes past the lease and another owner takes the waiting Run; once resumed,
+    the worker completes the first subject and ends the second as lease-lost, no model call."""
+    env.set(subject_concurrency=1, offline_model_delay_seconds=3, lease_seconds=2)
+    worker = Worker.start([SUMMARY, "--period", PERIOD])
+    workers.append(worker)
+    wait_until(lambda: in_transform(env, worker), 90, "the first subject's model call")
+    worker.signal(signal.SIGSTOP)
+    first = CallLog(env.calls).entries()[0]["subject"]
+    (second,) = {"acme", "globex"} - {first}
+    waiting = env.the_run(second, PERIOD)
+    assert waiting.status == "running" and waiting.raw_input is None
+    wait_until(lambda: lease_expired(env.ledger, waiting.run_id), 30, "the waiting lease to expire")
+    assert env.ledger.claim(waiting.run_id, "other-worker", 60) is not None
+    worker.signal(signal.SIGCONT)
+    code, report, err = worker.finish()
+    assert code == 0, err
+    assert report is not None and report["state"] == "LeaseLost"
+    assert {s["subject"]: s["outcome"] for s in report["subjects"]} == {
+        first: "new", second: "lease-lost"}
+    assert [e["subject"] for e in CallLog(env.calls).entries()] == [first]
+    assert env.ledger.require(waiting.run_id).owner == "other-worker"
+    assert env.the_run(first, PERIOD).status == "completed"
+
+
 def test_a_persist_retried_after_its_reply_was_lost_finds_its_own_completion(env: Env) -> None:
     """Persisting again with the same claim reports this attempt's completion, not a lost lease."""
     probe = probe_job()
@@ -134,7 +161,8 @@ def test_a_persist_retried_after_its_reply_was_lost_finds_its_own_completion(env
     assert claim is not None
     tick = Tick(probe.job, period, env.ledger, OfflineModel(), None, RunledgerSettings(),
                 "flow-run")
-    keeper = LeaseKeeper(env.ledger, claim, 60)
+    keeper = LeaseKeeper(env.ledger, 60)
+    keeper.hold([claim])
     candidate = Candidate("summary", "offline")
     first = persist_output.fn(tick, "acme", claim, candidate, keeper)
     again = persist_output.fn(tick, "acme", claim, candidate, keeper)

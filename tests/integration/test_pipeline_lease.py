@@ -1,5 +1,6 @@
-"""The lease keeper on real ledgers: it keeps a long stage's claim alive, and notices when the
-fence moved to another owner."""
+"""The tick's lease keeper on real ledgers: it keeps every held claim alive with one statement
+per round, stops renewing the claims of subjects that ended, and notices when a fence moved to
+another owner."""
 
 from __future__ import annotations
 
@@ -12,29 +13,76 @@ from flows.lease_keeper import LeaseKeeper
 from store import Claim, Ledger, RunIdentity
 
 
-def claimed(ledger: Ledger, owner: str, lease: float) -> Claim:
-    identity = RunIdentity("keeper", "acme", datetime(2026, 1, 5, tzinfo=UTC), "1")
+def claimed(ledger: Ledger, subject: str, owner: str, lease: float) -> Claim:
+    identity = RunIdentity("keeper", subject, datetime(2026, 1, 5, tzinfo=UTC), "1")
     ledger.register(identity)
     claim = ledger.claim(identity.run_id, owner, lease)
     assert claim is not None
     return claim
 
 
-def test_the_keeper_renews_the_lease_while_a_stage_runs(ledger: Ledger) -> None:
-    """A 0.6 s lease kept for 1.5 s is still held, renewed every fifth of a second or so."""
-    claim = claimed(ledger, "worker-a", 0.6)
-    with LeaseKeeper(ledger, claim, 0.6) as keeper:
+def test_the_keeper_renews_every_held_claim_in_one_statement(ledger: Ledger) -> None:
+    """Three claims of one tick are renewed by one round that reads the database clock once:
+    every new expiry is the same instant (separate statements would each read it anew)."""
+    claims = [claimed(ledger, s, "tick-a", 60) for s in ("acme", "globex", "initech")]
+    before = {c.run_id: ledger.require(c.run_id).lease_expires_at for c in claims}
+    keeper = LeaseKeeper(ledger, 60)
+    keeper.hold(claims)
+    time.sleep(0.05)
+    keeper.renew()
+    after = {c.run_id: ledger.require(c.run_id).lease_expires_at for c in claims}
+    assert len(set(after.values())) == 1
+    assert all(after[run_id] > expiry for run_id, expiry in before.items())
+    assert all(keeper.lost(c) is None for c in claims)
+    assert keeper.renewals == 1 and sorted(keeper.held(), key=str) == sorted(claims, key=str)
+
+
+def test_the_keeper_keeps_short_leases_alive_in_the_background(ledger: Ledger) -> None:
+    """Two 0.6 s leases kept for 1.5 s are still held: the thread renews them every 0.2 s."""
+    claims = [claimed(ledger, s, "tick-a", 0.6) for s in ("acme", "globex")]
+    with LeaseKeeper(ledger, 0.6) as keeper:
+        keeper.hold(claims)
         time.sleep(1.5)
-        assert not lease_expired(ledger, claim.run_id)
-    assert keeper.renewals >= 3 and not keeper.lost
-    assert ledger.claim(claim.run_id, "worker-b", 60) is None
+        assert not any(lease_expired(ledger, c.run_id) for c in claims)
+    assert keeper.renewals >= 3 and all(keeper.lost(c) is None for c in claims)
+    assert ledger.claim(claims[0].run_id, "tick-b", 60) is None
 
 
-def test_the_keeper_reports_a_lost_lease_once_the_fence_moved(ledger: Ledger) -> None:
-    """After another worker took the expired Run, the stale worker's keeper says so."""
-    stale = claimed(ledger, "worker-a", 0.3)
+def test_a_released_claim_is_no_longer_renewed_and_the_others_still_are(ledger: Ledger) -> None:
+    """The subject that ended leaves the set: its lease runs out, the other one's does not."""
+    done, working = (claimed(ledger, s, "tick-a", 0.6) for s in ("acme", "globex"))
+    with LeaseKeeper(ledger, 0.6) as keeper:
+        keeper.hold([done, working])
+        keeper.release(done)
+        assert keeper.held() == [working]
+        wait_until(lambda: lease_expired(ledger, done.run_id), 10, "the released lease to expire")
+        assert not lease_expired(ledger, working.run_id)
+    assert keeper.lost(done) is None and keeper.lost(working) is None
+
+
+def test_a_completed_run_leaves_the_keeper_without_being_reported_lost(ledger: Ledger) -> None:
+    """Completing a Run ends its lease; once released, the next round renews only the rest."""
+    done, working = (claimed(ledger, s, "tick-a", 60) for s in ("acme", "globex"))
+    keeper = LeaseKeeper(ledger, 60)
+    keeper.hold([done, working])
+    ledger.complete_run(done, {"text": "summary"}, [], None)
+    keeper.release(done)
+    keeper.renew()
+    assert keeper.held() == [working]
+    assert keeper.lost(done) is None and keeper.lost(working) is None
+
+
+def test_the_keeper_reports_a_lost_lease_once_the_fence_moved_and_stops_renewing_it(
+        ledger: Ledger) -> None:
+    """After another owner took an expired Run, the stale claim is lost; the others are kept."""
+    stale = claimed(ledger, "acme", "tick-a", 0.3)
+    kept = claimed(ledger, "globex", "tick-a", 60)
     wait_until(lambda: lease_expired(ledger, stale.run_id), 10, "the lease to expire")
-    assert ledger.claim(stale.run_id, "worker-b", 60) is not None
-    with LeaseKeeper(ledger, stale, 0.3) as keeper:
-        wait_until(lambda: keeper.lost, 5, "the keeper to notice")
-    assert keeper.reason is not None and "no longer current" in keeper.reason
+    assert ledger.claim(stale.run_id, "tick-b", 60) is not None
+    with LeaseKeeper(ledger, 0.3) as keeper:
+        keeper.hold([stale, kept])
+        wait_until(lambda: keeper.lost(stale) is not None, 5, "the keeper to notice")
+    reason = keeper.lost(stale)
+    assert reason is not None and "no longer current" in reason
+    assert keeper.held() == [kept] and keeper.lost(kept) is None
+    assert ledger.require(stale.run_id).owner == "tick-b"

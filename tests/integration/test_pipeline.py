@@ -329,3 +329,30 @@ def test_a_failing_effect_leaves_no_completion_no_outbox_rows_and_no_business_ro
 def outcomes_run_id(report: TickReport | BaseException) -> str:
     assert isinstance(report, TickReport)
     return report.subjects[0].run_id
+
+
+def test_a_ledger_that_stays_locked_through_register_and_claim_fails_every_pending_subject(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_api: str) -> None:
+    """SQLite's write lock held by another connection (a real fault only SQLite has): the
+    batched read passes, register+claim gives up after its retries with LedgerBusy, every
+    pending subject is reported failed with it, and nothing is written."""
+    import sqlite3
+
+    path = tmp_path / "ledger.db"
+    url = f"sqlite:///{path}"
+    with pipeline_env(url, tmp_path, monkeypatch) as env:
+        env.ledger.migrate()
+        env.set(sqlite_busy_timeout_ms=20, sqlite_locked_retries=1, task_retries=1)
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            state, report = env.run(SUMMARY, period="2026-01-05")
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert state.name == "Failed"
+        assert isinstance(report, TickReport)
+        assert {s.subject: s.outcome for s in report.subjects} == {
+            "acme": "failed", "globex": "failed"}
+        assert all("LedgerBusy" in (s.error or "") for s in report.subjects)
+        assert env.ledger.runs() == [] and env.model_calls() == 0

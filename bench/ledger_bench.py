@@ -8,11 +8,15 @@ N worker processes (default 8) run, all starting each phase together at a barrie
 2. ledger: full Run cycles on distinct keys: register, claim, save_input, complete with one
    outbox row (4 ledger transitions per cycle), register and claim taken together by
    ``Ledger.register_and_claim`` (one statement, as the pipeline does): 3 round trips;
-3. the same cycle with ``register`` and ``claim`` as two calls: 4 round trips.
+3. the same cycle with ``register`` and ``claim`` as two calls: 4 round trips;
+4. (PostgreSQL) replay: the exact statements of one ledger cycle, recorded from the driver once,
+   replayed through raw psycopg with fresh identifiers and no runledger code around them. This
+   is the ceiling any client code could reach with these statements: what is left between it
+   and the baseline is the database's own work for a Run, its Attempt and its outbox row.
 
 The phases alternate in slices (B L S B L S ...) so that a noisy neighbour on a shared machine
 hurts all alike; the ratio is ledger transitions/s over baseline statements/s.
-4. contention: the N processes claim the same key at once, ``--rounds`` times: exactly one
+5. contention: the N processes claim the same key at once, ``--rounds`` times: exactly one
    winner per round, and the p50/p99 claim latency.
 
 Usage: uv run python bench/ledger_bench.py [--seconds 10] [--workers 8] [--dialect both]
@@ -38,6 +42,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from psycopg.types.json import Jsonb
 
 from store import Claim, Ledger, OutboxMessage, RunIdentity
 
@@ -62,6 +67,21 @@ class Target:
     raw: str  # libpq URL, or the SQLite file path
 
 
+def _replaced(value: Any, swap: list[tuple[str, str]]) -> Any:
+    """``value`` with every recorded identifier replaced by the fresh one, inside JSON too."""
+    if isinstance(value, str):
+        for old, new in swap:
+            value = value.replace(old, new)
+        return value
+    if isinstance(value, Jsonb):
+        return Jsonb(_replaced(value.obj, swap))
+    if isinstance(value, dict):
+        return {k: _replaced(v, swap) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_replaced(v, swap) for v in value)
+    return value
+
+
 # --- the worker processes ---------------------------------------------------------------------
 
 
@@ -78,6 +98,8 @@ class Worker:
             pg = psycopg.connect(target.raw, autocommit=True)
             sql = UPSERT.format(p="%s")
             self.upsert: Callable[[str, int], Any] = lambda k, v: pg.execute(sql, (k, v))
+            self.pg = pg
+            self.recorded = self.record_cycle(target)
         else:
             lite = sqlite3.connect(target.raw, timeout=30, isolation_level=None)
             lite.execute("PRAGMA journal_mode=WAL")
@@ -110,9 +132,49 @@ class Worker:
         assert claim is not None, "a fresh key must be claimable"
         self.finish(key, claim)
 
-    def finish(self, key: str, claim: Claim) -> None:
-        raw = self.ledger.save_input(claim, {"items": [self.index, self.keys]})
-        self.ledger.complete(
+    def record_cycle(self, target: Target) -> list[tuple[str, Any]]:
+        """The statements and parameters one ledger cycle sends to psycopg, with this cycle's
+        identifiers as placeholders to be replaced per replayed cycle."""
+        recorded: list[tuple[str, Any]] = []
+
+        class Recording(psycopg.Cursor[Any]):
+            def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+                recorded.append((query, params))
+                return super().execute(query, params, **kwargs)
+
+        ledger = Ledger.connect(target.url)
+        assert ledger.database.autocommit is not None
+        sa.event.listen(ledger.database.autocommit.engine, "connect",
+                        lambda dbapi_conn, _: setattr(dbapi_conn, "cursor_factory", Recording))
+        ledger.get("warm-up")  # connect (and run the dialect's own set-up queries) first
+        recorded.clear()
+        key = f"w{self.index}-RECORDED"
+        claim = ledger.register_and_claim(
+            RunIdentity("bench", key, PERIOD, "1"), {"recipients": 1}, owner=self.owner, lease=LEASE
+        ).claim
+        assert claim is not None
+        self.finish(key, claim, ledger)
+        cycle = list(recorded)
+        [message] = ledger.messages(run_id=claim.run_id)
+        ledger.close()
+        self.placeholders = (claim.run_id, claim.attempt_id, message.message_id, key)
+        return cycle
+
+    def replay_cycle(self) -> None:
+        """The recorded cycle's statements on a fresh key, through raw psycopg."""
+        key = self.key()
+        fresh = uuid.uuid5(uuid.NAMESPACE_OID, f"{self.owner}/{key}")
+        new = (fresh.hex * 2, str(fresh), fresh.hex[::-1] * 2, key)
+        swap = list(zip(self.placeholders, new, strict=True))
+        for query, params in self.recorded:
+            cursor = self.pg.execute(query, _replaced(params, swap), prepare=True)
+            if cursor.description is not None:
+                cursor.fetchall()
+
+    def finish(self, key: str, claim: Claim, ledger: Ledger | None = None) -> None:
+        ledger = ledger or self.ledger
+        raw = ledger.save_input(claim, {"items": [self.index, self.keys]})
+        ledger.complete(
             claim, {"summary": f"{len(raw['items'])} items"},
             [OutboxMessage(self.recipient, f"digest {key}", "body")],
         )
@@ -148,7 +210,7 @@ def serve(target: Target, index: int, barrier: Barrier, commands: Any, results: 
             results.put(worker.contend(argument, barrier))
         else:
             step = {"baseline": worker.baseline, "ledger": worker.cycle,
-                    "separate": worker.separate_cycle}[phase]
+                    "separate": worker.separate_cycle, "replay": worker.replay_cycle}[phase]
             results.put(worker.timed(step, argument, barrier))
     worker.ledger.close()
 
@@ -234,6 +296,8 @@ def bench(dialect: str, workers: int, seconds: float, rounds: int) -> None:
         prepare(target)
         crew = Crew(target, workers)
         totals = {"baseline": [0, 0.0], "ledger": [0, 0.0], "separate": [0, 0.0]}
+        if dialect == "postgresql":
+            totals["replay"] = [0, 0.0]
         for _ in range(SLICES):
             for phase in totals:
                 count, elapsed = crew.rate(phase, seconds / SLICES)
@@ -251,6 +315,12 @@ def bench(dialect: str, workers: int, seconds: float, rounds: int) -> None:
         print(f"[{dialect}] ledger, register + claim as two calls (4 round trips): "
               f"{separate:,.0f} Runs/s = {separate * TRANSITIONS_PER_CYCLE:,.0f} transitions/s "
               f"(ratio {separate * TRANSITIONS_PER_CYCLE / base:.2f})")
+        if "replay" in totals:
+            replayed = totals["replay"][0] / totals["replay"][1]
+            print(f"[{dialect}] the same 3 statements replayed through raw psycopg, no runledger "
+                  f"code: {replayed:,.0f} Runs/s = {replayed * TRANSITIONS_PER_CYCLE:,.0f} "
+                  f"transitions/s (ratio {replayed * TRANSITIONS_PER_CYCLE / base:.2f}, the "
+                  f"ceiling of these statements; the ledger reached {runs / replayed:.0%} of it)")
         ratio = transitions / base
         verdict = "meets" if ratio >= TARGET_RATIO else "BELOW"
         print(f"[{dialect}] ratio ledger transitions/s : baseline statements/s = {ratio:.2f} "

@@ -30,6 +30,7 @@ T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_LOCKED_RETRIES = 8
+POSTGRES_LOCK_TIMEOUT_MS = 10_000
 READ_ONLY = "runledger_read_only"
 IDLE_PING_SECONDS = 30.0  # a pooled connection idle longer than this is pinged before use
 MAX_SECONDS = 366 * 24 * 3600  # longest lease or delay; SQLite's date functions overflow to NULL
@@ -127,23 +128,32 @@ def is_postgres(conn: Connection) -> bool:
 
 @dataclass(frozen=True)
 class Busy:
-    """How long a SQLite writer waits for the write lock per try, and how many tries it makes
-    before giving up with ``LedgerBusy``."""
+    """How long a writer waits for a lock before the ledger reports ``LedgerBusy``: SQLite's
+    write lock, ``timeout_ms`` per try and ``retries`` more tries; a PostgreSQL lock (a Run row
+    held by a transaction that does not end, a table locked by an operator's DDL),
+    ``postgres_lock_timeout_ms`` once (0: wait without limit, PostgreSQL's default)."""
 
     timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS
     retries: int = SQLITE_LOCKED_RETRIES
+    postgres_lock_timeout_ms: int = POSTGRES_LOCK_TIMEOUT_MS
 
     def __post_init__(self) -> None:
-        if self.timeout_ms < 0 or self.retries < 0:
-            raise InvalidInput(f"busy timeout and retries must not be negative, got {self}")
+        if min(self.timeout_ms, self.retries, self.postgres_lock_timeout_ms) < 0:
+            raise InvalidInput(f"busy timeouts and retries must not be negative, got {self}")
 
 
 DEFAULT_BUSY = Busy()
 
 
-def _postgres_engine(url: sa.URL, **options: Any) -> Engine:
+def _postgres_engine(url: sa.URL, busy: Busy, **options: Any) -> Engine:
+    # lock_timeout as a start-up option: set with the connection, no extra round trip; a
+    # libpq ``options`` given in the URL is kept.
+    given = url.query.get("options", "")
+    startup = " ".join([*([given] if isinstance(given, str) else given),
+                        f"-c lock_timeout={int(busy.postgres_lock_timeout_ms)}"]).strip()
     # Positional parameters: psycopg binds a tuple with less work than a dict of names.
-    engine = sa.create_engine(url, pool_size=5, max_overflow=10, paramstyle="format", **options)
+    engine = sa.create_engine(url, pool_size=5, max_overflow=10, paramstyle="format",
+                              connect_args={"options": startup}, **options)
 
     # Pessimistic disconnect handling only for connections that sat idle in the pool: pinging
     # on every checkout would double the round trips of a one-statement transition.
@@ -226,14 +236,22 @@ def _is_locked(exc: OperationalError) -> bool:
 
 
 @contextmanager
-def _domain_errors() -> Iterator[None]:
+def _domain_errors(busy: Busy) -> Iterator[None]:
     """Our own validation errors raised inside SQLAlchemy (a naive datetime reaching a bind
-    parameter) come out as themselves, not wrapped in a StatementError."""
+    parameter) come out as themselves, not wrapped in a StatementError; a PostgreSQL lock
+    wait that ran out comes out as ``LedgerBusy`` (the statement, and its transaction, wrote
+    nothing)."""
     try:
         yield
     except StatementError as exc:
         if isinstance(exc.orig, RunledgerError):
             raise exc.orig from None
+        if isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+            raise LedgerBusy(
+                f"a PostgreSQL lock the ledger needed stayed held longer than its lock timeout "
+                f"({busy.postgres_lock_timeout_ms} ms, RUNLEDGER_POSTGRES_LOCK_TIMEOUT_MS): "
+                f"nothing was written, retry later ({str(exc.orig).strip()})"
+            ) from exc
         raise
 
 
@@ -316,9 +334,9 @@ class Database:
         if parsed.get_backend_name() == "postgresql":
             if parsed.drivername == "postgresql":
                 parsed = parsed.set(drivername="postgresql+psycopg")
-            self.engine = _postgres_engine(parsed)
+            self.engine = _postgres_engine(parsed, busy)
             self.autocommit = _KeptConnections(
-                _postgres_engine(parsed, isolation_level="AUTOCOMMIT"), ping=True
+                _postgres_engine(parsed, busy, isolation_level="AUTOCOMMIT"), ping=True
             )
         elif parsed.get_backend_name() == "sqlite":
             self.engine = _sqlite_engine(parsed, busy)
@@ -344,7 +362,7 @@ class Database:
         by reads) runs in autocommit on PostgreSQL: one round trip, no BEGIN/COMMIT. On SQLite,
         "database is locked" is retried ``busy.retries`` times, then raised as ``LedgerBusy``:
         a locked database is never taken for a win."""
-        with _domain_errors():
+        with _domain_errors(self.busy):
             if single_statement and self.autocommit is not None:
                 return self.autocommit.run(work)
             for attempt in range(self.busy.retries + 1):
@@ -363,7 +381,7 @@ class Database:
 
     def read(self, work: Callable[[Connection], T]) -> T:
         """Run a read-only ``work`` without taking the write lock."""
-        with _domain_errors():
+        with _domain_errors(self.busy):
             if self.autocommit is not None:
                 return self.autocommit.run(work)
             with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:

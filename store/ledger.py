@@ -60,6 +60,7 @@ class Ledger:
         max_output_bytes: int | None = None,
         busy_timeout_ms: int | None = None,
         locked_retries: int | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> Ledger:
         """Open the ledger at ``url`` (default: $RUNLEDGER_DATABASE_URL, else ./runledger.db);
         unset options come from the RUNLEDGER_* environment (see ``LedgerSettings``)."""
@@ -67,6 +68,7 @@ class Ledger:
         busy = Busy(
             settings.sqlite_busy_timeout_ms if busy_timeout_ms is None else busy_timeout_ms,
             settings.sqlite_locked_retries if locked_retries is None else locked_retries,
+            settings.postgres_lock_timeout_ms if lock_timeout_ms is None else lock_timeout_ms,
         )
         return cls(
             Database(url or settings.database_url, busy),

@@ -16,7 +16,9 @@ if connection is None:
 
 if connection.dialect.name == "postgresql":
     # Concurrent workers may all migrate at start-up; the lock makes the others wait and then
-    # find the schema already at head (Alembic reads the version after this point).
+    # find the schema already at head (Alembic reads the version after this point). They wait
+    # as long as it takes, not the ledger's lock timeout: a migration may take a while.
+    connection.execute(text("SET LOCAL lock_timeout = 0"))
     connection.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
 
 context.configure(

@@ -1,6 +1,7 @@
-"""SQLite's single writer: a ledger that stays locked by another writer is a clear, retryable
-LedgerBusy error and never a win; a lock released within the retries is simply waited out.
-(PostgreSQL has row locks instead of a database lock; its contention is covered by the drills.)"""
+"""A ledger that stays locked by another writer is a clear, retryable LedgerBusy error that wrote
+nothing, never a win: SQLite's single write lock (bounded retries), and on PostgreSQL a Run row or
+table held by a transaction that does not end (the lock timeout). A lock released in time is
+simply waited out. (PostgreSQL's ordinary row contention is covered by the drills.)"""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
+import sqlalchemy as sa
 
-from store import LedgerBusy, RunIdentity, RunledgerError
+from store import LedgerBusy, OutboxMessage, RunIdentity, RunledgerError
 from store.ledger import Ledger
 
 IDENTITY = RunIdentity("digest", "team-a", datetime(2026, 11, 29, tzinfo=UTC), "v1")
@@ -70,6 +74,98 @@ def test_a_lock_released_within_the_retries_is_waited_out(sqlite_path: Path) -> 
         run = ledger.register(IDENTITY)
         holder = lock(sqlite_path)
         release = threading.Timer(0.3, lambda: holder.execute("ROLLBACK"))
+        release.start()
+        claim = ledger.claim(run.run_id, "worker-1:101", 60)
+        release.join()
+        holder.close()
+        assert claim is not None and claim.fence == 1
+    finally:
+        ledger.close()
+
+
+# --- PostgreSQL: the lock timeout ----------------------------------------------------------
+
+
+@pytest.fixture
+def pg_url(postgres_databases: Any) -> Iterator[str]:
+    url = postgres_databases.create()
+    yield url
+    postgres_databases.drop(url)
+
+
+def hold(url: str, statement: str) -> psycopg.Connection[Any]:
+    """Another session that took a lock with ``statement`` and keeps its transaction open."""
+    libpq = sa.engine.make_url(url).set(drivername="postgresql").render_as_string(False)
+    holder = psycopg.connect(libpq)
+    holder.execute(statement)
+    return holder
+
+
+def test_a_postgres_run_row_held_by_an_open_transaction_makes_writes_ledger_busy_after_the_lock_timeout(
+    pg_url: str,
+) -> None:
+    """A transaction that holds a Run's row and never ends (a stuck effect, an operator's
+    session) does not hang the workers: claim, save_input, complete and fail wait the lock
+    timeout, then raise LedgerBusy naming it; nothing is written; once the row is free the
+    same calls succeed."""
+    ledger = Ledger.connect(pg_url, lock_timeout_ms=150)
+    try:
+        run = ledger.register(IDENTITY)
+        claim = ledger.claim(run.run_id, "worker-1:101", 60)
+        assert claim is not None
+        holder = hold(pg_url, f"SELECT 1 FROM runs WHERE run_id = '{run.run_id}' FOR UPDATE")
+        try:
+            for call in (
+                lambda: ledger.claim(run.run_id, "worker-1:101", 60),
+                lambda: ledger.save_input(claim, {"docs": ["a"]}),
+                lambda: ledger.complete(claim, {"summary": "s"}, [OutboxMessage("a@example.com", "s", "b")]),
+                lambda: ledger.fail(claim, "boom", retryable=True),
+            ):
+                with pytest.raises(LedgerBusy, match=r"lock timeout \(150 ms, RUNLEDGER_POSTGRES_LOCK_TIMEOUT_MS\)") as busy:
+                    call()
+                assert busy.value.retryable
+            stored = ledger.require(run.run_id)
+            assert (stored.status, stored.fence, stored.raw_input, stored.output) == ("running", 1, None, None)
+            assert len(ledger.attempts(run.run_id)) == 1 and ledger.messages(run_id=run.run_id) == []
+        finally:
+            holder.rollback()
+            holder.close()
+        assert ledger.save_input(claim, {"docs": ["a"]}) == {"docs": ["a"]}
+        assert ledger.complete(claim, {"summary": "s"}).status == "completed"
+    finally:
+        ledger.close()
+
+
+def test_a_postgres_table_locked_by_ddl_makes_register_and_claim_ledger_busy_and_reads_still_answer(
+    pg_url: str,
+) -> None:
+    """An operator's migration holding the runs table: register+claim of a new Run gives up
+    after the lock timeout with LedgerBusy and inserts nothing."""
+    ledger = Ledger.connect(pg_url, lock_timeout_ms=100)
+    try:
+        holder = hold(pg_url, "LOCK TABLE runs IN EXCLUSIVE MODE")
+        try:
+            with pytest.raises(LedgerBusy, match="100 ms"):
+                ledger.register_and_claim(IDENTITY, {"recipients": ["a@example.com"]},
+                                          owner="worker-1:101", lease=60)
+            assert ledger.runs() == []  # EXCLUSIVE lets reads through
+        finally:
+            holder.rollback()
+            holder.close()
+        registration = ledger.register_and_claim(IDENTITY, {"recipients": ["a@example.com"]},
+                                                 owner="worker-1:101", lease=60)
+        assert registration.claim is not None and registration.claim.fence == 1
+    finally:
+        ledger.close()
+
+
+def test_a_postgres_lock_released_within_the_lock_timeout_is_waited_out(pg_url: str) -> None:
+    """A short transaction on the Run only delays the claim."""
+    ledger = Ledger.connect(pg_url, lock_timeout_ms=5_000)
+    try:
+        run = ledger.register(IDENTITY)
+        holder = hold(pg_url, f"SELECT 1 FROM runs WHERE run_id = '{run.run_id}' FOR UPDATE")
+        release = threading.Timer(0.3, holder.rollback)
         release.start()
         claim = ledger.claim(run.run_id, "worker-1:101", 60)
         release.join()

@@ -350,9 +350,37 @@ def test_a_ledger_that_stays_locked_through_register_and_claim_fails_every_pendi
         finally:
             holder.execute("ROLLBACK")
             holder.close()
-        assert state.name == "Failed"
-        assert isinstance(report, TickReport)
-        assert {s.subject: s.outcome for s in report.subjects} == {
-            "acme": "failed", "globex": "failed"}
-        assert all("LedgerBusy" in (s.error or "") for s in report.subjects)
-        assert env.ledger.runs() == [] and env.model_calls() == 0
+        assert_every_pending_subject_failed_busy(env, state, report)
+
+
+def test_a_postgres_ledger_whose_runs_table_stays_locked_fails_every_pending_subject(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_api: str,
+        postgres_databases: Any) -> None:
+    """The runs table held by another session (an operator's migration) through a whole
+    tick: the batched read passes, register+claim gives up after the lock timeout and its
+    task retry with LedgerBusy, every pending subject is failed with it, nothing is written."""
+    import psycopg
+    import sqlalchemy as sa
+
+    url = postgres_databases.create()
+    try:
+        with pipeline_env(url, tmp_path, monkeypatch) as env:
+            env.set(postgres_lock_timeout_ms=100, task_retries=1)
+            libpq = sa.engine.make_url(url).set(drivername="postgresql").render_as_string(False)
+            with psycopg.connect(libpq) as holder:
+                holder.execute("LOCK TABLE runs IN EXCLUSIVE MODE")
+                state, report = env.run(SUMMARY, period="2026-01-05")
+                holder.rollback()
+            assert_every_pending_subject_failed_busy(env, state, report)
+    finally:
+        postgres_databases.drop(url)
+
+
+def assert_every_pending_subject_failed_busy(
+        env: Env, state: State[Any], report: TickReport | BaseException) -> None:
+    assert state.name == "Failed"
+    assert isinstance(report, TickReport)
+    assert {s.subject: s.outcome for s in report.subjects} == {
+        "acme": "failed", "globex": "failed"}
+    assert all("LedgerBusy" in (s.error or "") for s in report.subjects)
+    assert env.ledger.runs() == [] and env.model_calls() == 0

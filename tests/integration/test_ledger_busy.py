@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -69,18 +69,26 @@ def test_a_ledger_locked_by_another_writer_raises_ledger_busy_and_writes_nothing
 
 def test_a_lock_released_within_the_retries_is_waited_out(sqlite_path: Path) -> None:
     """A short lock only delays the write: the claim succeeds once the other writer commits."""
+    def hold_write_lock(_run_id: str) -> Callable[[], None]:
+        holder = lock(sqlite_path)
+        return lambda: (holder.execute("ROLLBACK"), holder.close())
+
     ledger = Ledger.connect(f"sqlite:///{sqlite_path}", busy_timeout_ms=50, locked_retries=8)
     try:
-        run = ledger.register(IDENTITY)
-        holder = lock(sqlite_path)
-        release = threading.Timer(0.3, lambda: holder.execute("ROLLBACK"))
-        release.start()
-        claim = ledger.claim(run.run_id, "worker-1:101", 60)
-        release.join()
-        holder.close()
-        assert claim is not None and claim.fence == 1
+        assert_a_short_lock_only_delays_the_claim(ledger, hold_write_lock)
     finally:
         ledger.close()
+
+
+def assert_a_short_lock_only_delays_the_claim(
+        ledger: Ledger, hold_lock: Callable[[str], Callable[[], None]]) -> None:
+    """``hold_lock(run_id)`` locks the Run's database or row and returns its release."""
+    run = ledger.register(IDENTITY)
+    release = threading.Timer(0.3, hold_lock(run.run_id))
+    release.start()
+    claim = ledger.claim(run.run_id, "worker-1:101", 60)
+    release.join()
+    assert claim is not None and claim.fence == 1
 
 
 # --- PostgreSQL: the lock timeout ----------------------------------------------------------
@@ -161,15 +169,12 @@ def test_a_postgres_table_locked_by_ddl_makes_register_and_claim_ledger_busy_and
 
 def test_a_postgres_lock_released_within_the_lock_timeout_is_waited_out(pg_url: str) -> None:
     """A short transaction on the Run only delays the claim."""
+    def hold_row(run_id: str) -> Callable[[], None]:
+        holder = hold(pg_url, f"SELECT 1 FROM runs WHERE run_id = '{run_id}' FOR UPDATE")
+        return lambda: (holder.rollback(), holder.close())
+
     ledger = Ledger.connect(pg_url, lock_timeout_ms=5_000)
     try:
-        run = ledger.register(IDENTITY)
-        holder = hold(pg_url, f"SELECT 1 FROM runs WHERE run_id = '{run.run_id}' FOR UPDATE")
-        release = threading.Timer(0.3, holder.rollback)
-        release.start()
-        claim = ledger.claim(run.run_id, "worker-1:101", 60)
-        release.join()
-        holder.close()
-        assert claim is not None and claim.fence == 1
+        assert_a_short_lock_only_delays_the_claim(ledger, hold_row)
     finally:
         ledger.close()

@@ -115,7 +115,7 @@ def test_a_postgres_run_row_held_by_an_open_transaction_makes_writes_ledger_busy
     """A transaction that holds a Run's row and never ends (a stuck effect, an operator's
     session) does not hang the workers: claim, save_input, complete and fail wait the lock
     timeout, then raise LedgerBusy naming it; nothing is written; once the row is free the
-    same calls succeed."""
+    holder's save_input and complete go through."""
     ledger = Ledger.connect(pg_url, lock_timeout_ms=150)
     try:
         run = ledger.register(IDENTITY)

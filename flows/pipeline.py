@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import os
 import socket
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from prefect import State, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.objects import TaskRun
+from prefect.client.schemas.objects import FlowRun, TaskRun
 from prefect.results import ResultRecord  # type: ignore[attr-defined]  # re-exported there
 from prefect.runtime import flow_run as current_flow_run
 from prefect.runtime import task_run as current_task_run
@@ -416,7 +417,41 @@ def _tag_flow_run(job: Job) -> None:
         client.update_flow_run(current_flow_run.id, tags=sorted({*current_flow_run.tags, *labels}))
 
 
-@flow(name="run-job", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
+# A tick artifact's API call queues behind the server's backlog of the tick's task-run events
+# (about half a second at 1,000 subjects), and so does the call that records the flow run's
+# final state: the artifact is created in the background while that call waits, and the flow
+# run's end hook waits for it.
+ARTIFACT_WAIT_SECONDS = 60.0
+_artifacts: dict[str, threading.Thread] = {}
+_artifacts_lock = threading.Lock()
+
+
+def _publish_artifact(flow_run_id: str, key: str, report: TickReport) -> None:
+    """Start creating the tick's Markdown artifact; ``wait_for_tick_artifact`` joins it."""
+    def create() -> None:
+        try:
+            create_markdown_artifact(markdown=report.markdown(), key=key,
+                                     description=report.summary())
+        except Exception:  # monitoring only: the ledger already holds every outcome
+            get_run_logger().warning("could not create the tick artifact %r", key, exc_info=True)
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(create,),
+                              name=f"tick-artifact-{flow_run_id}")
+    with _artifacts_lock:
+        _artifacts[flow_run_id] = thread
+    thread.start()
+
+
+def wait_for_tick_artifact(flow: Any, flow_run: FlowRun, state: State[Any]) -> None:
+    """Flow run hook: a flow run that has ended has its tick artifact."""
+    with _artifacts_lock:
+        thread = _artifacts.pop(str(flow_run.id), None)
+    if thread is not None:
+        thread.join(ARTIFACT_WAIT_SECONDS)
+
+
+@flow(name="run-job", flow_run_name=_flow_run_name, persist_result=False, log_prints=False,
+      on_completion=[wait_for_tick_artifact], on_failure=[wait_for_tick_artifact])
 def run_job(job: str, subjects: list[str] | None = None, period: str | None = None) -> State[Any]:
     """Run one tick of a job: every subject's Run is completed once, retries and reruns of the
     same period return the stored output.
@@ -448,10 +483,7 @@ def run_job(job: str, subjects: list[str] | None = None, period: str | None = No
     finally:
         model.close()
         ledger.close()
-    create_markdown_artifact(
-        markdown=report.markdown(), key=f"{definition.name}-tick",
-        description=report.summary(),
-    )
+    _publish_artifact(str(current_flow_run.id), f"{definition.name}-tick", report)
     logger.info(report.summary())
     return report.final_state()
 

@@ -3,15 +3,15 @@
     uv run python bench/pipeline_bench.py [--sizes 100 1000] [--dialects sqlite postgres]
                                           [--model-delay 0] [--repeat 1]
 
-Baseline: a bare flow with the same fan-out (same number of threads) running the same job's
-collect, transform (offline model) and validate + messages as Prefect tasks per subject, with
-no ledger. Candidate: ``run_job`` on a fresh ledger for a new period (one register+claim task run
-for the tick, then collect, transform, persist per subject, plus the batched read, the lease
-keeper, artifact and events). Then the rerun of
-that completed tick, which must call no model and start no task run. Prints wall times, the
-overhead ratio (target <= 1.15) and the ratio of this process's CPU time (which leaves out the
-Prefect server's share when the server runs on the same machine). Between measurements the
-server is given time to record the task runs it was sent.
+Baseline: a bare flow shaped like ``run_job`` (an async flow whose sync body runs in a thread
+with one Prefect client, the same fan-out) running the same job's collect, transform (offline
+model) and validate + messages as Prefect tasks per subject, with no ledger. Candidate:
+``run_job`` on a fresh ledger for a new period (one register+claim task run for the tick, then
+collect, transform, persist per subject, plus the batched read, the lease keeper, artifact and
+events). Then the rerun of that completed tick, which must call no model and start no task run.
+Prints wall times, the overhead ratio (target <= 1.15) and the ratio of this process's CPU time
+(which leaves out the Prefect server's share when the server runs on the same machine). Between
+measurements the server is given time to record the task runs it was sent.
 
 Prefect: PREFECT_API_URL if set (e.g. a PostgreSQL-backed `prefect server start`), otherwise a
 temporary local server on SQLite; logs at WARNING so that both flows pay the same small logging
@@ -21,6 +21,7 @@ postgresql+psycopg://postgres@127.0.0.1:5432/postgres)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextvars
 import os
 import statistics
@@ -95,6 +96,7 @@ def bare_flow(job: Any, concurrency: int, model: Any) -> Any:
     """The same stage work as run-job, as Prefect tasks with the same fan-out, without a ledger."""
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
+    from prefect.context import SyncClientContext
 
     stage: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
 
@@ -114,13 +116,18 @@ def bare_flow(job: Any, concurrency: int, model: Any) -> Any:
     def one(subject: str, period: Any) -> int:
         return persist(subject, period, transform(subject, collect(subject, period)))
 
-    @flow(name="bare-job", persist_result=False)
-    def bare(period_text: str) -> int:
+    def fan_out(period_text: str) -> int:
         period = job.parse_period(period_text)
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        with SyncClientContext.get_or_create(), \
+                ThreadPoolExecutor(max_workers=concurrency) as pool:
             futures = [pool.submit(contextvars.copy_context().run, one, s, period)
                        for s in job.subject_names()]
             return sum(f.result() for f in futures)
+
+    # Shaped like run_job: an async flow whose sync body runs in a thread, one sync client.
+    @flow(name="bare-job", persist_result=False)
+    async def bare(period_text: str) -> int:
+        return await asyncio.to_thread(fan_out, period_text)
 
     return bare
 
@@ -167,18 +174,20 @@ def one_round(size: int, delay: float, concurrency: int, bare_first: bool) -> di
     bare = bare_flow(job, concurrency, OfflineModel(delay_seconds=delay))
     bare_period, job_period = next(PERIODS), next(PERIODS)
     result: dict[str, Any] = {}
+
+    def tick() -> Any:
+        return asyncio.run(run_job(job.name, period=job_period, return_state=True))
+
     for which in ("bare", "run_job") if bare_first else ("run_job", "bare"):
         if which == "bare":
             result["bare_s"], result["bare_cpu_s"], done = timed(
-                lambda: bare(bare_period, return_state=True), 3 * size)
+                lambda: asyncio.run(bare(bare_period, return_state=True)), 3 * size)
             assert done.result() == size, done.message
         else:
-            result["run_job_s"], result["run_job_cpu_s"], first = timed(
-                lambda: run_job(job.name, period=job_period, return_state=True), 3 * size + 1)
+            result["run_job_s"], result["run_job_cpu_s"], first = timed(tick, 3 * size + 1)
             assert first.name == "Completed", first.message
     before = len(calls)
-    result["rerun_s"], _, again = timed(
-        lambda: run_job(job.name, period=job_period, return_state=True), 0)
+    result["rerun_s"], _, again = timed(tick, 0)
     assert again.name == "Duplicate", again.message
     result["rerun_model_calls"] = len(calls) - before
     result["first_task_runs"] = task_runs(first.state_details.flow_run_id)
@@ -225,7 +234,7 @@ def main() -> None:
                     continue
                 warm = bench_job(10, [])
                 os.environ["RUNLEDGER_DATABASE_URL"] = url
-                warm_up = run_job(warm.name, period="2025-12-31", return_state=True)
+                warm_up = asyncio.run(run_job(warm.name, period="2025-12-31", return_state=True))
                 drain(warm_up.state_details.flow_run_id, 3 * 10 + 1)  # server start-up and imports
                 for size in args.sizes:
                     row = measure(size, dialect, url, args.model_delay, args.repeat)

@@ -10,10 +10,10 @@ never from a worker's clock."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import os
 import socket
-import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -23,10 +23,11 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 from prefect import State, flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import acreate_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun, TaskRun
+from prefect.context import SyncClientContext
 from prefect.results import ResultRecord  # type: ignore[attr-defined]  # re-exported there
 from prefect.runtime import flow_run as current_flow_run
 from prefect.runtime import task_run as current_task_run
@@ -409,50 +410,67 @@ def ensure_tables(job: Job, ledger: Ledger) -> None:
         job.tables.create_all(ledger.engine, checkfirst=True)
 
 
-def _tag_flow_run(job: Job) -> None:
+async def _tag_flow_run(job: Job) -> None:
     """Tag the flow run (not its task runs: a tagged task run asks the server for tag
     concurrency slots, one round trip per task run) with the job and its version."""
     labels = {f"job:{job.name}", f"version:{job.version}"}
-    with get_client(sync_client=True) as client:
-        client.update_flow_run(current_flow_run.id, tags=sorted({*current_flow_run.tags, *labels}))
+    async with get_client() as client:
+        await client.update_flow_run(current_flow_run.id,
+                                     tags=sorted({*current_flow_run.tags, *labels}))
+
+
+def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentity],
+                      settings: RunledgerSettings, flow_run_id: str) -> TickReport:
+    """The tick's blocking part, in a thread of its own: ledger, model and stage task runs."""
+    # One sync Prefect client for every task run of the tick: a sync task run inside an async
+    # flow run otherwise opens a client of its own (about 20 ms of TLS set-up each).
+    with SyncClientContext.get_or_create():
+        ledger = Ledger.connect()
+        model = model_from_settings(settings)
+        try:
+            ensure_tables(job, ledger)
+            tick = Tick(job, period, ledger, model,
+                        CallLog(settings.model_call_log) if settings.model_call_log else None,
+                        settings, flow_run_id)
+            return run_tick(tick, identities)
+        finally:
+            model.close()
+            ledger.close()
 
 
 # A tick artifact's API call queues behind the server's backlog of the tick's task-run events
 # (about half a second at 1,000 subjects), and so does the call that records the flow run's
-# final state: the artifact is created in the background while that call waits, and the flow
-# run's end hook waits for it.
+# final state: the artifact is created concurrently with that call, and the flow run's end
+# hook waits for it.
 ARTIFACT_WAIT_SECONDS = 60.0
-_artifacts: dict[str, threading.Thread] = {}
-_artifacts_lock = threading.Lock()
+_artifacts: dict[str, asyncio.Task[None]] = {}
 
 
 def _publish_artifact(flow_run_id: str, key: str, report: TickReport) -> None:
-    """Start creating the tick's Markdown artifact; ``wait_for_tick_artifact`` joins it."""
-    def create() -> None:
+    """Start creating the tick's Markdown artifact; ``wait_for_tick_artifact`` awaits it."""
+    async def create() -> None:
         try:
-            create_markdown_artifact(markdown=report.markdown(), key=key,
-                                     description=report.summary())
+            await acreate_markdown_artifact(markdown=report.markdown(), key=key,
+                                            description=report.summary())
         except Exception:  # monitoring only: the ledger already holds every outcome
             get_run_logger().warning("could not create the tick artifact %r", key, exc_info=True)
 
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(create,),
-                              name=f"tick-artifact-{flow_run_id}")
-    with _artifacts_lock:
-        _artifacts[flow_run_id] = thread
-    thread.start()
+    _artifacts[flow_run_id] = asyncio.create_task(create(), name=f"tick-artifact-{flow_run_id}")
 
 
-def wait_for_tick_artifact(flow: Any, flow_run: FlowRun, state: State[Any]) -> None:
+async def wait_for_tick_artifact(flow: Any, flow_run: FlowRun, state: State[Any]) -> None:
     """Flow run hook: a flow run that has ended has its tick artifact."""
-    with _artifacts_lock:
-        thread = _artifacts.pop(str(flow_run.id), None)
-    if thread is not None:
-        thread.join(ARTIFACT_WAIT_SECONDS)
+    created = _artifacts.pop(str(flow_run.id), None)
+    if created is not None:
+        await asyncio.wait_for(created, ARTIFACT_WAIT_SECONDS)
 
 
+# Async so that a flow run ends as soon as its work does: Prefect's sync flow engine waits for
+# its heartbeat thread, which sleeps in whole seconds, when the flow returns (up to 1 s per run).
 @flow(name="run-job", flow_run_name=_flow_run_name, persist_result=False, log_prints=False,
       on_completion=[wait_for_tick_artifact], on_failure=[wait_for_tick_artifact])
-def run_job(job: str, subjects: list[str] | None = None, period: str | None = None) -> State[Any]:
+async def run_job(job: str, subjects: list[str] | None = None,
+                  period: str | None = None) -> State[Any]:
     """Run one tick of a job: every subject's Run is completed once, retries and reruns of the
     same period return the stored output.
 
@@ -471,19 +489,10 @@ def run_job(job: str, subjects: list[str] | None = None, period: str | None = No
     identities = {s: definition.identity(s, the_period)
                   for s in definition.resolve_subjects(subjects)}
     settings = RunledgerSettings()
-    _tag_flow_run(definition)
-    ledger = Ledger.connect()
-    model = model_from_settings(settings)
-    try:
-        ensure_tables(definition, ledger)
-        tick = Tick(definition, the_period, ledger, model,
-                    CallLog(settings.model_call_log) if settings.model_call_log else None,
-                    settings, str(current_flow_run.id))
-        report = run_tick(tick, identities)
-    finally:
-        model.close()
-        ledger.close()
-    _publish_artifact(str(current_flow_run.id), f"{definition.name}-tick", report)
+    await _tag_flow_run(definition)
+    flow_run_id = str(current_flow_run.id)
+    report = await asyncio.to_thread(run_ledgered_tick, definition, the_period, identities,
+                                     settings, flow_run_id)
+    _publish_artifact(flow_run_id, f"{definition.name}-tick", report)
     logger.info(report.summary())
     return report.final_state()
-

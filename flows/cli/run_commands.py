@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Annotated, Any
@@ -61,7 +62,8 @@ def run(
     with _ephemeral_timeout():
         from flows.pipeline import run_job
 
-        state = run_job(job=job, subjects=subject or None, period=period, return_state=True)
+        state = asyncio.run(run_job(job=job, subjects=subject or None, period=period,
+                                    return_state=True))
     from flows.outcomes import TickReport
 
     value = state.result(raise_on_failure=False)

@@ -3,6 +3,7 @@ replies, probe jobs that count their stage calls, and a `runledger run` worker s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -235,7 +236,7 @@ class Env:
 
     def run(self, job: str, subjects: list[str] | None = None,
             period: str | None = None) -> tuple[State[Any], TickReport | BaseException]:
-        state = run_job(job=job, subjects=subjects, period=period, return_state=True)
+        state = asyncio.run(run_job(job=job, subjects=subjects, period=period, return_state=True))
         return state, state.result(raise_on_failure=False)
 
     def the_run(self, subject: str, period: str, job: Job = competitor_summary) -> Run:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 from collections.abc import Iterator
@@ -98,18 +99,18 @@ def test_retried_and_new_flow_runs_of_a_period_map_to_its_run_and_a_custom_perio
     with get_client(sync_client=True) as client:
         scheduled = client.create_flow_run_from_deployment(
             deployment, parameters=params, state=Scheduled(scheduled_time=slot))
-        first = run_flow(run_job, flow_run=scheduled, return_type="state")
+        first = asyncio.run(run_flow(run_job, flow_run=scheduled, return_type="state"))
         client.set_flow_run_state(scheduled.id, Scheduled(scheduled_time=datetime.now(UTC)),
                                   force=True)
-        retried = run_flow(run_job, flow_run=client.read_flow_run(scheduled.id),
-                           return_type="state")
+        retried = asyncio.run(run_flow(run_job, flow_run=client.read_flow_run(scheduled.id),
+                                       return_type="state"))
         later = client.create_flow_run_from_deployment(
             deployment, parameters=params,
             state=Scheduled(scheduled_time=slot + timedelta(hours=14)))  # 22:00 in Paris
-        same_day = run_flow(run_job, flow_run=later, return_type="state")
+        same_day = asyncio.run(run_flow(run_job, flow_run=later, return_type="state"))
         custom = client.create_flow_run_from_deployment(
             deployment, parameters={**params, "period": "2026-01-06"})
-        other_day = run_flow(run_job, flow_run=custom, return_type="state")
+        other_day = asyncio.run(run_flow(run_job, flow_run=custom, return_type="state"))
         names = [client.read_flow_run(f.id).name for f in (scheduled, later, custom)]
         tags = set(client.read_flow_run(scheduled.id).tags)
     assert [s.name for s in (first, retried, same_day, other_day)] == [

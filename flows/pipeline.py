@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import os
 import socket
 import time
@@ -214,10 +215,10 @@ def _value(returned: Any) -> Any:
     return returned
 
 
-def _with_retries(stage: Task[..., Any], settings: RunledgerSettings) -> Task[..., Any]:
+def _with_retries(stage: Task[..., Any], retries: int, delay_seconds: float) -> Task[..., Any]:
     return stage.with_options(
-        retries=settings.task_retries,
-        retry_delay_seconds=exponential_backoff(settings.retry_delay_seconds),
+        retries=retries,
+        retry_delay_seconds=exponential_backoff(delay_seconds),
         retry_jitter_factor=RETRY_JITTER_FACTOR,
         retry_condition_fn=_retry_if_transient,
     )
@@ -235,8 +236,14 @@ class Stages:
 
     @classmethod
     def configured(cls, settings: RunledgerSettings) -> Stages:
-        return cls(*(_with_retries(t, settings) for t in
-                     (register_and_claim, collect_input, transform_input, persist_output)))
+        return _configured_stages(settings.task_retries, settings.retry_delay_seconds)
+
+
+@functools.lru_cache(maxsize=16)
+def _configured_stages(retries: int, delay_seconds: float) -> Stages:
+    # Copying four tasks with new options costs a few milliseconds: once per retry policy.
+    return Stages(*(_with_retries(t, retries, delay_seconds) for t in
+                    (register_and_claim, collect_input, transform_input, persist_output)))
 
 
 def _lease_lost(tick: Tick, subject: str, run_id: str, error: LeaseLost) -> SubjectOutcome:
@@ -489,10 +496,16 @@ async def run_job(job: str, subjects: list[str] | None = None,
     identities = {s: definition.identity(s, the_period)
                   for s in definition.resolve_subjects(subjects)}
     settings = RunledgerSettings()
-    await _tag_flow_run(definition)
+    # The tags are monitoring: their API call need not hold up the tick.
+    tagging = asyncio.create_task(_tag_flow_run(definition))
     flow_run_id = str(current_flow_run.id)
-    report = await asyncio.to_thread(run_ledgered_tick, definition, the_period, identities,
-                                     settings, flow_run_id)
+    try:
+        report = await asyncio.to_thread(run_ledgered_tick, definition, the_period, identities,
+                                         settings, flow_run_id)
+    except BaseException:
+        await asyncio.gather(tagging, return_exceptions=True)  # the tick's error is the news
+        raise
+    await tagging
     _publish_artifact(flow_run_id, f"{definition.name}-tick", report)
     logger.info(report.summary())
     return report.final_state()

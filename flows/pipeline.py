@@ -396,16 +396,6 @@ def nominal_period(job: Job, period: str | None) -> Period:
     return job.period_at(datetime.fromtimestamp(scheduled.timestamp(), UTC))
 
 
-def _flow_run_name() -> str:
-    parameters = current_flow_run.parameters
-    name = parameters.get("job")
-    try:
-        job = get_job(name)
-        return f"{job.name}/{nominal_period(job, parameters.get('period')).label}"
-    except RunledgerError:
-        return f"{name}/invalid-input"
-
-
 def ensure_tables(job: Job, ledger: Ledger) -> None:
     """Create the job's business tables on first use (not the ledger's: Alembic owns those)."""
     if job.tables is None:
@@ -417,12 +407,13 @@ def ensure_tables(job: Job, ledger: Ledger) -> None:
         job.tables.create_all(ledger.engine, checkfirst=True)
 
 
-async def _tag_flow_run(job: Job) -> None:
-    """Tag the flow run (not its task runs: a tagged task run asks the server for tag
-    concurrency slots, one round trip per task run) with the job and its version."""
-    labels = {f"job:{job.name}", f"version:{job.version}"}
+async def _label_flow_run(name: str, job: Job | None) -> None:
+    """Name the flow run ``{job}/{period}`` and tag it (not its task runs: a tagged task run
+    asks the server for tag concurrency slots, one round trip per task run) with the job and
+    its version, in one API call."""
+    labels = set() if job is None else {f"job:{job.name}", f"version:{job.version}"}
     async with get_client() as client:
-        await client.update_flow_run(current_flow_run.id,
+        await client.update_flow_run(current_flow_run.id, name=name,
                                      tags=sorted({*current_flow_run.tags, *labels}))
 
 
@@ -474,7 +465,9 @@ async def wait_for_tick_artifact(flow: Any, flow_run: FlowRun, state: State[Any]
 
 # Async so that a flow run ends as soon as its work does: Prefect's sync flow engine waits for
 # its heartbeat thread, which sleeps in whole seconds, when the flow returns (up to 1 s per run).
-@flow(name="run-job", flow_run_name=_flow_run_name, persist_result=False, log_prints=False,
+# The flow run is named by the flow itself, not by ``flow_run_name=``: Prefect resolves that
+# before the flow starts, through a client of its own (TLS set-up, two round trips).
+@flow(name="run-job", persist_result=False, log_prints=False,
       on_completion=[wait_for_tick_artifact], on_failure=[wait_for_tick_artifact])
 async def run_job(job: str, subjects: list[str] | None = None,
                   period: str | None = None) -> State[Any]:
@@ -490,22 +483,29 @@ async def run_job(job: str, subjects: list[str] | None = None,
             scheduled time.
     """
     logger = get_run_logger()
-    definition = get_job(job)
-    the_period = nominal_period(definition, period)
-    # Every identity is checked before anything is written.
-    identities = {s: definition.identity(s, the_period)
-                  for s in definition.resolve_subjects(subjects)}
+    try:
+        definition = get_job(job)
+        the_period = nominal_period(definition, period)
+        # Every identity is checked before anything is written.
+        identities = {s: definition.identity(s, the_period)
+                      for s in definition.resolve_subjects(subjects)}
+    except RunledgerError:
+        # The input error is the news; a naming error must not hide it.
+        await asyncio.gather(_label_flow_run(f"{job}/invalid-input", None),
+                             return_exceptions=True)
+        raise
     settings = RunledgerSettings()
-    # The tags are monitoring: their API call need not hold up the tick.
-    tagging = asyncio.create_task(_tag_flow_run(definition))
+    # Name and tags are monitoring: their API call need not hold up the tick.
+    labelling = asyncio.create_task(
+        _label_flow_run(f"{definition.name}/{the_period.label}", definition))
     flow_run_id = str(current_flow_run.id)
     try:
         report = await asyncio.to_thread(run_ledgered_tick, definition, the_period, identities,
                                          settings, flow_run_id)
     except BaseException:
-        await asyncio.gather(tagging, return_exceptions=True)  # the tick's error is the news
+        await asyncio.gather(labelling, return_exceptions=True)  # the tick's error is the news
         raise
-    await tagging
+    await labelling
     _publish_artifact(flow_run_id, f"{definition.name}-tick", report)
     logger.info(report.summary())
     return report.final_state()

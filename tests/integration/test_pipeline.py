@@ -206,12 +206,15 @@ def test_an_invalid_candidate_fails_the_run_without_retry(
 ])
 def test_bad_input_fails_the_flow_run_with_a_clear_message_and_writes_nothing(
         env: Env, job: str, subjects: list[str] | None, period: str, message: str) -> None:
-    """Unknown job, malformed period, naive datetime, unknown subject: no Run is created."""
+    """Unknown job, malformed period, naive datetime, unknown subject: no Run is created, and
+    the flow run's name says its input was refused."""
     state, error = env.run(job, subjects, period)
     assert state.is_failed()
     assert isinstance(error, Exception)
     assert env.ledger.runs() == []
     assert re.search(message, state.message or ""), state.message
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(state.state_details.flow_run_id).name == f"{job}/invalid-input"
 
 
 def test_changed_recipients_under_the_same_run_are_a_conflict(env: Env) -> None:

@@ -359,15 +359,18 @@ class Database:
         """Run ``work`` in one write transaction and commit it.
 
         ``single_statement`` work (one guarded statement, or a guarded statement followed only
-        by reads) runs in autocommit on PostgreSQL: one round trip, no BEGIN/COMMIT. On SQLite,
+        by reads) runs in autocommit: on PostgreSQL one round trip, no BEGIN/COMMIT; on SQLite
+        the statement takes the write lock itself and holds it only while it runs. On SQLite,
         "database is locked" is retried ``busy.retries`` times, then raised as ``LedgerBusy``:
         a locked database is never taken for a win."""
         with _domain_errors(self.busy):
             if single_statement and self.autocommit is not None:
                 return self.autocommit.run(work)
+            # The kept SQLite connections are in driver autocommit until a transaction begins.
+            unit = work if single_statement else _in_transaction(work)
             for attempt in range(self.busy.retries + 1):
                 try:
-                    return self.transactional.run(_in_transaction(work))
+                    return self.transactional.run(unit)
                 except OperationalError as exc:
                     if self.dialect != "sqlite" or not _is_locked(exc):
                         raise

@@ -27,6 +27,12 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 
 IDENTITY_RACE_TRIES = 3
 
+# Where a transition is one statement (plus reads at most), and so runs in autocommit: some are
+# one statement everywhere, others only on PostgreSQL, whose data-modifying CTEs carry the
+# follow-up writes that SQLite sends as statements of their own.
+EVERYWHERE = frozenset({"postgresql", "sqlite"})
+ON_POSTGRES = frozenset({"postgresql"})
+
 
 def _lost_identity_race(exc: sa.exc.IntegrityError) -> bool:
     """Two workers inserted the same new Run at once and PostgreSQL reported the loser's clash
@@ -81,8 +87,10 @@ class Ledger:
         """The transactional engine (for migrations, tests and operator tools)."""
         return self.database.engine
 
-    def _write(self, work: Callable[[Connection], T], *, autocommit: bool = False) -> T:
-        return self.database.write(work, single_statement=autocommit)
+    def _write(
+        self, work: Callable[[Connection], T], *, one_statement_on: frozenset[str] = frozenset()
+    ) -> T:
+        return self.database.write(work, single_statement=self.dialect in one_statement_on)
 
     def _read(self, work: Callable[[Connection], T]) -> T:
         return self.database.read(work)
@@ -110,12 +118,14 @@ class Ledger:
 
     def register(self, identity: RunIdentity, params: dict[str, Any] | None = None) -> Run:
         """Create the Run as pending, or return the existing one (see ``register_txn``)."""
-        return self._write(lambda c: rn.register_txn(c, identity, params), autocommit=True)
+        return self._write(lambda c: rn.register_txn(c, identity, params),
+                           one_statement_on=EVERYWHERE)
 
     def claim(self, run_id: str, owner: str, lease: timedelta | float) -> rn.Claim | None:
         """Take the Run's lease, or None if it is completed, failed or leased by someone else."""
         seconds = _lease_seconds(lease)
-        return self._write(lambda c: rn.claim_txn(c, run_id, owner, seconds), autocommit=True)
+        return self._write(lambda c: rn.claim_txn(c, run_id, owner, seconds),
+                           one_statement_on=ON_POSTGRES)
 
     def register_and_claim(
         self,
@@ -147,7 +157,7 @@ class Ledger:
             try:
                 return self._write(
                     lambda c: rn.register_and_claim_txn(c, entries, owner, seconds),
-                    autocommit=True,
+                    one_statement_on=ON_POSTGRES,
                 )
             except sa.exc.IntegrityError as exc:
                 if attempt == IDENTITY_RACE_TRIES or not _lost_identity_race(exc):
@@ -157,17 +167,19 @@ class Ledger:
     def renew(self, claim: rn.Claim, lease: timedelta | float) -> datetime:
         """Extend the lease by ``lease`` from now (database clock); ``LeaseLost`` if stale."""
         seconds = _lease_seconds(lease)
-        return self._write(lambda c: rn.renew_txn(c, claim, seconds), autocommit=True)
+        return self._write(lambda c: rn.renew_txn(c, claim, seconds), one_statement_on=EVERYWHERE)
 
     def renew_many(self, claims: Sequence[rn.Claim], lease: timedelta | float) -> dict[str, datetime]:
         """Extend many leases in one statement; the claims left out of the result are lost."""
         seconds = _lease_seconds(lease)
-        return self._write(lambda c: rn.renew_many_txn(c, claims, seconds), autocommit=True)
+        return self._write(lambda c: rn.renew_many_txn(c, claims, seconds),
+                           one_statement_on=EVERYWHERE)
 
     def save_input(self, claim: rn.Claim, raw: dict[str, Any]) -> dict[str, Any]:
         """Store the raw input once and return the stored one (the first writer's)."""
         raw = rn.json_document(raw, "raw input", self.max_output_bytes)
-        return self._write(lambda c: rn.save_input_txn(c, claim, raw), autocommit=True)
+        return self._write(lambda c: rn.save_input_txn(c, claim, raw),
+                           one_statement_on=EVERYWHERE)
 
     def complete(
         self,
@@ -191,7 +203,7 @@ class Ledger:
         messages = list(messages)
         done = self._write(
             lambda c: rn.complete_txn(c, claim, output, messages, effect),
-            autocommit=effect is None,
+            one_statement_on=ON_POSTGRES if effect is None else frozenset(),
         )
         fault_point("after_complete_commit")
         return done
@@ -229,11 +241,12 @@ class Ledger:
     ) -> list[ob.MessageClaim]:
         seconds = _lease_seconds(lease)
         return self._write(
-            lambda c: ob.claim_messages_txn(c, owner, limit, seconds, channel), autocommit=True
+            lambda c: ob.claim_messages_txn(c, owner, limit, seconds, channel),
+            one_statement_on=ON_POSTGRES,
         )
 
     def mark_sent(self, claim: ob.MessageClaim, reply: ob.Reply = ob.NO_REPLY) -> None:
-        self._write(lambda c: ob.mark_sent_txn(c, claim, reply), autocommit=True)
+        self._write(lambda c: ob.mark_sent_txn(c, claim, reply), one_statement_on=ON_POSTGRES)
 
     def mark_sent_many(
         self, sent: Sequence[tuple[ob.MessageClaim, ob.Reply]]
@@ -244,22 +257,26 @@ class Ledger:
     def schedule_retry(
         self, claim: ob.MessageClaim, delay: float, error: str, reply: ob.Reply = ob.NO_REPLY
     ) -> None:
-        self._write(lambda c: ob.schedule_retry_txn(c, claim, delay, error, reply), autocommit=True)
+        self._write(lambda c: ob.schedule_retry_txn(c, claim, delay, error, reply),
+                    one_statement_on=ON_POSTGRES)
 
     def mark_uncertain(
         self, claim: ob.MessageClaim, error: str, retry_in: float | None,
         reply: ob.Reply = ob.NO_REPLY,
     ) -> None:
-        self._write(lambda c: ob.mark_uncertain_txn(c, claim, error, retry_in, reply), autocommit=True)
+        self._write(lambda c: ob.mark_uncertain_txn(c, claim, error, retry_in, reply),
+                    one_statement_on=ON_POSTGRES)
 
     def mark_dead(self, claim: ob.MessageClaim, error: str, reply: ob.Reply = ob.NO_REPLY) -> None:
-        self._write(lambda c: ob.mark_dead_txn(c, claim, error, reply), autocommit=True)
+        self._write(lambda c: ob.mark_dead_txn(c, claim, error, reply),
+                    one_statement_on=ON_POSTGRES)
 
     def release_message(self, claim: ob.MessageClaim) -> None:
-        self._write(lambda c: ob.release_message_txn(c, claim), autocommit=True)
+        self._write(lambda c: ob.release_message_txn(c, claim), one_statement_on=ON_POSTGRES)
 
     def requeue_message(self, message_id: str) -> QueuedMessage:
-        return self._write(lambda c: ob.requeue_message_txn(c, message_id), autocommit=True)
+        return self._write(lambda c: ob.requeue_message_txn(c, message_id),
+                           one_statement_on=ON_POSTGRES)
 
     def message(self, message_id: str) -> QueuedMessage | None:
         return self._read(lambda c: ob.get_message(c, message_id))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import gc
 import os
 import statistics
 import tempfile
@@ -156,7 +157,12 @@ def drain(flow_run_id: Any, expected: int, quiet_seconds: int = 5) -> None:
 
 def timed(work: Callable[[], Any], task_runs_per_call: int) -> tuple[float, float, Any]:
     """Wall seconds and this process's CPU seconds for ``work()`` (a flow call returning its
-    state; the CPU figure leaves out the Prefect server's share), then a drained server."""
+    state; the CPU figure leaves out the Prefect server's share), then a drained server.
+
+    Each measurement starts from a collected heap: a full collection walks the whole
+    import-time heap (0.15-0.25 s here), and whether the previous measurement's garbage
+    triggers one inside this one would otherwise decide a ratio at 100 subjects."""
+    gc.collect()
     started, cpu = time.perf_counter(), time.process_time()
     state = work()
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu

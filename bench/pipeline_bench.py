@@ -9,9 +9,11 @@ model) and validate + messages as Prefect tasks per subject, with no ledger. Can
 ``run_job`` on a fresh ledger for a new period (one register+claim task run for the tick, then
 collect, transform, persist per subject, plus the batched read, the lease keeper, artifact and
 events). Then the rerun of that completed tick, which must call no model and start no task run.
-Prints wall times, the overhead ratio (target <= 1.15) and the ratio of this process's CPU time
-(which leaves out the Prefect server's share when the server runs on the same machine). Between
-measurements the server is given time to record the task runs it was sent.
+Prints median wall times, their overhead ratio (target <= 1.15) and the ratio of this process's
+CPU time (which leaves out the Prefect server's share when the server runs on the same machine);
+with --repeat, also the median and range of each round's own ratio (both flows of a round run
+back to back, so drift between rounds cancels out of it). Between measurements the server is
+given time to record the task runs it was sent.
 
 Prefect: PREFECT_API_URL if set (e.g. a PostgreSQL-backed `prefect server start`), otherwise a
 temporary local server on SQLite; logs at WARNING so that both flows pay the same small logging
@@ -216,6 +218,13 @@ def measure(size: int, dialect: str, url: str, delay: float, repeat: int) -> dic
     row["first_task_runs"] = rounds[-1]["first_task_runs"]
     row["ratio"] = row["run_job_s"] / row["bare_s"]
     row["cpu_ratio"] = row["run_job_cpu_s"] / row["bare_cpu_s"]
+    # Each round's own ratio: the two flows of a round ran back to back, so drift between
+    # rounds (the server's backlog, other load on the machine) cancels out of it.
+    paired = sorted(r["run_job_s"] / r["bare_s"] for r in rounds)
+    row["paired_ratio"] = statistics.median(paired)
+    row["paired_range"] = (paired[0], paired[-1])
+    row["paired_cpu_ratio"] = statistics.median(r["run_job_cpu_s"] / r["bare_cpu_s"]
+                                                for r in rounds)
     return row
 
 
@@ -244,9 +253,12 @@ def main() -> None:
                 drain(warm_up.state_details.flow_run_id, 3 * 10 + 1)  # server start-up and imports
                 for size in args.sizes:
                     row = measure(size, dialect, url, args.model_delay, args.repeat)
+                    low, high = row["paired_range"]
                     print(f"{dialect:8} N={size:5}: bare {row['bare_s']:7.2f} s, run_job "
                           f"{row['run_job_s']:7.2f} s, ratio {row['ratio']:.3f} (target <= 1.15), "
                           f"client CPU ratio {row['cpu_ratio']:.3f}; "
+                          f"median of {args.repeat} rounds' ratios {row['paired_ratio']:.3f} "
+                          f"({low:.3f}-{high:.3f}), of CPU ratios {row['paired_cpu_ratio']:.3f}; "
                           f"rerun {row['rerun_s']:6.2f} s with {row['rerun_model_calls']} model "
                           f"calls and {row['rerun_task_runs']} task runs "
                           f"(first run: {row['first_task_runs']} task runs)", flush=True)

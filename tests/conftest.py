@@ -12,7 +12,9 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -60,6 +62,14 @@ class PostgresDatabases:
             conn.exec_driver_sql(f'CREATE DATABASE "{name}"{template}')
         self.created.append(name)
         return self.url(name)
+
+    def hold(self, url: str, statement: str) -> psycopg.Connection[Any]:
+        """Another session on ``url`` that took a lock with ``statement`` and keeps its
+        transaction open (an operator's migration, a stuck effect) until rolled back."""
+        libpq = sa.engine.make_url(url).set(drivername="postgresql").render_as_string(False)
+        holder = psycopg.connect(libpq)
+        holder.execute(statement)
+        return holder
 
     def drop(self, url: str) -> None:
         name = sa.engine.make_url(url).database

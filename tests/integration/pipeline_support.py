@@ -16,11 +16,11 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from loopback import Answer, LoopbackServer, Request
 from prefect.states import State
 
 from flows.jobs import Candidate, Job, register
@@ -47,62 +47,36 @@ class Reply:
     raw: bytes | None = None
 
 
-class ModelServer:
+class ModelServer(LoopbackServer):
     """An OpenAI-compatible chat-completions endpoint on loopback. Scripted replies are served
     first; afterwards every call answers ``answer N`` (N counts the requests)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.script: list[Reply] = []
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with server._lock:
-                    server.requests.append({"path": self.path, "headers": dict(self.headers),
-                                            "json": json.loads(body)})
-                    count = len(server.requests)
-                    reply = server.script.pop(0) if server.script else Reply()
-                time.sleep(reply.delay)
-                if reply.raw is not None:
-                    payload = reply.raw
-                elif reply.status == 200:
-                    text = f"answer {count}" if reply.text is None else reply.text
-                    payload = json.dumps({"model": "probe-model", "choices": [
-                        {"index": 0, "message": {"role": "assistant", "content": text}}]}).encode()
-                else:
-                    payload = json.dumps({"error": {"message": f"status {reply.status}"}}).encode()
-                try:
-                    self.send_response(reply.status)
-                    for name, value in reply.headers.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a timeout test)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return None
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        return f"{self.origin}/v1"
 
-    def __enter__(self) -> ModelServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def answer(self, request: Request) -> Answer:
+        with self._lock:
+            self.requests.append({"path": request.path, "headers": request.headers,
+                                  "json": json.loads(request.body)})
+            count = len(self.requests)
+            reply = self.script.pop(0) if self.script else Reply()
+        if reply.raw is not None:
+            payload = reply.raw
+        elif reply.status == 200:
+            text = f"answer {count}" if reply.text is None else reply.text
+            payload = json.dumps({"model": "probe-model", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}}]}).encode()
+        else:
+            payload = json.dumps({"error": {"message": f"status {reply.status}"}}).encode()
+        return Answer(reply.status, payload,
+                      {**reply.headers, "Content-Type": "application/json"}, reply.delay)
 
 
 @dataclass

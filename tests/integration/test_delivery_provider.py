@@ -10,11 +10,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from delivery_support import deliver, queue, statuses
+from loopback import Answer, LoopbackServer, Request
 
 from flows.delivery.policy import RetryPolicy
 from flows.mail.errors import MailConfigurationError
@@ -37,42 +37,23 @@ class Scripted:
     remember: bool = False  # also store the key, as a provider that accepted it would
 
 
-class FakeProvider:
+class FakeProvider(LoopbackServer):
     """Records every request; answers scripted replies first, then Resend-style idempotency."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.requests: list[dict[str, Any]] = []
         self.script: list[Scripted] = []
         self.emails: dict[str, tuple[str, str]] = {}  # key -> (payload digest, email id)
         self.lock = threading.Lock()
-        provider = self
+        self.url = self.origin
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
+    def answer(self, request: Request) -> Answer:
+        status, body, headers, sleep = self.reply(request.path, request.headers, request.body)
+        return Answer(status, json.dumps(body).encode(),
+                      {**headers, "Content-Type": "application/json"}, sleep)
 
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers["Content-Length"]))
-                status, body, headers, sleep = provider.answer(self.path, dict(self.headers), raw)
-                if sleep:
-                    time.sleep(sleep)
-                data = json.dumps(body).encode()
-                try:
-                    self.send_response(status)
-                    for name, value in headers.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    pass  # the client gave up waiting
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def answer(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict[str, Any], dict[str, str], float]:
+    def reply(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict[str, Any], dict[str, str], float]:
         key = headers.get("Idempotency-Key", "")
         with self.lock:
             self.requests.append({"path": path, "key": key, "auth": headers.get("Authorization"),
@@ -96,11 +77,8 @@ class FakeProvider:
 
 @pytest.fixture
 def provider() -> Iterator[FakeProvider]:
-    fake = FakeProvider()
-    fake.thread.start()
-    yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
+    with FakeProvider() as fake:
+        yield fake
 
 
 def transport(provider: FakeProvider, **overrides: Any) -> ProviderTransport:

@@ -3,15 +3,12 @@ text and HTML documents, and failures classified as the pipeline retries them.""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
+from loopback import Answer, LoopbackServer, Request
 
 from flows.jobs import PermanentError, TransientError, is_transient
 from flows.jobs import competitor_summary as summary
@@ -29,47 +26,22 @@ class Page:
     delay: float = 0.0
 
 
-class Site:
+class Site(LoopbackServer):
     """A loopback HTTP server answering each path with its Page (404 for unknown paths)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.pages: dict[str, Page] = {}
         self.hits: list[str] = []
-        site = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                site.hits.append(self.path)
-                page = site.pages.get(self.path, Page(404, b"not found"))
-                time.sleep(page.delay)
-                try:
-                    self.send_response(page.status)
-                    self.send_header("Content-Type", page.content_type)
-                    for name, value in page.headers.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Length", str(len(page.body)))
-                    self.end_headers()
-                    self.wfile.write(page.body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (the timeout test)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+        return f"{self.origin}{path}"
 
-    def __enter__(self) -> Site:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def answer(self, request: Request) -> Answer:
+        self.hits.append(request.path)
+        page = self.pages.get(request.path, Page(404, b"not found"))
+        return Answer(page.status, page.body, {"Content-Type": page.content_type, **page.headers},
+                      page.delay)
 
 
 @pytest.fixture
@@ -125,8 +97,7 @@ def test_an_unavailable_page_is_transient(source: Path, site: Site, page: Page) 
 
 def test_an_unreachable_site_is_transient(source: Path, site: Site) -> None:
     url = site.url("/news")
-    site.server.shutdown()
-    site.server.server_close()
+    site.stop()
     list_urls(source, url)
     with pytest.raises(TransientError, match="fetching"):
         summary.collect("acme", PERIOD)

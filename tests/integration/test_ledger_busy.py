@@ -14,7 +14,6 @@ from typing import Any
 
 import psycopg
 import pytest
-import sqlalchemy as sa
 
 from store import LedgerBusy, OutboxMessage, RunIdentity, RunledgerError
 from store.ledger import Ledger
@@ -101,16 +100,14 @@ def pg_url(postgres_databases: Any) -> Iterator[str]:
     postgres_databases.drop(url)
 
 
-def hold(url: str, statement: str) -> psycopg.Connection[Any]:
-    """Another session that took a lock with ``statement`` and keeps its transaction open."""
-    libpq = sa.engine.make_url(url).set(drivername="postgresql").render_as_string(False)
-    holder = psycopg.connect(libpq)
-    holder.execute(statement)
-    return holder
+@pytest.fixture
+def hold(postgres_databases: Any, pg_url: str) -> Callable[[str], psycopg.Connection[Any]]:
+    """Another session on ``pg_url`` that takes a lock with a statement and keeps it."""
+    return lambda statement: postgres_databases.hold(pg_url, statement)
 
 
 def test_a_postgres_run_row_held_by_an_open_transaction_makes_writes_ledger_busy_after_the_lock_timeout(
-    pg_url: str,
+    pg_url: str, hold: Callable[[str], psycopg.Connection[Any]],
 ) -> None:
     """A transaction that holds a Run's row and never ends (a stuck effect, an operator's
     session) does not hang the workers: claim, save_input, complete and fail wait the lock
@@ -121,7 +118,7 @@ def test_a_postgres_run_row_held_by_an_open_transaction_makes_writes_ledger_busy
         run = ledger.register(IDENTITY)
         claim = ledger.claim(run.run_id, "worker-1:101", 60)
         assert claim is not None
-        holder = hold(pg_url, f"SELECT 1 FROM runs WHERE run_id = '{run.run_id}' FOR UPDATE")
+        holder = hold(f"SELECT 1 FROM runs WHERE run_id = '{run.run_id}' FOR UPDATE")
         try:
             for call in (
                 lambda: ledger.claim(run.run_id, "worker-1:101", 60),
@@ -145,13 +142,13 @@ def test_a_postgres_run_row_held_by_an_open_transaction_makes_writes_ledger_busy
 
 
 def test_a_postgres_table_locked_by_ddl_makes_register_and_claim_ledger_busy_and_reads_still_answer(
-    pg_url: str,
+    pg_url: str, hold: Callable[[str], psycopg.Connection[Any]],
 ) -> None:
     """An operator's migration holding the runs table: register+claim of a new Run gives up
     after the lock timeout with LedgerBusy and inserts nothing."""
     ledger = Ledger.connect(pg_url, lock_timeout_ms=100)
     try:
-        holder = hold(pg_url, "LOCK TABLE runs IN EXCLUSIVE MODE")
+        holder = hold("LOCK TABLE runs IN EXCLUSIVE MODE")
         try:
             with pytest.raises(LedgerBusy, match="100 ms"):
                 ledger.register_and_claim(IDENTITY, {"recipients": ["a@example.com"]},
@@ -167,10 +164,11 @@ def test_a_postgres_table_locked_by_ddl_makes_register_and_claim_ledger_busy_and
         ledger.close()
 
 
-def test_a_postgres_lock_released_within_the_lock_timeout_is_waited_out(pg_url: str) -> None:
+def test_a_postgres_lock_released_within_the_lock_timeout_is_waited_out(
+        pg_url: str, hold: Callable[[str], psycopg.Connection[Any]]) -> None:
     """A short transaction on the Run only delays the claim."""
     def hold_row(run_id: str) -> Callable[[], None]:
-        holder = hold(pg_url, f"SELECT 1 FROM runs WHERE run_id = '{run_id}' FOR UPDATE")
+        holder = hold(f"SELECT 1 FROM runs WHERE run_id = '{run_id}' FOR UPDATE")
         return lambda: (holder.rollback(), holder.close())
 
     ledger = Ledger.connect(pg_url, lock_timeout_ms=5_000)

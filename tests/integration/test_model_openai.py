@@ -91,8 +91,7 @@ def test_a_malformed_reply_is_permanent(server: ModelServer) -> None:
 def test_an_unreachable_server_is_transient(server: ModelServer) -> None:
     """A refused connection is retried."""
     model = client(server)
-    server.httpd.shutdown()
-    server.httpd.server_close()
+    server.stop()
     with pytest.raises(ModelUnavailable, match="unreachable"):
         model.generate("x")
 

@@ -363,16 +363,11 @@ def test_a_postgres_ledger_whose_runs_table_stays_locked_fails_every_pending_sub
     """The runs table held by another session (an operator's migration) through a whole
     tick: the batched read passes, register+claim gives up after the lock timeout and its
     task retry with LedgerBusy, every pending subject is failed with it, nothing is written."""
-    import psycopg
-    import sqlalchemy as sa
-
     url = postgres_databases.create()
     try:
         with pipeline_env(url, tmp_path, monkeypatch) as env:
             env.set(postgres_lock_timeout_ms=100, task_retries=1)
-            libpq = sa.engine.make_url(url).set(drivername="postgresql").render_as_string(False)
-            with psycopg.connect(libpq) as holder:
-                holder.execute("LOCK TABLE runs IN EXCLUSIVE MODE")
+            with postgres_databases.hold(url, "LOCK TABLE runs IN EXCLUSIVE MODE") as holder:
                 state, report = env.run(SUMMARY, period="2026-01-05")
                 holder.rollback()
             assert_every_pending_subject_failed_busy(env, state, report)

@@ -46,33 +46,34 @@ class FakeProvider(LoopbackServer):
         self.script: list[Scripted] = []
         self.emails: dict[str, tuple[str, str]] = {}  # key -> (payload digest, email id)
         self.lock = threading.Lock()
-        self.url = self.origin
 
     def answer(self, request: Request) -> Answer:
-        status, body, headers, sleep = self.reply(request.path, request.headers, request.body)
-        return Answer(status, json.dumps(body).encode(),
-                      {**headers, "Content-Type": "application/json"}, sleep)
-
-    def reply(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict[str, Any], dict[str, str], float]:
-        key = headers.get("Idempotency-Key", "")
+        key = request.headers.get("Idempotency-Key", "")
         with self.lock:
-            self.requests.append({"path": path, "key": key, "auth": headers.get("Authorization"),
-                                  "payload": json.loads(raw), "at": time.monotonic()})
-            digest = hashlib.sha256(raw).hexdigest()
+            self.requests.append({"path": request.path, "key": key,
+                                  "auth": request.headers.get("Authorization"),
+                                  "payload": json.loads(request.body), "at": time.monotonic()})
+            digest = hashlib.sha256(request.body).hexdigest()
             if self.script:
                 scripted = self.script.pop(0)
                 if scripted.remember:
                     self.emails[key] = (digest, f"email-{uuid.uuid4().hex[:8]}")
-                return scripted.status, scripted.body, scripted.headers, scripted.sleep
+                return _json(scripted.status, scripted.body, scripted.headers, scripted.sleep)
             if key in self.emails:
                 known_digest, email_id = self.emails[key]
                 if known_digest != digest:
-                    return 409, {"name": "invalid_idempotent_request",
-                                 "message": "same key, different payload"}, {}, 0.0
-                return 200, {"id": email_id}, {}, 0.0
+                    return _json(409, {"name": "invalid_idempotent_request",
+                                       "message": "same key, different payload"})
+                return _json(200, {"id": email_id})
             email_id = f"email-{uuid.uuid4().hex[:8]}"
             self.emails[key] = (digest, email_id)
-            return 200, {"id": email_id}, {}, 0.0
+            return _json(200, {"id": email_id})
+
+
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None,
+          delay: float = 0.0) -> Answer:
+    return Answer(status, json.dumps(body).encode(),
+                  {**(headers or {}), "Content-Type": "application/json"}, delay)
 
 
 @pytest.fixture
@@ -82,7 +83,7 @@ def provider() -> Iterator[FakeProvider]:
 
 
 def transport(provider: FakeProvider, **overrides: Any) -> ProviderTransport:
-    values: dict[str, Any] = {"url": provider.url, "api_key": API_KEY,
+    values: dict[str, Any] = {"url": provider.origin, "api_key": API_KEY,
                               "mail_from": "jobs@example.com", "timeout": 2.0}
     values.update(overrides)
     return ProviderTransport(ProviderSettings(**values))

@@ -4,6 +4,7 @@ thread of its own, while the server is entered."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,14 @@ class Answer:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0  # seconds to wait before answering (a slow server)
+
+
+def json_answer(status: int, body: Any, headers: dict[str, str] | None = None,
+                delay: float = 0.0, *, raw: bytes | None = None) -> Answer:
+    """An answer of Content-Type application/json: ``body`` encoded, or ``raw`` bytes as they
+    are (a server that claims JSON and sends something else)."""
+    payload = json.dumps(body).encode() if raw is None else raw
+    return Answer(status, payload, {**(headers or {}), "Content-Type": "application/json"}, delay)
 
 
 class LoopbackServer:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loopback import Answer, LoopbackServer, Request
+from loopback import Answer, LoopbackServer, Request, json_answer
 from prefect.states import State
 
 from flows.jobs import Candidate, Job, register
@@ -67,16 +67,13 @@ class ModelServer(LoopbackServer):
                                   "json": json.loads(request.body)})
             count = len(self.requests)
             reply = self.script.pop(0) if self.script else Reply()
-        if reply.raw is not None:
-            payload = reply.raw
-        elif reply.status == 200:
+        if reply.status == 200:
             text = f"answer {count}" if reply.text is None else reply.text
-            payload = json.dumps({"model": "probe-model", "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": text}}]}).encode()
+            body: dict[str, Any] = {"model": "probe-model", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}}]}
         else:
-            payload = json.dumps({"error": {"message": f"status {reply.status}"}}).encode()
-        return Answer(reply.status, payload,
-                      {**reply.headers, "Content-Type": "application/json"}, reply.delay)
+            body = {"error": {"message": f"status {reply.status}"}}
+        return json_answer(reply.status, body, reply.headers, reply.delay, raw=reply.raw)
 
 
 @dataclass

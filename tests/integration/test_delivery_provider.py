@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from delivery_support import deliver, queue, statuses
-from loopback import Answer, LoopbackServer, Request
+from loopback import Answer, LoopbackServer, Request, json_answer
 
 from flows.delivery.policy import RetryPolicy
 from flows.mail.errors import MailConfigurationError
@@ -58,22 +58,16 @@ class FakeProvider(LoopbackServer):
                 scripted = self.script.pop(0)
                 if scripted.remember:
                     self.emails[key] = (digest, f"email-{uuid.uuid4().hex[:8]}")
-                return _json(scripted.status, scripted.body, scripted.headers, scripted.sleep)
+                return json_answer(scripted.status, scripted.body, scripted.headers, scripted.sleep)
             if key in self.emails:
                 known_digest, email_id = self.emails[key]
                 if known_digest != digest:
-                    return _json(409, {"name": "invalid_idempotent_request",
+                    return json_answer(409, {"name": "invalid_idempotent_request",
                                        "message": "same key, different payload"})
-                return _json(200, {"id": email_id})
+                return json_answer(200, {"id": email_id})
             email_id = f"email-{uuid.uuid4().hex[:8]}"
             self.emails[key] = (digest, email_id)
-            return _json(200, {"id": email_id})
-
-
-def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None,
-          delay: float = 0.0) -> Answer:
-    return Answer(status, json.dumps(body).encode(),
-                  {**(headers or {}), "Content-Type": "application/json"}, delay)
+            return json_answer(200, {"id": email_id})
 
 
 @pytest.fixture

@@ -15,8 +15,15 @@ with --repeat, also the median and range of each round's own ratio (both flows o
 back to back, so drift between rounds cancels out of it). Between measurements the server is
 given time to record the task runs it was sent.
 
-Prefect: PREFECT_API_URL if set (e.g. a PostgreSQL-backed `prefect server start`), otherwise a
-temporary local server on SQLite; logs at WARNING so that both flows pay the same small logging
+With --repeat 5 or more it also prints a bootstrap interval of that median and a verdict: the
+target is met when the whole interval is at or below it, missed when the whole interval is above
+it, and undecided otherwise (more rounds narrow the interval).
+
+Prefect: with --server, a `prefect server start` of the script's own on a new PostgreSQL
+database, dropped afterwards, run at a lower CPU priority (--server-nice) so that on a machine
+shared with it the server's background work (recording task runs and events) does not take the
+flows' CPU, as when the server runs on a host of its own; else PREFECT_API_URL if set; else a
+temporary local server on SQLite. Logs at WARNING so that both flows pay the same small logging
 cost. PostgreSQL ledgers are skipped when unreachable (RUNLEDGER_BENCH_POSTGRES_URL, default
 postgresql+psycopg://postgres@127.0.0.1:5432/postgres)."""
 
@@ -27,7 +34,11 @@ import asyncio
 import contextvars
 import gc
 import os
+import random
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -39,6 +50,7 @@ from typing import Any
 
 from databases import postgres_database
 
+TARGET = 1.15
 PERIODS = iter(f"2026-{month:02d}-{day:02d}" for month in range(1, 13) for day in range(1, 29))
 
 
@@ -47,6 +59,54 @@ def _prefect_environment() -> None:
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="runledger-bench-prefect-"))
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+@contextmanager
+def own_server(nice: int) -> Iterator[str]:
+    """A PostgreSQL-backed ``prefect server start`` of this run's own, at CPU priority ``nice``;
+    yields its API URL and stops it (and drops its database) on exit."""
+    from flows.stack import commands
+    from flows.stack.prefect_server import api_url, server_env, wait_until_healthy
+    from flows.stack.processes import Supervisor
+
+    with postgres_database() as url, tempfile.TemporaryDirectory() as home:
+        if url is None:
+            raise SystemExit("--server needs PostgreSQL for the Prefect server's database")
+        database = url.replace("postgresql+psycopg://", "postgresql+asyncpg://", 1)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        supervisor = Supervisor(Path(home) / "logs")
+        try:
+            server = supervisor.start(
+                "prefect-server",
+                ["nice", "-n", str(nice), *commands.server_argv("127.0.0.1", port, ui=False)],
+                server_env(os.environ, Path(home) / "prefect", database),
+            )
+            api = api_url("127.0.0.1", port)
+            wait_until_healthy(api, server, timeout=180)
+            yield api
+        finally:
+            supervisor.stop()
+
+
+def median_interval(ratios: list[float], confidence: float = 0.9,
+                    resamples: int = 4000) -> tuple[float, float]:
+    """A bootstrap ``confidence`` interval of the median of ``ratios`` (fixed seed: the same
+    rounds always give the same interval)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
+                     for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1]
+
+
+def verdict(low: float, high: float) -> str:
+    if high <= TARGET:
+        return "target met"
+    if low > TARGET:
+        return "target missed"
+    return "undecided"
 
 
 @contextmanager
@@ -225,7 +285,15 @@ def measure(size: int, dialect: str, url: str, delay: float, repeat: int) -> dic
     row["paired_range"] = (paired[0], paired[-1])
     row["paired_cpu_ratio"] = statistics.median(r["run_job_cpu_s"] / r["bare_cpu_s"]
                                                 for r in rounds)
+    row["interval"] = median_interval(paired) if repeat >= 5 else None
     return row
+
+
+def interval(row: dict[str, Any]) -> str:
+    if row["interval"] is None:
+        return ""
+    low, high = row["interval"]
+    return f", 90% interval {low:.3f}-{high:.3f}: {verdict(low, high)}"
 
 
 def main() -> None:
@@ -236,10 +304,28 @@ def main() -> None:
     parser.add_argument("--model-delay", type=float, default=0.0,
                         help="seconds the offline model sleeps per call (a model's latency)")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--server", action="store_true",
+                        help="start a PostgreSQL-backed Prefect server of this run's own")
+    parser.add_argument("--server-nice", type=int, default=10,
+                        help="CPU niceness of that server (0: same priority as the flows)")
     args = parser.parse_args()
+    if min(args.sizes) < 1 or args.repeat < 1:
+        parser.error("--sizes and --repeat must be positive")
+    if args.server:
+        # Prefect reads PREFECT_API_URL when first imported, and starting the server imports
+        # it: the measurements run in a child process that starts with the server's URL.
+        with own_server(args.server_nice) as api:
+            print(f"Prefect server: {api} (PostgreSQL, nice {args.server_nice})", flush=True)
+            child = [a for a in sys.argv[1:] if a != "--server"]
+            code = subprocess.run([sys.executable, __file__, *child],
+                                  env={**os.environ, "PREFECT_API_URL": api}).returncode
+        raise SystemExit(code)
     _prefect_environment()
     os.environ["RUNLEDGER_OFFLINE_MODEL_DELAY_SECONDS"] = str(args.model_delay)
+    run(args)
 
+
+def run(args: argparse.Namespace) -> None:
     from flows.pipeline import run_job
 
     with tempfile.TemporaryDirectory() as directory:
@@ -258,7 +344,8 @@ def main() -> None:
                           f"{row['run_job_s']:7.2f} s, ratio {row['ratio']:.3f} (target <= 1.15), "
                           f"client CPU ratio {row['cpu_ratio']:.3f}; "
                           f"median of {args.repeat} rounds' ratios {row['paired_ratio']:.3f} "
-                          f"({low:.3f}-{high:.3f}), of CPU ratios {row['paired_cpu_ratio']:.3f}; "
+                          f"({low:.3f}-{high:.3f}){interval(row)}, of CPU ratios "
+                          f"{row['paired_cpu_ratio']:.3f}; "
                           f"rerun {row['rerun_s']:6.2f} s with {row['rerun_model_calls']} model "
                           f"calls and {row['rerun_task_runs']} task runs "
                           f"(first run: {row['first_task_runs']} task runs)", flush=True)

@@ -99,6 +99,12 @@ def main() -> None:
     parser.add_argument("--dialects", nargs="+", default=["postgres", "sqlite"],
                         choices=["postgres", "sqlite"])
     args = parser.parse_args()
+    if min(args.claims, args.limit) < 1 or args.backlog < args.small:
+        parser.error("--claims and --limit must be positive and --backlog at least --small")
+    if args.small < (args.claims + 2) * args.limit:  # each claim takes messages for good
+        parser.error(f"--small must be at least (--claims + 2 warm-up claims) x --limit = "
+                     f"{(args.claims + 2) * args.limit} so that every claim finds --limit due "
+                     "messages")
     print(f"outbox claim benchmark: {args.claims} claims of {args.limit}, nine sent messages per "
           f"due one, load average {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as directory:

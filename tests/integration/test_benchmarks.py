@@ -1,0 +1,125 @@
+"""Every benchmark script runs here in a reduced form, on both ledgers, so that a change which
+breaks one fails the suite instead of surprising the next person who measures. The figures are
+not asserted (no timed tests): the full runs and their figures are in README. What a script
+checks about behaviour (one winner per contended claim, a rerun with no model call and no task
+run, every message delivered) is asserted through its exit status and its output."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from deployments.project import PROJECT_ROOT
+
+BENCH = PROJECT_ROOT / "bench"
+
+RunBench = Callable[..., str]
+
+
+@pytest.fixture
+def run_bench(postgres_databases: Any) -> RunBench:
+    """Run ``bench/<script>`` to the end against the tests' PostgreSQL server (without it the
+    fixture fails in CI) and return what it printed; it must exit 0 and must not have skipped
+    PostgreSQL."""
+    admin = postgres_databases.engine.url.render_as_string(hide_password=False)
+
+    def run(script: str, *args: str, timeout: float = 300) -> str:
+        done = subprocess.run(
+            [sys.executable, str(BENCH / script), *args], cwd=PROJECT_ROOT,
+            env={**os.environ, "RUNLEDGER_BENCH_POSTGRES_URL": admin},
+            capture_output=True, text=True, timeout=timeout,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "unreachable" not in done.stdout, done.stdout
+        return done.stdout
+
+    return run
+
+
+def bench_databases(postgres_databases: Any) -> int:
+    with postgres_databases.engine.connect() as conn:
+        return int(conn.execute(sa.text(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE 'rlbench\\_%'")).scalar_one())
+
+
+def test_the_ledger_bench_finds_one_winner_per_contended_claim_on_both_ledgers(
+        run_bench: RunBench) -> None:
+    out = run_bench("ledger_bench.py", "--seconds", "0.6", "--workers", "2", "--rounds", "3")
+    for dialect in ("postgresql", "sqlite"):
+        assert re.search(rf"\[{dialect}\] ratio ledger transitions/s : baseline statements/s = "
+                         r"\d+\.\d\d", out), out
+        assert f"[{dialect}] contention, 2 processes x 3 rounds on 1 key each: exactly 1 winner " \
+               "in every round" in out, out
+
+
+def test_the_delivery_bench_delivers_every_message_on_both_ledgers(run_bench: RunBench) -> None:
+    out = run_bench("delivery_bench.py", "--messages", "20", "--repeat", "1")
+    for dialect in ("sqlite", "postgresql"):
+        assert re.search(rf"dispatcher on {dialect}\s+\(claim, send, mark\): median\s+\d+ msg/s",
+                         out), out
+
+
+def test_the_outbox_claim_bench_compares_a_backlog_with_a_small_outbox_on_both_ledgers(
+        run_bench: RunBench) -> None:
+    out = run_bench("outbox_claim_bench.py", "--backlog", "500", "--small", "100", "--claims", "3")
+    for dialect in ("postgres", "sqlite"):
+        assert re.search(rf"{dialect}\s*: 100 due -> [\d.]+ ms per claim; 500 due -> [\d.]+ ms per "
+                         r"claim; ratio \d+\.\d\d", out), out
+
+
+def test_the_pipeline_bench_reruns_a_completed_tick_without_model_calls_or_task_runs(
+        run_bench: RunBench, postgres_databases: Any) -> None:
+    before = bench_databases(postgres_databases)
+    out = run_bench("pipeline_bench.py", "--server", "--sizes", "3", "--repeat", "5")
+    assert re.search(r"Prefect server: http://127\.0\.0\.1:\d+/api \(PostgreSQL, nice 10\)", out)
+    for dialect in ("sqlite", "postgres"):
+        line = next((x for x in out.splitlines() if x.startswith(f"{dialect:8} N=    3:")), None)
+        assert line is not None, out
+        assert re.search(r"ratio \d+\.\d{3} \(target <= 1\.15\)", line), line
+        assert re.search(r"median of 5 rounds' ratios \d+\.\d{3} \(\d+\.\d{3}-\d+\.\d{3}\), 90% "
+                         r"interval \d+\.\d{3}-\d+\.\d{3}: (target met|target missed|undecided)",
+                         line), line
+        # Five rounds' reruns together: no model call and no task run; the first run of a tick
+        # of 3 subjects starts one register+claim task run and three per subject.
+        assert "with 0 model calls and 0 task runs (first run: 10 task runs)" in line, line
+    # The databases of the script's own server and of its PostgreSQL ledger are dropped.
+    assert bench_databases(postgres_databases) == before
+
+
+def test_the_pipeline_bench_refuses_sizes_below_one(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(BENCH / "pipeline_bench.py"), "--sizes", "0"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--sizes and --repeat must be positive" in done.stderr
+
+
+def _pipeline_bench(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(BENCH))  # the script imports its sibling databases.py
+    spec = importlib.util.spec_from_file_location("pipeline_bench", BENCH / "pipeline_bench.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("ratios", "expected"), [
+    ([1.05, 1.08, 1.10, 1.12, 1.09], "target met"),
+    ([1.20, 1.25, 1.30, 1.22, 1.18], "target missed"),
+    ([0.95, 1.40, 1.05, 1.30, 1.12, 1.25], "undecided"),
+])
+def test_the_pipeline_verdict_needs_the_whole_interval_on_one_side_of_the_target(
+        ratios: list[float], expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _pipeline_bench(monkeypatch)
+    low, high = bench.median_interval(ratios)
+    assert min(ratios) <= low <= bench.statistics.median(ratios) <= high <= max(ratios)
+    assert bench.verdict(low, high) == expected
+    assert bench.median_interval(ratios) == (low, high)  # the same rounds, the same interval

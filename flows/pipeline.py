@@ -87,6 +87,16 @@ class Tick:
 
 
 @dataclass(frozen=True)
+class Held:
+    """A claimed subject's hold on its Run, which every stage of that subject presents: the
+    tick, the claim and the keeper renewing its lease."""
+
+    tick: Tick
+    claim: Claim
+    keeper: LeaseKeeper
+
+
+@dataclass(frozen=True)
 class Persisted:
     """The Run this attempt completed, and how many outbox rows it queued."""
 
@@ -150,25 +160,24 @@ def _lost_state(keeper: LeaseKeeper, claim: Claim, consequence: str = "") -> Sta
 
 
 @task(name="collect", task_run_name="collect[{subject}]", **STAGE)
-def collect_input(tick: Tick, subject: str, claim: Claim,
-                  keeper: LeaseKeeper) -> State[Any] | dict[str, Any]:
+def collect_input(subject: str, held: Held) -> State[Any] | dict[str, Any]:
     """Collect the raw input and store it once; the stored value (maybe an earlier one) wins."""
-    if (lost := _lost_state(keeper, claim)) is not None:
+    if (lost := _lost_state(held.keeper, held.claim)) is not None:
         return lost
-    raw = tick.job.collect(subject, tick.period)
+    raw = held.tick.job.collect(subject, held.tick.period)
     try:
-        return tick.ledger.save_input(claim, raw)
+        return held.tick.ledger.save_input(held.claim, raw)
     except LeaseLost as exc:
         return _named("LeaseLost", str(exc), exc)
 
 
 @task(name="transform", task_run_name="transform[{subject}]", **STAGE)
-def transform_input(tick: Tick, subject: str, claim: Claim, raw: dict[str, Any],
-                    keeper: LeaseKeeper) -> State[Any] | Candidate:
+def transform_input(subject: str, held: Held, raw: dict[str, Any]) -> State[Any] | Candidate:
     """Ask the model for a candidate; a lease already lost skips the model call."""
-    if (lost := _lost_state(keeper, claim)) is not None:
+    tick = held.tick
+    if (lost := _lost_state(held.keeper, held.claim)) is not None:
         return lost
-    model = LoggedModel(tick.model, tick.call_log, tick.job.name, subject, claim.run_id)
+    model = LoggedModel(tick.model, tick.call_log, tick.job.name, subject, held.claim.run_id)
     try:
         return tick.job.transform(raw, model)
     except TransientError as exc:
@@ -178,11 +187,11 @@ def transform_input(tick: Tick, subject: str, claim: Claim, raw: dict[str, Any],
 
 
 @task(name="persist", task_run_name="persist[{subject}]", **STAGE)
-def persist_output(tick: Tick, subject: str, claim: Claim, candidate: Candidate,
-                   keeper: LeaseKeeper) -> State[Any]:
+def persist_output(subject: str, held: Held, candidate: Candidate) -> State[Any]:
     """Validate the candidate, then complete the Run with its outbox rows and business effect
     in one transaction; a moved fence discards the candidate."""
-    if (lost := _lost_state(keeper, claim, "candidate discarded: ")) is not None:
+    tick, claim = held.tick, held.claim
+    if (lost := _lost_state(held.keeper, claim, "candidate discarded: ")) is not None:
         return lost
     tick.job.validate(candidate)
     output = candidate.output()
@@ -267,19 +276,17 @@ def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: st
                     run: Run, claim: Claim) -> SubjectOutcome:
     """Take one claimed subject through the stages; every way out is a SubjectOutcome, and
     the claim leaves the keeper when the subject ends."""
-    # quote(): Prefect would otherwise walk these objects (the job's subject list among them)
-    # on every task call, looking for futures.
-    shared = quote(tick)
+    # quote(): Prefect would otherwise walk the tick (the job's subject list among them) on
+    # every task call, looking for futures. The raw input and the candidate are passed as they
+    # are, so that Prefect links each to the task run that returned it: the UI's run graph then
+    # draws collect -> transform -> persist for every subject.
+    held = quote(Held(tick, claim, keeper))
     try:
         raw = run.raw_input
         if raw is None:
-            raw = _value(stages.collect(shared, subject, quote(claim), quote(keeper)))
-        candidate = _value(
-            stages.transform(shared, subject, quote(claim), quote(raw), quote(keeper))
-        )
-        persisted: Persisted = _value(
-            stages.persist(shared, subject, quote(claim), quote(candidate), quote(keeper))
-        )
+            raw = _value(stages.collect(subject, held))
+        candidate = _value(stages.transform(subject, held, raw))
+        persisted: Persisted = _value(stages.persist(subject, held, candidate))
     except LeaseLost as exc:
         return _lease_lost(tick, subject, run.run_id, exc)
     except Exception as exc:

@@ -290,6 +290,36 @@ def test_a_tick_registers_and_claims_all_its_unfinished_subjects_in_one_task_run
         f"{stage}[s{i}]" for stage in ("collect", "transform", "persist") for i in range(1, 5))
 
 
+def test_the_run_graph_links_each_subjects_collect_transform_and_persist(env: Env) -> None:
+    """Each stage's input is linked to the task run that returned it, so the Prefect UI draws
+    collect -> transform -> persist; a transform on raw input that an earlier attempt stored has
+    no upstream task run."""
+    env.set(task_retries=0)
+    probe = probe_job(transform_errors=[TimeoutError("model slow")])
+    failed, _ = env.run(probe.name, period="2026-01-05")
+    done, _ = env.run(probe.name, period="2026-01-05")
+    assert (failed.is_failed(), done.name) == (True, "Completed")
+    with get_client(sync_client=True) as client:
+        def task_runs(flow_run: State[Any]) -> dict[str, Any]:
+            return {t.name: t for t in client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[flow_run.state_details.flow_run_id])))}
+
+        wait_until(lambda: len(task_runs(failed)) == 3 and len(task_runs(done)) == 3, 30,
+                   "both flow runs' task runs")
+        first, second = task_runs(failed), task_runs(done)
+
+    def upstream(task_run: Any, parameter: str) -> list[Any]:
+        return [(i.input_type, i.id) for i in task_run.task_inputs[parameter]]
+
+    assert sorted(first) == ["collect[acme]", "register+claim[1 subjects]", "transform[acme]"]
+    assert upstream(first["transform[acme]"], "raw") == [
+        ("task_run", first["collect[acme]"].id)]
+    assert sorted(second) == ["persist[acme]", "register+claim[1 subjects]", "transform[acme]"]
+    assert upstream(second["transform[acme]"], "raw") == []
+    assert upstream(second["persist[acme]"], "candidate") == [
+        ("task_run", second["transform[acme]"].id)]
+
+
 def test_daily_credit_commits_its_credit_with_the_completion(env: Env) -> None:
     """One credit row per account and day, whatever the number of reruns."""
     from sqlmodel import Session, select

@@ -24,7 +24,7 @@ from pipeline_support import (
 from flows.jobs import Candidate
 from flows.lease_keeper import LeaseKeeper
 from flows.model import CallLog, OfflineModel
-from flows.pipeline import Tick, persist_output
+from flows.pipeline import Held, Tick, persist_output
 from flows.settings import RunledgerSettings
 
 PERIOD = "2026-01-05"
@@ -164,8 +164,8 @@ def test_a_persist_retried_after_its_reply_was_lost_finds_its_own_completion(env
     keeper = LeaseKeeper(env.ledger, 60)
     keeper.hold([claim])
     candidate = Candidate("summary", "offline")
-    first = persist_output.fn(tick, "acme", claim, candidate, keeper)
-    again = persist_output.fn(tick, "acme", claim, candidate, keeper)
+    first = persist_output.fn("acme", Held(tick, claim, keeper), candidate)
+    again = persist_output.fn("acme", Held(tick, claim, keeper), candidate)
     assert (first.name, again.name) == ("Completed", "Completed")
     assert again.data.outbox_rows == 2
     assert len(env.ledger.messages(run_id=identity.run_id)) == 2

@@ -95,11 +95,20 @@ def test_the_pipeline_bench_reruns_a_completed_tick_without_model_calls_or_task_
     assert bench_databases(postgres_databases) == before
 
 
-def test_the_pipeline_bench_refuses_sizes_below_one(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(BENCH / "pipeline_bench.py"), "--sizes", "0"],
+@pytest.mark.parametrize(("script", "args", "message"), [
+    ("pipeline_bench.py", ["--sizes", "0"], "--sizes and --repeat must be positive"),
+    ("outbox_claim_bench.py", ["--small", "30", "--claims", "3"],
+     "--small must be at least (--claims + 2 warm-up claims) x --limit = 100"),
+    ("outbox_claim_bench.py", ["--small", "500", "--backlog", "400"],
+     "--backlog at least --small"),
+])
+def test_a_bench_refuses_sizes_it_cannot_measure_before_touching_a_database(
+        script: str, args: list[str], message: str, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(BENCH / script), *args],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "--sizes and --repeat must be positive" in done.stderr
+    assert message in done.stderr
+    assert done.stdout == ""  # refused before printing a header or opening a ledger
 
 
 def _pipeline_bench(monkeypatch: pytest.MonkeyPatch) -> Any:

@@ -20,9 +20,10 @@ target is met when the whole interval is at or below it, missed when the whole i
 it, and undecided otherwise (more rounds narrow the interval).
 
 Prefect: with --server, a `prefect server start` of the script's own on a new PostgreSQL
-database, dropped afterwards, run at a lower CPU priority (--server-nice) so that on a machine
-shared with it the server's background work (recording task runs and events) does not take the
-flows' CPU, as when the server runs on a host of its own; else PREFECT_API_URL if set; else a
+database, dropped afterwards, run at a lower CPU priority (--server-nice), it and the PostgreSQL
+backends serving its database, so that on a machine shared with it the server's background work
+(recording task runs and events) does not take the flows' CPU, as when the server and its
+database run on a host of their own; else PREFECT_API_URL if set; else a
 temporary local server on SQLite. Logs at WARNING so that both flows pay the same small logging
 cost. PostgreSQL ledgers are skipped when unreachable (RUNLEDGER_BENCH_POSTGRES_URL, default
 postgresql+psycopg://postgres@127.0.0.1:5432/postgres)."""
@@ -40,11 +41,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +65,9 @@ def _prefect_environment() -> None:
 
 @contextmanager
 def own_server(nice: int) -> Iterator[str]:
-    """A PostgreSQL-backed ``prefect server start`` of this run's own, at CPU priority ``nice``;
-    yields its API URL and stops it (and drops its database) on exit."""
+    """A PostgreSQL-backed ``prefect server start`` of this run's own, it and its database's
+    backends at CPU priority ``nice``; yields its API URL and stops it (and drops its database)
+    on exit."""
     from flows.stack import commands
     from flows.stack.prefect_server import api_url, server_env, wait_until_healthy
     from flows.stack.processes import Supervisor
@@ -85,9 +88,69 @@ def own_server(nice: int) -> Iterator[str]:
             )
             api = api_url("127.0.0.1", port)
             wait_until_healthy(api, server, timeout=180)
-            yield api
+            reniced = BackendsReniced(url, nice) if nice else None
+            with reniced or nullcontext():
+                yield api
+            if reniced is not None:
+                print(f"The server's database: {len(reniced.pids)} PostgreSQL backends kept at "
+                      f"nice {nice}", flush=True)
+                if reniced.error is not None:
+                    print(f"WARNING: stopped renicing its new backends: {reniced.error!r}",
+                          flush=True)
         finally:
             supervisor.stop()
+
+
+class BackendsReniced:
+    """Keeps the PostgreSQL backends serving a database at CPU priority ``nice``, checking for
+    new ones every half second: the server's database work (several milliseconds of CPU per
+    task run recorded) is the server's background work too, and a server on a host of its own
+    would not take it from the flows."""
+
+    def __init__(self, url: str, nice: int) -> None:
+        import sqlalchemy as sa
+
+        self.engine = sa.create_engine(url, pool_size=1)  # one connection, kept between checks
+        self.nice = nice
+        self.pids: set[int] = set()
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._keep, name="renice-backends", daemon=True)
+
+    def __enter__(self) -> BackendsReniced:
+        self._renice()  # fail here, not silently in the thread, when it cannot be done
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.engine.dispose()
+
+    def _keep(self) -> None:
+        while not self.stop.wait(0.5):
+            try:
+                self._renice()
+            except BaseException as exc:  # reported with the figures, which it may have skewed
+                self.error = exc
+                return
+
+    def _renice(self) -> None:
+        import sqlalchemy as sa
+
+        with self.engine.connect() as conn:
+            pids = conn.execute(sa.text(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")).scalars()
+            for pid in set(pids) - self.pids:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, pid, self.nice)
+                except ProcessLookupError:  # the backend ended meanwhile
+                    continue
+                except PermissionError as exc:
+                    raise SystemExit(f"--server-nice {self.nice}: cannot renice PostgreSQL "
+                                     f"backend {pid} ({exc}); run as its owner or root, or "
+                                     "pass --server-nice 0") from exc
+                self.pids.add(pid)
 
 
 def median_interval(ratios: list[float], confidence: float = 0.9,

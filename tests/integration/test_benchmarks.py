@@ -81,6 +81,9 @@ def test_the_pipeline_bench_reruns_a_completed_tick_without_model_calls_or_task_
     before = bench_databases(postgres_databases)
     out = run_bench("pipeline_bench.py", "--server", "--sizes", "3", "--repeat", "5")
     assert re.search(r"Prefect server: http://127\.0\.0\.1:\d+/api \(PostgreSQL, nice 10\)", out)
+    # The server's database work is its background work too: its backends ran niced as well.
+    reniced = re.search(r"The server's database: (\d+) PostgreSQL backends kept at nice 10", out)
+    assert reniced is not None and int(reniced[1]) >= 1, out
     for dialect in ("sqlite", "postgres"):
         line = next((x for x in out.splitlines() if x.startswith(f"{dialect:8} N=    3:")), None)
         assert line is not None, out

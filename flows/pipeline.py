@@ -17,9 +17,11 @@ import os
 import socket
 import time
 from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -96,12 +98,18 @@ class Held:
     keeper: LeaseKeeper
 
 
-@dataclass(frozen=True)
 class Persisted:
-    """The Run this attempt completed, and how many outbox rows it queued."""
+    """The Run this attempt completed, and how many outbox rows it queued.
 
-    run: Run
-    outbox_rows: int
+    A plain class, not a dataclass: Prefect walks a task's return value (dataclasses and
+    pydantic models field by field) looking for futures, and the Run carries its raw input
+    and output; it leaves other objects alone."""
+
+    __slots__ = ("outbox_rows", "run")
+
+    def __init__(self, run: Run, outbox_rows: int) -> None:
+        self.run = run
+        self.outbox_rows = outbox_rows
 
 
 def _retry_if_transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
@@ -146,8 +154,10 @@ def register_and_claim(tick: Tick, identities: dict[str, RunIdentity]) -> State[
     )
     registrations = {subject: found[identity.run_id] for subject, identity in identities.items()}
     counts = Counter(_finding(r) for r in registrations.values())
+    # A read-only view, not the dict: Prefect walks a returned dict (every Registration, every
+    # Run's fields) looking for futures, and leaves a mapping of another type alone.
     return Completed(message=", ".join(f"{counts[f]} {f.replace('-', ' ')}" for f in FINDINGS),
-                     data=registrations)
+                     data=MappingProxyType(registrations))
 
 
 def _lost_state(keeper: LeaseKeeper, claim: Claim, consequence: str = "") -> State[Any] | None:
@@ -375,7 +385,7 @@ def run_tick(tick: Tick, identities: dict[str, RunIdentity]) -> TickReport:
     if pending:
         stages = Stages.configured(tick.settings)
         try:
-            registrations: dict[str, Registration] = _value(
+            registrations: Mapping[str, Registration] = _value(
                 stages.claim(quote(tick), quote(pending)))
         except Exception as exc:
             registrations = {}
@@ -417,11 +427,16 @@ def ensure_tables(job: Job, ledger: Ledger) -> None:
 async def _label_flow_run(name: str, job: Job | None) -> None:
     """Name the flow run ``{job}/{period}`` and tag it (not its task runs: a tagged task run
     asks the server for tag concurrency slots, one round trip per task run) with the job and
-    its version, in one API call."""
+    its version, in one API call. A refused call is logged, not raised: name and tags are
+    monitoring, and failing a flow run whose tick the ledger completed would page someone for
+    nothing."""
     labels = set() if job is None else {f"job:{job.name}", f"version:{job.version}"}
-    async with get_client() as client:
-        await client.update_flow_run(current_flow_run.id, name=name,
-                                     tags=sorted({*current_flow_run.tags, *labels}))
+    try:
+        async with get_client() as client:
+            await client.update_flow_run(current_flow_run.id, name=name,
+                                         tags=sorted({*current_flow_run.tags, *labels}))
+    except Exception:
+        get_run_logger().warning("could not name the flow run %r", name, exc_info=True)
 
 
 def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentity],
@@ -497,9 +512,7 @@ async def run_job(job: str, subjects: list[str] | None = None,
         identities = {s: definition.identity(s, the_period)
                       for s in definition.resolve_subjects(subjects)}
     except RunledgerError:
-        # The input error is the news; a naming error must not hide it.
-        await asyncio.gather(_label_flow_run(f"{job}/invalid-input", None),
-                             return_exceptions=True)
+        await _label_flow_run(f"{job}/invalid-input", None)
         raise
     settings = RunledgerSettings()
     # Name and tags are monitoring: their API call need not hold up the tick.

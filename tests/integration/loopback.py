@@ -58,7 +58,7 @@ class LoopbackServer:
                 except OSError:
                     pass  # the client gave up waiting (a timeout test)
 
-            do_GET = do_POST = serve
+            do_GET = do_POST = do_PATCH = serve
 
             def log_message(self, format: str, *args: Any) -> None:
                 return None

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loopback import Answer, LoopbackServer, Request, json_answer
 from pipeline_support import (
     ACME,
     SUMMARY,
@@ -24,13 +25,15 @@ from pipeline_support import (
     probe_job,
     wait_until,
 )
+from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.flow_engine import run_flow
+from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.states import Scheduled, State
 
 from flows.outcomes import TickReport
-from flows.pipeline import run_job
+from flows.pipeline import _label_flow_run, run_job
 
 # Behaviour that does not depend on the ledger's dialect runs on the production one only.
 postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -215,6 +218,39 @@ def test_bad_input_fails_the_flow_run_with_a_clear_message_and_writes_nothing(
     assert re.search(message, state.message or ""), state.message
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(state.state_details.flow_run_id).name == f"{job}/invalid-input"
+
+
+class RefusingApi(LoopbackServer):
+    """A Prefect API that answers every call with a server error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[Request] = []
+
+    def answer(self, request: Request) -> Answer:
+        self.requests.append(request)
+        return json_answer(500, {"detail": "Internal Server Error"})
+
+
+def test_a_refused_naming_call_is_logged_and_leaves_the_flow_run_completed(
+        prefect_api: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Name and tags are monitoring: a server error on that call must not turn a tick the
+    ledger completed into a failed (paging) flow run."""
+    with RefusingApi() as refusing:
+
+        @flow
+        async def labelled() -> str:
+            # In an event loop of its own: the flow run's client, bound to this loop and to the
+            # real server, would otherwise be reused whatever the API URL says.
+            with temporary_settings({PREFECT_API_URL: f"{refusing.origin}/api"}):
+                await asyncio.to_thread(asyncio.run, _label_flow_run("probe/2026-01-05", None))
+            return "tick done"
+
+        state = asyncio.run(labelled(return_state=True))
+    assert state.is_completed() and state.result() == "tick done"
+    assert refusing.requests, "the naming call never reached the refusing server"
+    assert any(r.levelname == "WARNING" and "could not name the flow run 'probe/2026-01-05'"
+               in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_changed_recipients_under_the_same_run_are_a_conflict(env: Env) -> None:

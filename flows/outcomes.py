@@ -47,14 +47,24 @@ class SubjectOutcome:
         return asdict(self)
 
 
-@dataclass(frozen=True)
 class TickReport:
-    """Every subject's outcome for one job and period."""
+    """Every subject's outcome for one job and period.
 
-    job: str
-    version: str
-    period: Period
-    subjects: list[SubjectOutcome]
+    A plain class, not a dataclass: Prefect walks whatever a flow returns (dataclasses field
+    by field, every list and dict) looking for futures to resolve, and a report holds every
+    subject's output; it leaves other objects alone."""
+
+    __slots__ = ("job", "period", "subjects", "version")
+
+    def __init__(self, job: str, version: str, period: Period,
+                 subjects: list[SubjectOutcome]) -> None:
+        self.job = job
+        self.version = version
+        self.period = period
+        self.subjects = subjects
+
+    def __repr__(self) -> str:
+        return f"TickReport({self.summary()!r})"
 
     @property
     def name(self) -> str:

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any
 
 import pytest
+from prefect.states import Completed
+from prefect.utilities.collections import visit_collection
 from sqlalchemy.exc import OperationalError
 
 from flows.jobs import TransientError, ValidationFailed, is_transient
 from flows.model import ModelRejected, ModelUnavailable
 from flows.outcomes import SubjectOutcome, TickReport
-from store import InvalidInput, LedgerBusy, Period
+from flows.pipeline import Persisted
+from store import InvalidInput, LedgerBusy, Period, Registration, Run
 
 PERIOD = Period(datetime(2026, 1, 5, tzinfo=UTC), datetime(2026, 1, 6, tzinfo=UTC), "UTC")
 
@@ -51,6 +56,26 @@ def test_the_artifact_lists_every_subject_with_its_run_id_and_outcome() -> None:
     ]).markdown()
     assert f"| acme | `{'a' * 64}` | new | 1 | 2 |  |" in text
     assert "bad \\| input" in text
+
+
+def _run() -> Run:
+    return Run.model_construct(run_id="a" * 64, status="completed", output={"text": "summary"},
+                               raw_input={"text": "documents"})
+
+
+@pytest.mark.parametrize("value", [
+    report(*["new"] * 1000),
+    Persisted(_run(), 1),
+    MappingProxyType({f"s{i}": Registration(_run(), None) for i in range(1000)}),
+], ids=["the tick report", "a persisted run", "a tick's registrations"])
+def test_prefect_finds_nothing_to_walk_in_what_the_stages_and_the_flow_return(value: Any) -> None:
+    """Prefect walks a task's or flow's return value looking for futures (every dataclass field,
+    list, dict and pydantic field); these carry ledger rows and outputs, never futures, so each
+    must be one leaf however many subjects it holds."""
+    visited: list[Any] = []
+    visit_collection(Completed(data=value), visit_fn=visited.append, return_data=False)
+    assert any(v is value for v in visited)
+    assert not any(isinstance(v, SubjectOutcome | Registration | Run | dict) for v in visited)
 
 
 @pytest.mark.parametrize("error", [

@@ -4,9 +4,11 @@ PY ?= python3
 UV := $(shell command -v uv 2>/dev/null || echo "$(PY) -m uv")
 
 .PHONY: setup run test lint bench
+# Bytecode compiled once at install: where PYTHONDONTWRITEBYTECODE is set, every process (each
+# Prefect server, worker and CLI run of the suite) would otherwise compile Prefect from source.
 setup:
 	@$(UV) --version >/dev/null 2>&1 || $(PY) -m pip install --quiet "uv>=0.5"
-	@$(UV) sync --frozen --quiet
+	@$(UV) sync --frozen --quiet --compile-bytecode
 
 # The local stack: migrate ./runledger.db, Prefect server + UI on http://127.0.0.1:4200, the SMTP
 # sink writing .eml files to .runledger/mail, `runledger serve` with every schedule, one run of

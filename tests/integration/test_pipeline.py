@@ -31,9 +31,13 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.flow_engine import run_flow
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.states import Scheduled, State
+from prefect.utilities.collections import visit_collection
 
+from flows.model import OfflineModel
 from flows.outcomes import TickReport
-from flows.pipeline import _label_flow_run, run_job
+from flows.pipeline import Tick, _label_flow_run, register_and_claim, run_job
+from flows.settings import RunledgerSettings
+from store import Registration, Run
 
 # Behaviour that does not depend on the ledger's dialect runs on the production one only.
 postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -324,6 +328,26 @@ def test_a_tick_registers_and_claims_all_its_unfinished_subjects_in_one_task_run
         "4 claimed, 0 duplicate, 0 in progress elsewhere, 0 conflict, 0 failed")
     assert sorted(t.name for t in runs if t not in claims) == sorted(
         f"{stage}[s{i}]" for stage in ("collect", "transform", "persist") for i in range(1, 5))
+
+
+def test_prefect_finds_nothing_to_walk_in_the_registrations_register_and_claim_returns(
+        env: Env) -> None:
+    """Prefect walks a task's return value looking for futures (every dict, every dataclass
+    field); a tick's registrations carry every Run, so the stage must hand them back as one
+    leaf however many subjects the tick has."""
+    probe = probe_job([f"s{i}" for i in range(50)])
+    period = probe.job.parse_period("2026-01-05")
+    tick = Tick(probe.job, period, env.ledger, OfflineModel(), None, RunledgerSettings(),
+                "flow-run")
+    state = register_and_claim.fn(tick, {s: probe.job.identity(s, period)
+                                         for s in probe.job.subject_names()})
+    registrations = state.data
+    assert set(registrations) == {f"s{i}" for i in range(50)}
+    assert all(r.claim is not None for r in registrations.values())
+    visited: list[Any] = []
+    visit_collection(state, visit_fn=visited.append, return_data=False)
+    assert any(v is registrations for v in visited)
+    assert not any(isinstance(v, Registration | Run | dict) for v in visited)
 
 
 def test_the_run_graph_links_each_subjects_collect_transform_and_persist(env: Env) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import UTC, datetime
-from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ from flows.jobs import TransientError, ValidationFailed, is_transient
 from flows.model import ModelRejected, ModelUnavailable
 from flows.outcomes import SubjectOutcome, TickReport
 from flows.pipeline import Persisted
-from store import InvalidInput, LedgerBusy, Period, Registration, Run
+from store import InvalidInput, LedgerBusy, Period, Run
 
 PERIOD = Period(datetime(2026, 1, 5, tzinfo=UTC), datetime(2026, 1, 6, tzinfo=UTC), "UTC")
 
@@ -66,8 +65,7 @@ def _run() -> Run:
 @pytest.mark.parametrize("value", [
     report(*["new"] * 1000),
     Persisted(_run(), 1),
-    MappingProxyType({f"s{i}": Registration(_run(), None) for i in range(1000)}),
-], ids=["the tick report", "a persisted run", "a tick's registrations"])
+], ids=["the tick report", "a persisted run"])
 def test_prefect_finds_nothing_to_walk_in_what_the_stages_and_the_flow_return(value: Any) -> None:
     """Prefect walks a task's or flow's return value looking for futures (every dataclass field,
     list, dict and pydantic field); these carry ledger rows and outputs, never futures, so each
@@ -75,7 +73,7 @@ def test_prefect_finds_nothing_to_walk_in_what_the_stages_and_the_flow_return(va
     visited: list[Any] = []
     visit_collection(Completed(data=value), visit_fn=visited.append, return_data=False)
     assert any(v is value for v in visited)
-    assert not any(isinstance(v, SubjectOutcome | Registration | Run | dict) for v in visited)
+    assert not any(isinstance(v, SubjectOutcome | Run | dict) for v in visited)
 
 
 @pytest.mark.parametrize("error", [

@@ -3,6 +3,7 @@ write locking (BEGIN IMMEDIATE / SKIP LOCKED), upserts and engine set-up."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,6 +34,14 @@ SQLITE_LOCKED_RETRIES = 8
 POSTGRES_LOCK_TIMEOUT_MS = 10_000
 READ_ONLY = "runledger_read_only"
 IDLE_PING_SECONDS = 30.0  # a pooled connection idle longer than this is pinged before use
+# Each engine's pool holds POOL_SIZE connections plus POOL_OVERFLOW more under load; the kept
+# connections may take all but POOL_HEADROOM of them, which stay for callers that check one out
+# and give it back (reads on SQLite, migrations, operator tools).
+POOL_SIZE = 5
+POOL_OVERFLOW = 10
+POOL_HEADROOM = 5
+KEPT_CONNECTIONS = POOL_SIZE + POOL_OVERFLOW - POOL_HEADROOM
+KEPT_WAIT_SECONDS = 30.0
 MAX_SECONDS = 366 * 24 * 3600  # longest lease or delay; SQLite's date functions overflow to NULL
 # SQLAlchemy stores SQLite datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' text; the clock must render
 # the same shape (strftime's %f has milliseconds only) so that text comparison is time order.
@@ -152,7 +161,8 @@ def _postgres_engine(url: sa.URL, busy: Busy, **options: Any) -> Engine:
     startup = " ".join([*([given] if isinstance(given, str) else given),
                         f"-c lock_timeout={int(busy.postgres_lock_timeout_ms)}"]).strip()
     # Positional parameters: psycopg binds a tuple with less work than a dict of names.
-    engine = sa.create_engine(url, pool_size=5, max_overflow=10, paramstyle="format",
+    engine = sa.create_engine(url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
+                              paramstyle="format",
                               connect_args={"options": startup}, **options)
 
     # Pessimistic disconnect handling only for connections that sat idle in the pool: pinging
@@ -178,7 +188,8 @@ def _postgres_engine(url: sa.URL, busy: Busy, **options: Any) -> Engine:
 def _sqlite_engine(url: sa.URL, busy: Busy) -> Engine:
     if url.database and url.database != ":memory:":
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(url, connect_args={"timeout": busy.timeout_ms / 1000})
+    engine = sa.create_engine(url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
+                              connect_args={"timeout": busy.timeout_ms / 1000})
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -260,19 +271,54 @@ class _KeptConnections:
     transition then costs a list pop and append instead of a pool checkout, a new Connection
     object and a pool checkin (about a sixth of a PostgreSQL transition's client CPU).
 
-    Each connection serves one thread at a time (pop and append are atomic). A server
-    connection idle longer than ``IDLE_PING_SECONDS`` is pinged first; one that failed with a
-    dropped connection, or was interrupted mid-statement, is discarded; the pool behind them
-    still bounds how many exist."""
+    Each connection serves one thread at a time. At most ``KEPT_CONNECTIONS`` exist: a thread
+    that finds them all busy waits here for one to come back, never in the pool, to which a kept
+    connection does not return. A server connection idle longer than ``IDLE_PING_SECONDS`` is
+    pinged first; one that failed with a dropped connection, or was interrupted mid-statement,
+    is discarded and frees its place."""
 
-    def __init__(self, engine: Engine, *, ping: bool) -> None:
+    def __init__(self, engine: Engine, *, ping: bool, limit: int = KEPT_CONNECTIONS,
+                 wait_seconds: float = KEPT_WAIT_SECONDS) -> None:
         self.engine = engine
         self.ping = ping
+        self.limit = limit
+        self.wait_seconds = wait_seconds
+        self.opened = 0
         self._idle: list[tuple[Connection, float]] = []
+        self._returned = threading.Condition()
+
+    def _idle_or_place(self) -> tuple[Connection, float] | None:
+        """An idle connection, or None when there is room to open one (the place is taken)."""
+        with self._returned:
+            if not self._returned.wait_for(lambda: self._idle or self.opened < self.limit,
+                                           self.wait_seconds):
+                raise LedgerBusy(
+                    f"all {self.limit} ledger connections of this process stayed in use for "
+                    f"{self.wait_seconds:.0f} s: nothing was written, retry later"
+                )
+            if self._idle:
+                return self._idle.pop()
+            self.opened += 1
+            return None
+
+    def _discard(self, conn: Connection | None) -> None:
+        if conn is not None:
+            conn.invalidate()
+            conn.close()
+        with self._returned:
+            self.opened -= 1
+            self._returned.notify()
 
     def _take(self) -> Connection:
-        while self._idle:
-            conn, since = self._idle.pop()
+        while True:
+            kept = self._idle_or_place()
+            if kept is None:
+                try:
+                    return self.engine.connect()
+                except BaseException:
+                    self._discard(None)
+                    raise
+            conn, since = kept
             if not self.ping or time.monotonic() - since < IDLE_PING_SECONDS:
                 return conn
             try:
@@ -280,9 +326,7 @@ class _KeptConnections:
                 conn.rollback()
                 return conn
             except sa.exc.DBAPIError:
-                conn.invalidate()
-                conn.close()
-        return self.engine.connect()
+                self._discard(conn)
 
     def run(self, work: Callable[[Connection], T]) -> T:
         conn = self._take()
@@ -292,23 +336,27 @@ class _KeptConnections:
             self._release(conn)
             raise
         except BaseException:
-            conn.invalidate()  # interrupted inside a statement: its state is unknown
-            conn.close()
+            self._discard(conn)  # interrupted inside a statement: its state is unknown
             raise
         self._release(conn)
         return result
 
     def _release(self, conn: Connection) -> None:
         if conn.invalidated:
-            conn.close()
+            self._discard(conn)
             return
         if conn.in_transaction():
             conn.rollback()  # in autocommit only SQLAlchemy's bookkeeping: no round trip
-        self._idle.append((conn, time.monotonic()))
+        with self._returned:
+            self._idle.append((conn, time.monotonic()))
+            self._returned.notify()
 
     def close(self) -> None:
-        while self._idle:
-            self._idle.pop()[0].close()
+        with self._returned:
+            idle, self._idle = self._idle, []
+            self.opened -= len(idle)
+        for conn, _ in idle:
+            conn.close()
         self.engine.dispose()
 
 

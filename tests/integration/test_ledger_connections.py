@@ -1,0 +1,86 @@
+"""A process's ledger keeps a bounded set of connections: more threads than that take turns
+instead of stalling in the pool behind it, and the pool keeps room for reads and tools."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Connection
+
+from store import LedgerBusy
+from store.dialect import KEPT_CONNECTIONS
+from store.ledger import Ledger
+
+
+class Occupancy:
+    """Work that holds its connection until released, counting how many are held at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held = 0
+        self.peak = 0
+        self.release = threading.Event()
+
+    def __call__(self, conn: Connection) -> int:
+        with self.lock:
+            self.held += 1
+            self.peak = max(self.peak, self.held)
+        try:
+            self.release.wait(10)
+            return int(conn.exec_driver_sql("SELECT 1").scalar_one())
+        finally:
+            with self.lock:
+                self.held -= 1
+
+
+def write(ledger: Ledger, work: Any) -> Any:
+    """A write through the kept connections of the ledger's transactional engine: on SQLite
+    as one statement (a BEGIN IMMEDIATE would let only one writer in at a time)."""
+    return ledger.database.write(work, single_statement=ledger.dialect == "sqlite")
+
+
+def wait_for(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_more_threads_than_kept_connections_take_turns_and_the_pool_keeps_room_for_reads(
+        ledger: Ledger) -> None:
+    """Eight more writers than the ledger keeps connections (and more than its pool holds):
+    no more than the limit are held at once, the rest wait for one to come back, a tool's
+    checkout from the same pool still gets a connection meanwhile, and every write succeeds."""
+    work = Occupancy()
+    threads = KEPT_CONNECTIONS + 8
+    with ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(write, ledger, work) for _ in range(threads)]
+        wait_for(lambda: work.held >= KEPT_CONNECTIONS, "every kept connection in use")
+        time.sleep(0.2)  # time for a writer beyond the limit to get in, were it let in
+        assert work.held == KEPT_CONNECTIONS
+        with ledger.engine.connect() as conn:  # as a migration or an operator tool does
+            assert conn.exec_driver_sql("SELECT 2").scalar_one() == 2
+        assert work.held == KEPT_CONNECTIONS
+        work.release.set()
+        assert [f.result(timeout=60) for f in futures] == [1] * threads
+    assert work.peak == KEPT_CONNECTIONS
+
+
+def test_a_writer_that_finds_every_kept_connection_busy_too_long_gets_ledger_busy(
+        ledger: Ledger) -> None:
+    """The wait for a kept connection is bounded: a retryable LedgerBusy naming the limit."""
+    kept = ledger.database.transactional
+    kept.limit, kept.wait_seconds = 1, 0.2
+    work = Occupancy()
+    with ThreadPoolExecutor(1) as pool:
+        holding = pool.submit(write, ledger, work)
+        wait_for(lambda: work.held == 1, "the only kept connection in use")
+        with pytest.raises(LedgerBusy, match="all 1 ledger connections of this process"):
+            write(ledger, work)
+        work.release.set()
+        assert holding.result(timeout=20) == 1
+    assert write(ledger, lambda conn: 2) == 2

@@ -45,6 +45,7 @@ import sqlalchemy as sa
 from psycopg.types.json import Jsonb
 
 from store import Claim, Ledger, OutboxMessage, RunIdentity
+from store.settings import LedgerSettings
 
 TRANSITIONS_PER_CYCLE = 4
 TARGET_RATIO = 0.6
@@ -103,7 +104,8 @@ class Worker:
         else:
             lite = sqlite3.connect(target.raw, timeout=30, isolation_level=None)
             lite.execute("PRAGMA journal_mode=WAL")
-            lite.execute("PRAGMA synchronous=NORMAL")
+            # The ledger's own commit mode: both sides wait for the disk alike.
+            lite.execute(f"PRAGMA synchronous={LedgerSettings().sqlite_synchronous.upper()}")
             sql = UPSERT.format(p="?")
             self.upsert = lambda k, v: lite.execute(sql, (k, v))
 

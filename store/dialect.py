@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psycopg
 import psycopg.sql
@@ -33,6 +33,13 @@ SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_LOCKED_RETRIES = 8
 POSTGRES_LOCK_TIMEOUT_MS = 10_000
 READ_ONLY = "runledger_read_only"
+# SQLite's WAL commit modes: "full" syncs the WAL before a commit returns, "normal" only at
+# checkpoints: a power cut or OS crash (not a process crash) can then roll back the last
+# commits. "normal" by default, the mode SQLite advises for WAL: "full" halves the ledger's
+# write throughput here (README, Benchmarks), and a host whose ledger must survive a power
+# cut commit by commit is better served by PostgreSQL.
+SQLiteSynchronous = Literal["full", "normal"]
+SQLITE_SYNCHRONOUS: SQLiteSynchronous = "normal"
 IDLE_PING_SECONDS = 30.0  # a pooled connection idle longer than this is pinged before use
 # Each engine's pool holds POOL_SIZE connections plus POOL_OVERFLOW more under load; the kept
 # connections may take all but POOL_HEADROOM of them, which stay for callers that check one out
@@ -185,7 +192,7 @@ def _postgres_engine(url: sa.URL, busy: Busy, **options: Any) -> Engine:
     return engine
 
 
-def _sqlite_engine(url: sa.URL, busy: Busy) -> Engine:
+def _sqlite_engine(url: sa.URL, busy: Busy, synchronous: SQLiteSynchronous) -> Engine:
     if url.database and url.database != ":memory:":
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
@@ -199,7 +206,7 @@ def _sqlite_engine(url: sa.URL, busy: Busy) -> Engine:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={int(busy.timeout_ms)}")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
         cursor.close()
 
     @sa.event.listens_for(engine, "begin")
@@ -302,7 +309,7 @@ class _KeptConnections:
             return None
 
     def _discard(self, conn: Connection | None) -> None:
-        if conn is not None:
+        if conn is not None and not conn.closed:
             conn.invalidate()
             conn.close()
         with self._returned:
@@ -325,8 +332,11 @@ class _KeptConnections:
                 conn.exec_driver_sql("SELECT 1")
                 conn.rollback()
                 return conn
-            except sa.exc.DBAPIError:
+            except Exception:  # dropped by the server, or unusable here: open another
                 self._discard(conn)
+            except BaseException:
+                self._discard(conn)
+                raise
 
     def run(self, work: Callable[[Connection], T]) -> T:
         conn = self._take()
@@ -375,7 +385,11 @@ class Database:
     PostgreSQL kept autocommit connections send a one-statement transition, or a read, in one
     round trip. ``engine`` is the transactional engine, for migrations and tools."""
 
-    def __init__(self, url: str, busy: Busy = DEFAULT_BUSY) -> None:
+    def __init__(self, url: str, busy: Busy = DEFAULT_BUSY,
+                 sqlite_synchronous: SQLiteSynchronous = SQLITE_SYNCHRONOUS) -> None:
+        if sqlite_synchronous not in ("full", "normal"):
+            raise InvalidInput(
+                f"sqlite_synchronous must be 'full' or 'normal', got {sqlite_synchronous!r}")
         parsed = sa.engine.make_url(url)
         self.busy = busy
         self.autocommit: _KeptConnections | None = None
@@ -387,7 +401,7 @@ class Database:
                 _postgres_engine(parsed, busy, isolation_level="AUTOCOMMIT"), ping=True
             )
         elif parsed.get_backend_name() == "sqlite":
-            self.engine = _sqlite_engine(parsed, busy)
+            self.engine = _sqlite_engine(parsed, busy, sqlite_synchronous)
         else:
             raise InvalidInput(
                 f"unsupported database URL {url!r}: use postgresql+psycopg:// or sqlite:///"

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from store import outbox as ob
 from store import runs as rn
-from store.dialect import Busy, Database, T
+from store.dialect import Busy, Database, SQLiteSynchronous, T
 from store.dialect import db_now as db_clock
 from store.errors import InvalidInput, RunNotFound
 from store.faults import fault_point
@@ -67,6 +67,7 @@ class Ledger:
         busy_timeout_ms: int | None = None,
         locked_retries: int | None = None,
         lock_timeout_ms: int | None = None,
+        sqlite_synchronous: SQLiteSynchronous | None = None,
     ) -> Ledger:
         """Open the ledger at ``url`` (default: $RUNLEDGER_DATABASE_URL, else ./runledger.db);
         unset options come from the RUNLEDGER_* environment (see ``LedgerSettings``)."""
@@ -77,7 +78,9 @@ class Ledger:
             settings.postgres_lock_timeout_ms if lock_timeout_ms is None else lock_timeout_ms,
         )
         return cls(
-            Database(url or settings.database_url, busy),
+            Database(url or settings.database_url, busy,
+                     settings.sqlite_synchronous if sqlite_synchronous is None
+                     else sqlite_synchronous),
             max_output_bytes=settings.max_output_bytes if max_output_bytes is None
             else max_output_bytes,
         )

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.engine import Connection
 
 from store import LedgerBusy
-from store.dialect import KEPT_CONNECTIONS
+from store.dialect import IDLE_PING_SECONDS, KEPT_CONNECTIONS
 from store.ledger import Ledger
 
 
@@ -84,3 +84,24 @@ def test_a_writer_that_finds_every_kept_connection_busy_too_long_gets_ledger_bus
         work.release.set()
         assert holding.result(timeout=20) == 1
     assert write(ledger, lambda conn: 2) == 2
+
+
+def test_an_idle_kept_connection_that_fails_its_ping_is_replaced_and_frees_its_place(
+        ledger: Ledger) -> None:
+    """A kept connection idle past the ping interval that can no longer run the ping (here
+    closed, which SQLAlchemy reports as its own error, not the driver's) is discarded and the
+    write gets a new one; the limit still counts one connection. Only server connections are
+    pinged: SQLite's are files of this process."""
+    kept = ledger.database.autocommit or ledger.database.transactional
+    assert ledger.get("no-such-run") is None  # opens a kept connection (on PostgreSQL)
+    if not kept.ping:
+        assert ledger.dialect == "sqlite"
+        return
+    assert kept.opened == 1
+    [(conn, _)] = kept._idle
+    conn.close()
+    kept._idle[:] = [(conn, time.monotonic() - IDLE_PING_SECONDS - 1)]
+    assert ledger.get("no-such-run") is None
+    assert kept.opened == 1
+    [(replacement, _)] = kept._idle
+    assert replacement is not conn

@@ -96,15 +96,19 @@ def probe_job(
     transform_errors: Sequence[BaseException] = (),
     effect: Callable[..., None] | None = None,
     tables: Any = None,
+    on_collect: Callable[[str], None] | None = None,
 ) -> Probe:
-    """A probe job: collect records the subject; transform raises ``transform_errors`` in turn
-    (if any), then asks the model; one email per recipient."""
+    """A probe job: collect records the subject (then calls ``on_collect`` with it, if given);
+    transform raises ``transform_errors`` in turn (if any), then asks the model; one email
+    per recipient."""
     collects: list[str] = []
     transforms: list[str] = []
     errors = list(transform_errors)
 
     def collect(subject: str, period: Period) -> dict[str, Any]:
         collects.append(subject)
+        if on_collect is not None:
+            on_collect(subject)
         return {"subject": subject, "text": f"News about {subject}. Prices went up today."}
 
     def transform(raw: dict[str, Any], model: Model) -> Candidate:

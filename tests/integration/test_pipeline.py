@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+import sqlalchemy as sa
 from loopback import Answer, LoopbackServer, Request, json_answer
 from pipeline_support import (
     ACME,
@@ -350,6 +353,57 @@ def test_prefect_finds_nothing_to_walk_in_the_registrations_register_and_claim_r
     assert not any(isinstance(v, Registration | Run | dict) for v in visited)
 
 
+class WriteLock:
+    """Another session holding the ledger's write lock (SQLite's database lock, an EXCLUSIVE
+    lock on PostgreSQL's runs table) for a second: reads go on, every write waits."""
+
+    def __init__(self, db_url: str) -> None:
+        self.url = sa.engine.make_url(db_url)
+        self.taken = threading.Event()
+        self.released = threading.Event()
+
+    def hold_for_a_second(self) -> None:
+        if self.url.get_backend_name() == "sqlite":
+            lite = sqlite3.connect(str(self.url.database), isolation_level=None,
+                                   check_same_thread=False)
+            lite.execute("BEGIN IMMEDIATE")
+            release: Callable[[], Any] = lambda: lite.execute("ROLLBACK")  # noqa: E731
+            close: Callable[[], Any] = lite.close
+        else:
+            pg = psycopg.connect(self.url.set(drivername="postgresql").render_as_string(False))
+            pg.execute("LOCK TABLE runs IN EXCLUSIVE MODE")
+            release, close = pg.rollback, pg.close
+
+        def end() -> None:
+            release()
+            close()
+            self.released.set()
+
+        self.taken.set()
+        threading.Timer(1.0, end).start()
+
+
+def test_sixteen_subject_threads_writing_at_once_take_turns_for_the_ledgers_connections(
+        env: Env, db_url: str) -> None:
+    """RUNLEDGER_SUBJECT_CONCURRENCY=16: the sixteen subjects finish collecting together and
+    store their raw input while another session holds the write lock for a second, so sixteen
+    ledger writes wait at once: more than the ledger keeps connections (10) and than its pool
+    holds (15). They take turns and every subject completes; before 16c9bae the 16th waited
+    30 s in the pool for a connection that never came back, and its subject failed."""
+    subjects = [f"s{i:02d}" for i in range(16)]
+    env.set(subject_concurrency=len(subjects))
+    lock = WriteLock(db_url)
+    together = threading.Barrier(len(subjects), action=lock.hold_for_a_second, timeout=60)
+    probe = probe_job(subjects, ["ops@example.com"], on_collect=lambda _: together.wait())
+    state, report = env.run(probe.name, period="2026-01-05")
+    assert lock.taken.is_set() and lock.released.wait(10)
+    assert state.name == "Completed", state.message
+    assert outcomes(report) == dict.fromkeys(subjects, "new")
+    assert sorted(probe.transforms) == subjects
+    assert isinstance(report, TickReport)
+    assert all(len(env.ledger.messages(run_id=s.run_id)) == 1 for s in report.subjects)
+
+
 def test_the_run_graph_links_each_subjects_collect_transform_and_persist(env: Env) -> None:
     """Each stage's input is linked to the task run that returned it, so the Prefect UI draws
     collect -> transform -> persist; a transform on raw input that an earlier attempt stored has
@@ -430,7 +484,6 @@ def test_a_ledger_that_stays_locked_through_register_and_claim_fails_every_pendi
     """SQLite's write lock held by another connection (a real fault only SQLite has): the
     batched read passes, register+claim gives up after its retries with LedgerBusy, every
     pending subject is reported failed with it, and nothing is written."""
-    import sqlite3
 
     path = tmp_path / "ledger.db"
     url = f"sqlite:///{path}"

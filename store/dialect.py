@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import psycopg
 import psycopg.sql
@@ -387,9 +387,9 @@ class Database:
 
     def __init__(self, url: str, busy: Busy = DEFAULT_BUSY,
                  sqlite_synchronous: SQLiteSynchronous = SQLITE_SYNCHRONOUS) -> None:
-        if sqlite_synchronous not in ("full", "normal"):
-            raise InvalidInput(
-                f"sqlite_synchronous must be 'full' or 'normal', got {sqlite_synchronous!r}")
+        if sqlite_synchronous not in get_args(SQLiteSynchronous):
+            modes = " or ".join(repr(m) for m in get_args(SQLiteSynchronous))
+            raise InvalidInput(f"sqlite_synchronous must be {modes}, got {sqlite_synchronous!r}")
         parsed = sa.engine.make_url(url)
         self.busy = busy
         self.autocommit: _KeptConnections | None = None

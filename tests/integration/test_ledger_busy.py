@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from store import LedgerBusy, OutboxMessage, RunIdentity, RunledgerError
+from store.dialect import Busy, Database
 from store.ledger import Ledger
 
 IDENTITY = RunIdentity("digest", "team-a", datetime(2026, 11, 29, tzinfo=UTC), "v1")
@@ -88,6 +89,82 @@ def assert_a_short_lock_only_delays_the_claim(
     claim = ledger.claim(run.run_id, "worker-1:101", 60)
     release.join()
     assert claim is not None and claim.fence == 1
+
+
+# --- Writers of one process ----------------------------------------------------------------
+
+
+def test_threads_of_one_process_writing_at_once_never_find_the_ledger_locked(db_url: str) -> None:
+    """Eight threads register, claim, store input and complete 25 Runs each at the same time
+    on a ledger that gives up at the first "database is locked" (no busy wait, no retry):
+    every write goes through, because the process's writers take turns before they reach
+    SQLite's lock (on PostgreSQL they lock different rows)."""
+    ledger = Ledger.connect(db_url, busy_timeout_ms=0, locked_retries=0)
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def write(thread: int) -> None:
+        try:
+            start.wait()
+            for i in range(25):
+                identity = RunIdentity("digest", f"t{thread}-s{i}", IDENTITY.period_start, "v1")
+                registration = ledger.register_and_claim(identity, owner=f"w{thread}:1", lease=60)
+                assert registration.claim is not None
+                ledger.save_input(registration.claim, {"i": i})
+                ledger.complete(registration.claim, {"summary": f"{thread}-{i}"},
+                                [OutboxMessage("a@example.com", "s", "b")])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        done = ledger.runs(status="completed", limit=1000)
+        assert len(done) == 200 and len(ledger.messages(limit=1000)) == 200
+    finally:
+        ledger.close()
+
+
+def test_a_thread_that_keeps_writing_makes_the_other_writers_of_its_process_busy_not_stuck(
+    sqlite_path: Path
+) -> None:
+    """While one thread's completion stays open (its effect blocks), another thread of the
+    same process waits its turn no longer than ``turn_seconds``, then gets a retryable
+    LedgerBusy naming the cause; nothing of its write is stored, and it goes through once the
+    first thread is done."""
+    impatient = Ledger(Database(f"sqlite:///{sqlite_path}", Busy(50, 2, turn_seconds=0.2)))
+    try:
+        run = impatient.register(IDENTITY)
+        claim = impatient.claim(run.run_id, "worker-1:101", 60)
+        assert claim is not None
+        inside, leave = threading.Event(), threading.Event()
+
+        def effect(_session: Any) -> None:
+            inside.set()
+            leave.wait(30)
+
+        completing = threading.Thread(target=impatient.complete, args=(claim, {"summary": "s"}),
+                                      kwargs={"effect": effect})
+        other = RunIdentity("digest", "team-b", IDENTITY.period_start, "v1")
+        completing.start()
+        try:
+            assert inside.wait(30)
+            with pytest.raises(LedgerBusy, match=r"another thread of this process kept writing to "
+                                                 r"the SQLite ledger for 0\.2 s") as busy:
+                impatient.register(other)
+            assert busy.value.retryable
+            assert [r.subject for r in impatient.runs()] == ["team-a"]
+        finally:
+            leave.set()
+            completing.join()
+        assert impatient.require(run.run_id).status == "completed"
+        assert impatient.register(other).status == "pending"
+    finally:
+        impatient.close()
 
 
 # --- PostgreSQL: the lock timeout ----------------------------------------------------------

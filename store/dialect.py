@@ -376,9 +376,10 @@ class _KeptConnections:
 
 # One lock per SQLite file for the writers of this process. SQLite's busy handler polls the
 # write lock with sleeps of 1 ms growing to 100 ms, so threads of one process that met at it
-# slept far longer than it was held (pipeline benchmark, 8 subject threads: writes took 8.5 ms
-# at the median and up to 0.46 s, of which 0.3 ms holding the lock); a thread lock wakes the
-# next writer as soon as the last one is done. Other processes still meet at SQLite's lock.
+# slept far longer than it was held (timed around each write in the pipeline benchmark with
+# 8 subject threads: 8.5 ms at the median and up to 0.46 s, against 0.3 ms holding the lock);
+# a thread lock wakes the next writer as soon as the last one is done. Writers in other
+# processes still meet at SQLite's lock.
 _sqlite_writers: dict[str, threading.Lock] = {}
 _sqlite_writers_guard = threading.Lock()
 

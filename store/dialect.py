@@ -27,6 +27,7 @@ from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 
 from store.errors import InvalidInput, LedgerBusy, RunledgerError
 from store.models import UTCDateTime
+from store.prepared import Prepared
 
 T = TypeVar("T")
 
@@ -196,6 +197,11 @@ def _postgres_engine(url: sa.URL, busy: Busy, **options: Any) -> Engine:
     return engine
 
 
+# Straight on the driver: the full execution path of exec_driver_sql cost a SQLite write
+# transaction about a fifth of its client CPU.
+_BEGIN_IMMEDIATE = Prepared(lambda _dialect: sa.text("BEGIN IMMEDIATE"))
+
+
 def _sqlite_engine(url: sa.URL, busy: Busy, synchronous: SQLiteSynchronous) -> Engine:
     if url.database and url.database != ":memory:":
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
@@ -219,7 +225,7 @@ def _sqlite_engine(url: sa.URL, busy: Busy, synchronous: SQLiteSynchronous) -> E
             return  # reads run in SQLite's autocommit mode and never wait for the write lock
         # Take the write lock up front: a deferred transaction that reads and then writes can
         # fail with "database is locked" half-way instead of waiting its turn.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        _BEGIN_IMMEDIATE.rows(conn)
 
     return engine
 

@@ -197,8 +197,8 @@ def _postgres_engine(url: sa.URL, busy: Busy, **options: Any) -> Engine:
     return engine
 
 
-# Straight on the driver: the full execution path of exec_driver_sql cost a SQLite write
-# transaction about a fifth of its client CPU.
+# Straight on the driver: exec_driver_sql's full execution path cost each SQLite write
+# transaction about 15 us of client CPU, a tenth of a completion's.
 _BEGIN_IMMEDIATE = Prepared(lambda _dialect: sa.text("BEGIN IMMEDIATE"))
 
 

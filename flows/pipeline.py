@@ -15,11 +15,12 @@ import contextvars
 import functools
 import os
 import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Literal
@@ -63,6 +64,11 @@ FINDINGS: tuple[Finding, ...] = ("claimed", "duplicate", "in-progress-elsewhere"
                                  "failed")
 
 
+class FlowRunStopped(TransientError):
+    """The flow run was cancelled or timed out before this subject reached a stage: its Run is
+    released (pending) for a later run instead of spending a model call nobody waits for."""
+
+
 @dataclass(frozen=True)
 class Tick:
     """Everything the stages of one flow run share."""
@@ -74,6 +80,9 @@ class Tick:
     call_log: CallLog | None
     settings: RunledgerSettings
     flow_run_id: str
+    # Set when the flow run is cancelled or times out: the tick's thread cannot be interrupted,
+    # so its subjects look here before each stage that costs.
+    stop: threading.Event = field(default_factory=threading.Event)
 
     @property
     def lease_seconds(self) -> float:
@@ -82,6 +91,12 @@ class Tick:
     def owner(self, task_run_id: str) -> str:
         """A unique owner per attempt: owner equality lets a claim be taken again."""
         return f"{socket.gethostname()}:{os.getpid()}:{self.flow_run_id}/{task_run_id}"
+
+    def check_running(self, stage: str) -> None:
+        """Raise FlowRunStopped if the flow run stopped before ``stage``."""
+        if self.stop.is_set():
+            raise FlowRunStopped(f"the flow run was cancelled or timed out before {stage}; "
+                                 "the Run is released for a later run")
 
     def emit(self, outcome: SubjectOutcome) -> SubjectOutcome:
         emit_outcome(self.job.name, self.job.version, self.period, outcome)
@@ -294,7 +309,10 @@ def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: st
     try:
         raw = run.raw_input
         if raw is None:
+            tick.check_running("collect")
             raw = _value(stages.collect(subject, held))
+        # A candidate the model already produced is still persisted: that call is paid for.
+        tick.check_running("transform")
         candidate = _value(stages.transform(subject, held, raw))
         persisted: Persisted = _value(stages.persist(subject, held, candidate))
     except LeaseLost as exc:
@@ -440,7 +458,8 @@ async def _label_flow_run(name: str, job: Job | None) -> None:
 
 
 def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentity],
-                      settings: RunledgerSettings, flow_run_id: str) -> TickReport:
+                      settings: RunledgerSettings, flow_run_id: str,
+                      stop: threading.Event) -> TickReport:
     """The tick's blocking part, in a thread of its own: ledger, model and stage task runs."""
     # One sync Prefect client for every task run of the tick: a sync task run inside an async
     # flow run otherwise opens a client of its own (about 20 ms of TLS set-up each).
@@ -451,7 +470,7 @@ def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentit
             ensure_tables(job, ledger)
             tick = Tick(job, period, ledger, model,
                         CallLog(settings.model_call_log) if settings.model_call_log else None,
-                        settings, flow_run_id)
+                        settings, flow_run_id, stop)
             return run_tick(tick, identities)
         finally:
             model.close()
@@ -519,10 +538,14 @@ async def run_job(job: str, subjects: list[str] | None = None,
     labelling = asyncio.create_task(
         _label_flow_run(f"{definition.name}/{the_period.label}", definition))
     flow_run_id = str(current_flow_run.id)
+    stop = threading.Event()
     try:
         report = await asyncio.to_thread(run_ledgered_tick, definition, the_period, identities,
-                                         settings, flow_run_id)
+                                         settings, flow_run_id, stop)
     except BaseException:
+        # Cancelled or timed out: the thread runs on (asyncio cannot stop it), but its subjects
+        # start no more stages; asyncio.run waits for it before the process ends.
+        stop.set()
         await asyncio.gather(labelling, return_exceptions=True)  # the tick's error is the news
         raise
     await labelling

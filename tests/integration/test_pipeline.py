@@ -404,6 +404,43 @@ def test_sixteen_subject_threads_writing_at_once_take_turns_for_the_ledgers_conn
     assert all(len(env.ledger.messages(run_id=s.run_id)) == 1 for s in report.subjects)
 
 
+def test_a_cancelled_flow_run_starts_no_more_stages_and_releases_its_subjects(
+        env: Env) -> None:
+    """The flow run is cancelled while its first subject collects (one subject at a time):
+    that subject keeps its stored raw input but never reaches the model, the five behind it are
+    never collected, all six Runs are pending again, not held until their leases expire; the
+    next flow run for the period completes them without collecting the first one again."""
+    subjects = [f"s{i}" for i in range(6)]
+    env.set(subject_concurrency=1)
+    collecting, cancelled = threading.Event(), threading.Event()
+
+    def hold_the_first_collect(_subject: str) -> None:
+        collecting.set()
+        assert cancelled.wait(30), "the flow run was not cancelled"
+
+    probe = probe_job(subjects, ["ops@example.com"], on_collect=hold_the_first_collect)
+
+    async def cancel_while_collecting() -> None:
+        tick = asyncio.ensure_future(run_job(job=probe.name, period="2026-01-05"))
+        assert await asyncio.to_thread(collecting.wait, 30)
+        tick.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await tick
+        cancelled.set()
+
+    asyncio.run(cancel_while_collecting())  # returns once the tick's thread has ended
+    assert (probe.collects, probe.transforms, env.model_calls()) == (["s0"], [], 0)
+    runs = {r.subject: r for r in env.ledger.runs(job=probe.name)}
+    assert {s: r.status for s, r in runs.items()} == dict.fromkeys(subjects, "pending")
+    assert runs["s0"].raw_input is not None and runs["s1"].raw_input is None
+    assert "cancelled or timed out before transform" in (runs["s0"].error or "")
+    assert "cancelled or timed out before collect" in (runs["s1"].error or "")
+    state, report = env.run(probe.name, period="2026-01-05")
+    assert state.name == "Completed", state.message
+    assert outcomes(report) == dict.fromkeys(subjects, "new")
+    assert (probe.collects, sorted(probe.transforms)) == (subjects, subjects)
+
+
 def test_the_run_graph_links_each_subjects_collect_transform_and_persist(env: Env) -> None:
     """Each stage's input is linked to the task run that returned it, so the Prefect UI draws
     collect -> transform -> persist; a transform on raw input that an earlier attempt stored has

@@ -7,6 +7,7 @@ import asyncio
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -439,6 +440,21 @@ def test_a_cancelled_flow_run_starts_no_more_stages_and_releases_its_subjects(
     assert state.name == "Completed", state.message
     assert outcomes(report) == dict.fromkeys(subjects, "new")
     assert (probe.collects, sorted(probe.transforms)) == (subjects, subjects)
+
+
+@postgres_only
+def test_a_flow_run_past_its_timeout_releases_the_subjects_it_did_not_start(env: Env) -> None:
+    """With timeout_seconds=1 and a first collect that takes 2 s, the flow run times out: the
+    other subjects are never collected and every Run is pending again."""
+    subjects = ["s0", "s1", "s2"]
+    env.set(subject_concurrency=1)
+    probe = probe_job(subjects, ["ops@example.com"], on_collect=lambda _: time.sleep(2))
+    state = asyncio.run(run_job.with_options(timeout_seconds=1)(
+        job=probe.name, period="2026-01-05", return_state=True))
+    assert state.name == "TimedOut", state
+    assert (probe.collects, probe.transforms) == (["s0"], [])
+    runs = env.ledger.runs(job=probe.name)
+    assert sorted((r.subject, r.status) for r in runs) == [(s, "pending") for s in subjects]
 
 
 def test_the_run_graph_links_each_subjects_collect_transform_and_persist(env: Env) -> None:

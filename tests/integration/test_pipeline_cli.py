@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pipeline_support import Env, pipeline_env
+from pipeline_support import Env, Worker, pipeline_env, wait_until
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -56,3 +57,25 @@ def test_runledger_run_names_bad_input_and_exits_1(env: Env) -> None:
     assert "unknown job 'no-such-job'" in unknown.stderr
     assert "naive datetime" in naive.stderr
     assert env.ledger.runs() == []
+
+
+def test_ctrl_c_on_runledger_run_lets_the_model_call_under_way_finish_and_starts_no_other(
+        env: Env) -> None:
+    """SIGINT (Ctrl-C) while the first workspace waits for the model: that call finishes and is
+    persisted, the second workspace is never collected and is left pending, not leased."""
+    env.set(subject_concurrency=1, offline_model_delay_seconds=3)
+    worker = Worker.start(["competitor-summary", "--period", "2026-01-05"])
+    try:
+        acme = "competitor-summary/acme"
+        wait_until(lambda: any(r.raw_input is not None for r in env.ledger.runs()), 90,
+                   f"{acme} to store its raw input")
+        worker.signal(signal.SIGINT)
+        code, _, err = worker.finish(timeout=60)
+    finally:
+        worker.kill()
+    assert code != 0, err
+    assert env.model_calls() == 1
+    runs = {r.subject: r for r in env.ledger.runs()}
+    assert (runs["acme"].status, runs["globex"].status) == ("completed", "pending"), err
+    assert runs["globex"].raw_input is None and runs["globex"].owner is None
+    assert "cancelled or timed out before collect" in (runs["globex"].error or "")

@@ -9,17 +9,21 @@ from typing import Any, Literal
 
 from prefect import State
 from prefect.events import emit_event
-from prefect.states import Completed, Failed
+from prefect.states import Cancelled, Completed, Failed
 
 from store import Period
 
-Outcome = Literal["new", "duplicate", "in-progress-elsewhere", "lease-lost", "failed"]
-OUTCOMES: tuple[Outcome, ...] = ("new", "duplicate", "in-progress-elsewhere", "lease-lost", "failed")
+# "stopped": the flow run was cancelled or timed out before the subject's next stage and its Run
+# was released; an event of its own, so that alerts on failures do not fire for a cancel.
+Outcome = Literal["new", "duplicate", "in-progress-elsewhere", "lease-lost", "stopped", "failed"]
+OUTCOMES: tuple[Outcome, ...] = ("new", "duplicate", "in-progress-elsewhere", "lease-lost",
+                                 "stopped", "failed")
 EVENTS: dict[Outcome, str] = {
     "new": "runledger.run.completed",
     "duplicate": "runledger.run.duplicate",
     "in-progress-elsewhere": "runledger.run.in-progress-elsewhere",
     "lease-lost": "runledger.run.lease-lost",
+    "stopped": "runledger.run.stopped",
     "failed": "runledger.run.failed",
 }
 STATE_NAMES: dict[Outcome, str] = {
@@ -27,6 +31,7 @@ STATE_NAMES: dict[Outcome, str] = {
     "duplicate": "Duplicate",
     "in-progress-elsewhere": "InProgressElsewhere",
     "lease-lost": "LeaseLost",
+    "stopped": "Cancelled",
     "failed": "Failed",
 }
 
@@ -79,10 +84,10 @@ class TickReport:
         return f"{self.name}: {', '.join(parts) or 'no subjects'}"
 
     def state_name(self) -> str:
-        """Failed beats everything; then the outcome that says the tick is not ours to finish;
-        Duplicate only when every subject was already completed."""
+        """Failed beats everything; then a stop; then the outcome that says the tick is not ours
+        to finish; Duplicate only when every subject was already completed."""
         counts = self.counts()
-        for outcome in ("failed", "lease-lost", "in-progress-elsewhere"):
+        for outcome in ("failed", "stopped", "lease-lost", "in-progress-elsewhere"):
             if counts[outcome]:
                 return STATE_NAMES[outcome]
         if self.subjects and counts["duplicate"] == len(self.subjects):
@@ -95,6 +100,8 @@ class TickReport:
             failed = [s for s in self.subjects if s.outcome == "failed"]
             detail = "; ".join(f"{s.subject}: {s.error}" for s in failed[:5])
             return Failed(message=f"{self.summary()} ({detail})", data=self)
+        if name == STATE_NAMES["stopped"]:
+            return Cancelled(message=self.summary(), data=self)
         return Completed(name=name, message=self.summary(), data=self)
 
     def markdown(self) -> str:

@@ -14,12 +14,13 @@ import asyncio
 import contextvars
 import functools
 import os
+import queue
 import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -69,6 +70,41 @@ class FlowRunStopped(TransientError):
     released (pending) for a later run instead of spending a model call nobody waits for."""
 
 
+class Stop:
+    """Set once when the flow run is cancelled or times out. The tick's thread cannot be
+    interrupted, so its subjects look here before each stage that costs, and whoever waits for
+    them registers what to drop at once (``on_set``): subjects still queued behind a slow stage
+    must be released before the worker's grace period ends in SIGKILL."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the stop is set (now, if it already is); it must not block."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+
+def _stopped_before(stage: str) -> FlowRunStopped:
+    return FlowRunStopped(f"the flow run was cancelled or timed out before {stage}; "
+                          "the Run is released for a later run")
+
+
 @dataclass(frozen=True)
 class Tick:
     """Everything the stages of one flow run share."""
@@ -80,9 +116,7 @@ class Tick:
     call_log: CallLog | None
     settings: RunledgerSettings
     flow_run_id: str
-    # Set when the flow run is cancelled or times out: the tick's thread cannot be interrupted,
-    # so its subjects look here before each stage that costs.
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: Stop = field(default_factory=Stop)
 
     @property
     def lease_seconds(self) -> float:
@@ -95,8 +129,7 @@ class Tick:
     def check_running(self, stage: str) -> None:
         """Raise FlowRunStopped if the flow run stopped before ``stage``."""
         if self.stop.is_set():
-            raise FlowRunStopped(f"the flow run was cancelled or timed out before {stage}; "
-                                 "the Run is released for a later run")
+            raise _stopped_before(stage)
 
     def emit(self, outcome: SubjectOutcome) -> SubjectOutcome:
         emit_outcome(self.job.name, self.job.version, self.period, outcome)
@@ -288,13 +321,14 @@ def _lease_lost(tick: Tick, subject: str, run_id: str, error: LeaseLost) -> Subj
 
 def _fail(tick: Tick, claim: Claim, subject: str, error: BaseException) -> SubjectOutcome:
     """Record the failure: a transient one releases the Run for a later attempt, a permanent
-    one marks it failed."""
+    one marks it failed; a stopped flow run's subject is released and reported stopped."""
     message = f"{type(error).__name__}: {error}"
     try:
         run = tick.ledger.fail(claim, message, retryable=is_transient(error))
     except LeaseLost as lost:
         return _lease_lost(tick, subject, claim.run_id, lost)
-    return SubjectOutcome(subject, run.run_id, "failed", run.attempts, error=message)
+    outcome: Outcome = "stopped" if isinstance(error, FlowRunStopped) else "failed"
+    return SubjectOutcome(subject, run.run_id, outcome, run.attempts, error=message)
 
 
 def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: str,
@@ -363,25 +397,47 @@ def _known_outcome(tick: Tick, subject: str, identity: RunIdentity, run: Run) ->
     return SubjectOutcome(subject, run.run_id, "duplicate", run.attempts, output=run.output)
 
 
+def _release_queued(tick: Tick, keeper: LeaseKeeper, subject: str, run: Run,
+                    claim: Claim) -> SubjectOutcome:
+    """A subject dropped from the queue when the flow run stopped: its Run is pending again."""
+    try:
+        return _fail(tick, claim, subject,
+                     _stopped_before("collect" if run.raw_input is None else "transform"))
+    finally:
+        keeper.release(claim)
+
+
 def _process_claimed(tick: Tick, stages: Stages, claimed: dict[str, tuple[Run, Claim]]
                      ) -> dict[str, SubjectOutcome]:
     """Run the claimed subjects through the stages with bounded concurrency, while one keeper
-    renews the leases of all those not yet finished, including those waiting for a slot."""
+    renews the leases of all those not yet finished, including those waiting for a slot; when
+    the flow run stops, those still waiting are released at once."""
     outcomes: dict[str, SubjectOutcome] = {}
     with LeaseKeeper(tick.ledger, tick.lease_seconds) as keeper, \
             ThreadPoolExecutor(max_workers=tick.settings.subject_concurrency,
                                thread_name_prefix="subject") as pool:
         keeper.hold(claim for _, claim in claimed.values())
-        futures = {
-            s: pool.submit(contextvars.copy_context().run, process_subject, tick, stages,
-                           keeper, s, run, claim)
-            for s, (run, claim) in claimed.items()
-        }
-        for subject, future in futures.items():
+        # Taken as they end, cancelled ones too (as_completed never sees a future cancelled by
+        # the executor's shutdown: only its done callbacks run).
+        ended: queue.SimpleQueue[Future[SubjectOutcome]] = queue.SimpleQueue()
+        futures: dict[Future[SubjectOutcome], str] = {}
+        for s, (run, claim) in claimed.items():
+            future = pool.submit(contextvars.copy_context().run, process_subject, tick, stages,
+                                 keeper, s, run, claim)
+            futures[future] = s
+            future.add_done_callback(ended.put)
+        # Not when a slot frees up: a slow model call would hold the queue past the worker's
+        # grace period, and SIGKILL would leave every queued Run leased.
+        tick.stop.on_set(functools.partial(pool.shutdown, wait=False, cancel_futures=True))
+        for _ in futures:
+            future = ended.get()
+            subject = futures[future]
+            run, claim = claimed[subject]
             try:
-                outcome = future.result()
+                outcome = (_release_queued(tick, keeper, subject, run, claim)
+                           if future.cancelled() else future.result())
             except Exception as exc:  # the ledger itself failed: report it, keep the others
-                outcome = SubjectOutcome(subject, claimed[subject][0].run_id, "failed",
+                outcome = SubjectOutcome(subject, run.run_id, "failed",
                                          error=f"{type(exc).__name__}: {exc}")
             outcomes[subject] = tick.emit(outcome)
     return outcomes
@@ -459,7 +515,7 @@ async def _label_flow_run(name: str, job: Job | None) -> None:
 
 def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentity],
                       settings: RunledgerSettings, flow_run_id: str,
-                      stop: threading.Event) -> TickReport:
+                      stop: Stop) -> TickReport:
     """The tick's blocking part, in a thread of its own: ledger, model and stage task runs."""
     # One sync Prefect client for every task run of the tick: a sync task run inside an async
     # flow run otherwise opens a client of its own (about 20 ms of TLS set-up each).
@@ -538,7 +594,7 @@ async def run_job(job: str, subjects: list[str] | None = None,
     labelling = asyncio.create_task(
         _label_flow_run(f"{definition.name}/{the_period.label}", definition))
     flow_run_id = str(current_flow_run.id)
-    stop = threading.Event()
+    stop = Stop()
     try:
         report = await asyncio.to_thread(run_ledgered_tick, definition, the_period, identities,
                                          settings, flow_run_id, stop)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 EPHEMERAL_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 MIN_EPHEMERAL_TIMEOUT = 90
 STYLES = {"new": "green", "duplicate": "cyan", "in-progress-elsewhere": "yellow",
-          "lease-lost": "yellow", "failed": "bold red"}
+          "lease-lost": "yellow", "stopped": "yellow", "failed": "bold red"}
 
 
 def _ephemeral_timeout() -> AbstractContextManager[Any]:

@@ -32,6 +32,7 @@ from pipeline_support import (
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.flow_engine import run_flow
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.states import Scheduled, State
@@ -276,8 +277,6 @@ def test_changed_recipients_under_the_same_run_are_a_conflict(env: Env) -> None:
 
 def test_a_rerun_of_a_completed_tick_starts_no_task_runs_and_calls_no_model(env: Env) -> None:
     """Every Run is read in one batch; completed ones get no task run, only an event each."""
-    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
-
     probe = probe_job([f"s{i:02d}" for i in range(12)], ["ops@example.com"])
     first, _ = env.run(probe.name, period="2026-01-05")
     second, report = env.run(probe.name, period="2026-01-05")
@@ -290,20 +289,24 @@ def test_a_rerun_of_a_completed_tick_starts_no_task_runs_and_calls_no_model(env:
             return len(client.read_task_runs(flow_run_filter=FlowRunFilter(
                 id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))))
 
-        def events(name: str) -> int:
-            return len(client.read_events(EventFilter(
-                event=EventNameFilter(name=[name]),
-                resource=EventResourceFilter(id=[f"runledger.run.{i}" for i in run_ids]),
-            ), limit=50).events)
-
         wait_until(lambda: task_runs(first) == 12 * 3 + 1, 30, "the first tick's task runs")
-        wait_until(lambda: events("runledger.run.duplicate") == 12, 30, "the duplicate events")
-        assert events("runledger.run.completed") == 12
+        wait_until(lambda: run_events("runledger.run.duplicate", run_ids) == 12, 30,
+                   "the duplicate events")
+        assert run_events("runledger.run.completed", run_ids) == 12
         assert task_runs(second) == 0
         artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(
             id=FlowRunFilterId(any_=[second.state_details.flow_run_id])))
     assert [a.key for a in artifacts] == [f"{probe.name}-tick"]
     assert all(run_id in str(artifacts[0].data) for run_id in run_ids)
+
+
+def run_events(name: str, run_ids: list[str]) -> int:
+    """How many ``name`` events the Prefect server holds for these Runs."""
+    with get_client(sync_client=True) as client:
+        return len(client.read_events(EventFilter(
+            event=EventNameFilter(name=[name]),
+            resource=EventResourceFilter(id=[f"runledger.run.{i}" for i in run_ids]),
+        ), limit=50).events)
 
 
 def test_a_tick_registers_and_claims_all_its_unfinished_subjects_in_one_task_run(
@@ -408,9 +411,11 @@ def test_sixteen_subject_threads_writing_at_once_take_turns_for_the_ledgers_conn
 def test_a_cancelled_flow_run_starts_no_more_stages_and_releases_its_subjects(
         env: Env) -> None:
     """The flow run is cancelled while its first subject collects (one subject at a time):
-    that subject keeps its stored raw input but never reaches the model, the five behind it are
-    never collected, all six Runs are pending again, not held until their leases expire; the
-    next flow run for the period completes them without collecting the first one again."""
+    the five queued behind it are released at once, while that collect still runs (a worker's
+    SIGKILL after its grace period would otherwise leave them leased), and never collected;
+    the first keeps its stored raw input but never reaches the model; all six Runs are pending
+    again; the next flow run for the period completes them without collecting the first one
+    again."""
     subjects = [f"s{i}" for i in range(6)]
     env.set(subject_concurrency=1)
     collecting, cancelled = threading.Event(), threading.Event()
@@ -427,7 +432,16 @@ def test_a_cancelled_flow_run_starts_no_more_stages_and_releases_its_subjects(
         tick.cancel()
         with pytest.raises(asyncio.CancelledError):
             await tick
-        cancelled.set()
+        def holders() -> dict[str, str | None]:
+            return {r.subject: r.owner for r in env.ledger.runs(job=probe.name)}
+
+        try:
+            await asyncio.to_thread(
+                wait_until, lambda: not any(holders()[s] for s in subjects[1:]), 10,
+                "the queued subjects' Runs to be released")
+            assert holders()["s0"] is not None  # its collect is still under way
+        finally:
+            cancelled.set()
 
     asyncio.run(cancel_while_collecting())  # returns once the tick's thread has ended
     assert (probe.collects, probe.transforms, env.model_calls()) == (["s0"], [], 0)
@@ -436,6 +450,10 @@ def test_a_cancelled_flow_run_starts_no_more_stages_and_releases_its_subjects(
     assert runs["s0"].raw_input is not None and runs["s1"].raw_input is None
     assert "cancelled or timed out before transform" in (runs["s0"].error or "")
     assert "cancelled or timed out before collect" in (runs["s1"].error or "")
+    stopped = [r.run_id for r in runs.values()]
+    wait_until(lambda: run_events("runledger.run.stopped", stopped) == len(subjects), 30,
+               "an event per stopped subject")
+    assert run_events("runledger.run.failed", stopped) == 0
     state, report = env.run(probe.name, period="2026-01-05")
     assert state.name == "Completed", state.message
     assert outcomes(report) == dict.fromkeys(subjects, "new")

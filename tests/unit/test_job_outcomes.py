@@ -33,13 +33,16 @@ def report(*outcomes: str) -> TickReport:
     (("new", "in-progress-elsewhere"), "InProgressElsewhere"),
     (("lease-lost", "in-progress-elsewhere"), "LeaseLost"),
     (("new", "failed", "lease-lost"), "Failed"),
+    (("new", "stopped", "in-progress-elsewhere"), "Cancelled"),
+    (("stopped", "failed"), "Failed"),
 ])
 def test_the_flow_runs_final_state_summarises_its_subjects(outcomes: tuple[str, ...],
                                                              state: str) -> None:
-    """Failed wins; Duplicate only when every subject was a duplicate."""
+    """Failed wins, then a stop; Duplicate only when every subject was a duplicate."""
     final = report(*outcomes).final_state()
     assert final.name == state
     assert final.is_failed() == (state == "Failed")
+    assert final.is_cancelled() == (state == "Cancelled")
 
 
 def test_the_summary_counts_each_outcome() -> None:

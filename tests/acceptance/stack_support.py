@@ -23,7 +23,7 @@ import httpx
 import sqlalchemy as sa
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.objects import FlowRun
-from prefect.states import Scheduled, State
+from prefect.states import Cancelling, Scheduled, State
 
 from deployments.project import PROJECT_ROOT
 from flows.mail.sink import free_port
@@ -117,12 +117,15 @@ class AcceptanceStack:
                 api.update_deployment_schedule(deployment_id, schedule.id, active=False)
 
     def run(self, deployment: str, parameters: dict[str, Any] | None = None,
-            queue: str | None = None, state: State[Any] | None = None) -> UUID:
-        """A new flow run of ``deployment``: "Run" in the UI, or "Custom run" with parameters."""
+            queue: str | None = None, state: State[Any] | None = None,
+            env: dict[str, str] | None = None) -> UUID:
+        """A new flow run of ``deployment``: "Run" in the UI, or "Custom run" with parameters
+        and, in its job variables, environment variables of its own."""
         with self.client() as api:
             run = api.create_flow_run_from_deployment(
                 self.deployment_id(deployment), parameters=parameters or {},
-                work_queue_name=queue, state=state)
+                work_queue_name=queue, state=state,
+                job_variables={"env": env} if env else None)
         return run.id
 
     def run_at(self, deployment: str, when: datetime, parameters: dict[str, Any],
@@ -138,6 +141,12 @@ class AcceptanceStack:
         }, timeout=30)
         response.raise_for_status()
         assert response.json()["status"] == "ACCEPT", response.json()
+
+    def cancel(self, flow_run_id: UUID) -> None:
+        """The UI's Cancel button: the flow run goes to Cancelling, and its worker stops it."""
+        with self.client() as api:
+            result = api.set_flow_run_state(flow_run_id, Cancelling())
+        assert result.status.value == "ACCEPT", result
 
     def flow_run(self, flow_run_id: UUID) -> FlowRun:
         with self.client() as api:

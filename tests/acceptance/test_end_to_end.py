@@ -293,3 +293,52 @@ def test_flow_runs_task_runs_artifacts_and_events_read_back_through_the_api(
     assert f"register+claim[{len(workspaces())} subjects]" in task_runs
     assert f"{SUMMARY}-tick" in {a.key for a in artifacts}
     assert all(r in str([a.data for a in artifacts]) for r in scheduled_tick.run_ids)
+
+
+CANCEL_PERIOD = "2026-01-05"
+
+
+@pytest.fixture(scope="module")
+def cancelled(stack: AcceptanceStack) -> UUID:
+    """A Custom run of every workspace, one at a time (its own job variables); while the first
+    workspace's model call is under way, Cancel as in the UI and wait for the flow run to end."""
+    first = workspaces()[0]
+    flow_run_id = stack.run(SUMMARY, {"period": CANCEL_PERIOD},
+                            env={"RUNLEDGER_SUBJECT_CONCURRENCY": "1"})
+    wait_until(lambda: stack.model_calls({run_id(first, CANCEL_PERIOD)}), 120,
+               "the first workspace's model call", every=0.1)
+    stack.cancel(flow_run_id)
+    stack.wait_final(flow_run_id, timeout=90)
+    return flow_run_id
+
+
+def test_a_flow_run_cancelled_in_the_ui_calls_no_more_models_and_releases_its_runs_at_once(
+        stack: AcceptanceStack, cancelled: UUID) -> None:
+    """The flow run shows Cancelled; the model call under way was paid for and its Run is
+    completed; the other workspaces were never collected nor sent to the model, and their Runs
+    are released (pending, no owner) before the flow-run process ends, not left leased; the
+    next run of the period completes only them."""
+    final = stack.flow_run(cancelled)
+    assert final.state is not None and final.state.name == "Cancelled", final.state
+    first, *rest = workspaces()
+    ids = {s: run_id(s, CANCEL_PERIOD) for s in workspaces()}
+    ledger = stack.ledger()
+    try:
+        def released() -> bool:
+            return all(ledger.require(ids[s]).owner is None for s in workspaces())
+
+        wait_until(released, 40, "the cancelled flow run to release its Runs")
+        runs = {s: ledger.require(r) for s, r in ids.items()}
+    finally:
+        ledger.close()
+    assert runs[first].status == "completed"
+    for subject in rest:
+        run = runs[subject]
+        assert (run.status, run.lease_expires_at, run.raw_input) == ("pending", None, None)
+        assert run.error is not None and "FlowRunStopped" in run.error, run.error
+    assert [c["run_id"] for c in stack.model_calls(set(ids.values()))] == [ids[first]]
+    again = stack.wait_final(stack.run(SUMMARY, {"period": CANCEL_PERIOD}))
+    assert again.state is not None and again.state.name == "Completed", again.state
+    calls = Counter(c["run_id"] for c in stack.model_calls(set(ids.values())))
+    assert calls == dict.fromkeys(ids.values(), 1)
+    assert outbox_rows(stack, list(ids.values())) == recipients(workspaces())

@@ -47,6 +47,7 @@ from flows.outcomes import Outcome, SubjectOutcome, TickReport, emit_outcome
 from flows.settings import RunledgerSettings
 from store import (
     Claim,
+    FinishedRun,
     LeaseLost,
     Ledger,
     OutboxMessage,
@@ -359,7 +360,7 @@ def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: st
                           persisted.outbox_rows, output=persisted.run.output)
 
 
-def _failed_permanently(subject: str, run: Run) -> SubjectOutcome:
+def _failed_permanently(subject: str, run: Run | FinishedRun) -> SubjectOutcome:
     return SubjectOutcome(
         subject, run.run_id, "failed", run.attempts,
         error=f"failed permanently ({run.error}); requeue it with "
@@ -381,12 +382,11 @@ def _unclaimed_outcome(subject: str, registration: Registration) -> SubjectOutco
     return SubjectOutcome(subject, run.run_id, outcome, run.attempts, output=run.output)
 
 
-def _known_outcome(tick: Tick, subject: str, identity: RunIdentity, run: Run) -> SubjectOutcome | None:
-    """The outcome of a Run the batched read found finished, or None if it needs work."""
+def _known_outcome(tick: Tick, subject: str, identity: RunIdentity,
+                   run: FinishedRun) -> SubjectOutcome:
+    """The outcome of a Run the batched read found finished."""
     if run.status == "failed":
         return _failed_permanently(subject, run)
-    if run.status != "completed":
-        return None
     params = tick.job.run_params(subject, tick.period)
     if params_fingerprint(params) != run.params_fingerprint:
         try:
@@ -444,18 +444,17 @@ def _process_claimed(tick: Tick, stages: Stages, claimed: dict[str, tuple[Run, C
 
 
 def run_tick(tick: Tick, identities: dict[str, RunIdentity]) -> TickReport:
-    """Read every Run of the tick at once; only subjects not yet finished are registered and
-    claimed (one task run for all of them), and only claimed ones get stage task runs."""
-    known = tick.ledger.get_many([i.run_id for i in identities.values()])
+    """Read the tick's finished Runs at once; only subjects not yet finished are registered
+    and claimed (one task run for all of them), and only claimed ones get stage task runs."""
+    finished = tick.ledger.finished([i.run_id for i in identities.values()])
     outcomes: dict[str, SubjectOutcome] = {}
     pending: dict[str, RunIdentity] = {}
     for subject, identity in identities.items():
-        run = known.get(identity.run_id)
-        found = _known_outcome(tick, subject, identity, run) if run is not None else None
-        if found is None:
+        run = finished.get(identity.run_id)
+        if run is None:
             pending[subject] = identity
         else:
-            outcomes[subject] = tick.emit(found)
+            outcomes[subject] = tick.emit(_known_outcome(tick, subject, identity, run))
     if pending:
         stages = Stages.configured(tick.settings)
         try:

@@ -21,10 +21,11 @@ from store.message import OutboxMessage
 from store.models import Attempt, DeliveryAttempt, QueuedMessage, Run
 from store.outbox import MessageClaim, Reply
 from store.period import Period
-from store.runs import Claim, Completion, Registration
+from store.runs import Claim, Completion, FinishedRun, Registration
 
 __all__ = [
-    "Attempt", "Claim", "Completion", "DeliveryAttempt", "DeliveryLeaseLost", "InvalidIdentity",
+    "Attempt", "Claim", "Completion", "DeliveryAttempt", "DeliveryLeaseLost", "FinishedRun",
+    "InvalidIdentity",
     "InvalidInput", "InvalidMessage", "InvalidPeriod", "InvalidTransition", "LeaseLost",
     "Ledger", "LedgerBusy", "MessageClaim", "MessageNotFound", "OutboxMessage", "OutputTooLarge",
     "Period", "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity", "RunNotFound",

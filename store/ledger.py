@@ -231,6 +231,10 @@ class Ledger:
     def get_many(self, run_ids: Sequence[str]) -> dict[str, Run]:
         return self._read(lambda c: rn.get_runs(c, run_ids))
 
+    def finished(self, run_ids: Sequence[str]) -> dict[str, rn.FinishedRun]:
+        """The completed and failed Runs among ``run_ids``, without their raw inputs."""
+        return self._read(lambda c: rn.get_finished_runs(c, run_ids))
+
     def runs(self, *, job: str | None = None, status: str | None = None, limit: int = 100) -> list[Run]:
         return self._read(lambda c: rn.list_runs(c, job=job, status=status, limit=limit))
 

@@ -8,8 +8,8 @@ same statement as data-modifying CTEs, so a transition is one round trip."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -76,6 +76,19 @@ class Registration:
     run: Run
     claim: Claim | None
     conflict: RunConflict | None = None
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A completed or failed Run as a rerun of its tick reads it: everything but its raw input,
+    which only an unfinished Run needs (a tick's inputs can be large)."""
+
+    run_id: str
+    status: str
+    params_fingerprint: str
+    attempts: int
+    output: dict[str, Any] | None
+    error: str | None
 
 
 @dataclass(frozen=True)
@@ -389,14 +402,28 @@ def _require(conn: Connection, run_id: str) -> Run:
     return run
 
 
-def get_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, Run]:
-    """Many Runs in one query (a rerun of a whole tick reads them all at once)."""
-    found: dict[str, Run] = {}
+def _rows_of(conn: Connection, columns: Sequence[Any], run_ids: Sequence[str],
+             *conditions: sa.ColumnElement[bool]) -> Iterator[sa.Row[Any]]:
+    """Rows of many Runs, one query per 500 ids (drivers limit a statement's parameters)."""
     for start in range(0, len(run_ids), 500):
         chunk = list(run_ids[start : start + 500])
-        for row in conn.execute(sa.select(runs).where(runs.c.run_id.in_(chunk))):
-            found[row.run_id] = _run(dict(row._mapping))
-    return found
+        yield from conn.execute(
+            sa.select(*columns).where(runs.c.run_id.in_(chunk), *conditions))
+
+
+def get_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, Run]:
+    """Many Runs at once."""
+    return {row.run_id: _run(dict(row._mapping)) for row in _rows_of(conn, [runs], run_ids)}
+
+
+_FINISHED = [runs.c[f.name] for f in fields(FinishedRun)]
+
+
+def get_finished_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, FinishedRun]:
+    """The completed and failed Runs among ``run_ids`` (a rerun of a whole tick reads them all
+    at once)."""
+    rows = _rows_of(conn, _FINISHED, run_ids, runs.c.status.in_(("completed", "failed")))
+    return {row.run_id: FinishedRun(**row._mapping) for row in rows}
 
 
 def list_runs(

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from store import (
     Claim,
+    FinishedRun,
     InvalidInput,
     InvalidMessage,
     InvalidTransition,
@@ -395,6 +396,28 @@ def test_runs_are_listed_by_job_and_status(ledger: Ledger) -> None:
     assert ledger.get_many([older.run_id, newer.run_id, "missing"]).keys() == {
         older.run_id, newer.run_id
     }
+
+
+def test_finished_reads_the_completed_and_failed_runs_of_many_ids_without_their_raw_inputs(
+        ledger: Ledger) -> None:
+    """finished() answers for 1,200 ids at once (more than one query's worth): the completed
+    and the failed Runs, with output, attempts, error and fingerprint, and no raw input; pending,
+    running and unknown ids are left out."""
+    made = [ledger.register(identity(subject=f"team-{i:04d}")) for i in range(1_200)]
+    done, failed, running = made[0], made[600], made[1_100]
+    claims = {r.run_id: claimed(ledger, r) for r in (done, failed, running)}
+    for claim in claims.values():
+        ledger.save_input(claim, {"doc": claim.run_id})
+    ledger.complete(claims[done.run_id], {"summary": "ok"})
+    ledger.fail(claims[failed.run_id], "ValidationFailed: empty", retryable=False)
+    found = ledger.finished([r.run_id for r in made] + ["missing"])
+    assert found == {
+        done.run_id: FinishedRun(done.run_id, "completed", done.params_fingerprint, 1,
+                                 {"summary": "ok"}, None),
+        failed.run_id: FinishedRun(failed.run_id, "failed", failed.params_fingerprint, 1,
+                                   None, "ValidationFailed: empty"),
+    }
+    assert not hasattr(found[done.run_id], "raw_input")
 
 
 def test_database_clock_is_timezone_aware_utc(ledger: Ledger) -> None:

@@ -300,6 +300,27 @@ def test_a_rerun_of_a_completed_tick_starts_no_task_runs_and_calls_no_model(env:
     assert all(run_id in str(artifacts[0].data) for run_id in run_ids)
 
 
+def test_a_rerun_of_a_completed_tick_asks_the_ledger_for_no_raw_input(env: Env) -> None:
+    """A tick's raw inputs can be large (every subject's documents) and a rerun of a completed
+    tick needs none of them: its batched read names outputs, not the raw_input column."""
+    probe = probe_job(["s0", "s1", "s2"], ["ops@example.com"])
+    first, _ = env.run(probe.name, period="2026-01-05")
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", record)
+    try:
+        second, report = env.run(probe.name, period="2026-01-05")
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", record)
+    assert (first.name, second.name) == ("Completed", "Duplicate")
+    assert outcomes(report) == dict.fromkeys(["s0", "s1", "s2"], "duplicate")
+    read = [s for s in statements if "FROM runs" in s]
+    assert read and all("runs.output" in s and "raw_input" not in s for s in read), read
+
+
 def run_events(name: str, run_ids: list[str]) -> int:
     """How many ``name`` events the Prefect server holds for these Runs."""
     with get_client(sync_client=True) as client:

@@ -26,6 +26,8 @@ EVENTS: dict[Outcome, str] = {
     "stopped": "runledger.run.stopped",
     "failed": "runledger.run.failed",
 }
+# The outcomes that name a tick's flow run when any subject has them, strongest first.
+DECIDING: tuple[Outcome, ...] = ("failed", "stopped", "lease-lost", "in-progress-elsewhere")
 STATE_NAMES: dict[Outcome, str] = {
     "new": "Completed",
     "duplicate": "Duplicate",
@@ -83,26 +85,34 @@ class TickReport:
         parts = [f"{counts[o]} {o}" for o in OUTCOMES if counts[o]]
         return f"{self.name}: {', '.join(parts) or 'no subjects'}"
 
-    def state_name(self) -> str:
+    def deciding_outcome(self) -> Outcome:
         """Failed beats everything; then a stop; then the outcome that says the tick is not ours
         to finish; Duplicate only when every subject was already completed."""
         counts = self.counts()
-        for outcome in ("failed", "stopped", "lease-lost", "in-progress-elsewhere"):
+        for outcome in DECIDING:
             if counts[outcome]:
-                return STATE_NAMES[outcome]
+                return outcome
         if self.subjects and counts["duplicate"] == len(self.subjects):
-            return STATE_NAMES["duplicate"]
-        return STATE_NAMES["new"]
+            return "duplicate"
+        return "new"
+
+    def state_name(self) -> str:
+        return STATE_NAMES[self.deciding_outcome()]
 
     def final_state(self) -> State[Any]:
-        name = self.state_name()
-        if name == "Failed":
-            failed = [s for s in self.subjects if s.outcome == "failed"]
-            detail = "; ".join(f"{s.subject}: {s.error}" for s in failed[:5])
-            return Failed(message=f"{self.summary()} ({detail})", data=self)
-        if name == STATE_NAMES["stopped"]:
-            return Cancelled(message=self.summary(), data=self)
-        return Completed(name=name, message=self.summary(), data=self)
+        """The flow run's state; its message names the subjects behind it (up to five) and
+        why: the error, or who holds the lease and until when."""
+        outcome = self.deciding_outcome()
+        message = self.summary()
+        if outcome in DECIDING:
+            behind = [s for s in self.subjects if s.outcome == outcome and s.error]
+            if behind:
+                message += f" ({'; '.join(f'{s.subject}: {s.error}' for s in behind[:5])})"
+        if outcome == "failed":
+            return Failed(message=message, data=self)
+        if outcome == "stopped":
+            return Cancelled(message=message, data=self)
+        return Completed(name=STATE_NAMES[outcome], message=message, data=self)
 
     def markdown(self) -> str:
         lines = [

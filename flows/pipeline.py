@@ -378,8 +378,12 @@ def _unclaimed_outcome(subject: str, registration: Registration) -> SubjectOutco
                                     f"{registration.conflict}")
     if finding == "failed":
         return _failed_permanently(subject, run)
-    outcome: Outcome = "duplicate" if finding == "duplicate" else "in-progress-elsewhere"
-    return SubjectOutcome(subject, run.run_id, outcome, run.attempts, output=run.output)
+    if finding == "duplicate":
+        return SubjectOutcome(subject, run.run_id, "duplicate", run.attempts, output=run.output)
+    # What on-call needs to decide whether to wait: who holds the Run, and until when.
+    until = run.lease_expires_at.isoformat(timespec="seconds") if run.lease_expires_at else "?"
+    return SubjectOutcome(subject, run.run_id, "in-progress-elsewhere", run.attempts,
+                          error=f"leased by {run.owner} until {until}")
 
 
 def _known_outcome(tick: Tick, subject: str, identity: RunIdentity,

@@ -78,7 +78,8 @@ def test_a_worker_killed_after_the_completion_commit_leaves_the_stored_output(
 
 def test_a_worker_killed_while_holding_the_lease_is_replaced_once_the_lease_expires(
         env: Env, workers: list[Worker]) -> None:
-    """While the dead worker's lease lasts nobody calls the model; after it, one worker does."""
+    """While the dead worker's lease lasts nobody calls the model, and the flow run says who
+    holds the Run until when; after it, one worker does."""
     worker = start_worker(env, workers, offline_model_delay_seconds=60, lease_seconds=8)
     wait_until(lambda: in_transform(env, worker), 90, "the worker's model call")
     worker.signal(signal.SIGKILL)
@@ -88,7 +89,11 @@ def test_a_worker_killed_while_holding_the_lease_is_replaced_once_the_lease_expi
     assert state.name == "InProgressElsewhere"
     assert outcomes(report) == {"acme": "in-progress-elsewhere"}
     assert env.model_calls() == 1
-    run_id = env.the_run("acme", PERIOD).run_id
+    held = env.the_run("acme", PERIOD)
+    assert held.owner is not None and held.lease_expires_at is not None
+    until = held.lease_expires_at.isoformat(timespec="seconds")
+    assert f"(acme: leased by {held.owner} until {until})" in (state.message or "")
+    run_id = held.run_id
     wait_until(lambda: lease_expired(env.ledger, run_id), 30, "the dead worker's lease to expire")
     state, report = env.run(SUMMARY, ["acme"], PERIOD)
     assert state.name == "Completed" and outcomes(report) == {"acme": "new"}

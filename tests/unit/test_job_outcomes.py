@@ -45,6 +45,19 @@ def test_the_flow_runs_final_state_summarises_its_subjects(outcomes: tuple[str, 
     assert final.is_cancelled() == (state == "Cancelled")
 
 
+def test_the_flow_runs_message_says_why_for_the_subjects_that_named_its_state() -> None:
+    """Failed lists the failed subjects' errors; InProgressElsewhere who holds each Run."""
+    held = SubjectOutcome("globex", "b" * 64, "in-progress-elsewhere",
+                          error="leased by host:1:f/t until 2026-01-05T10:15:00+00:00")
+    tick = TickReport("probe", "1", PERIOD, [SubjectOutcome("acme", "a" * 64, "new"), held])
+    assert tick.final_state().message == (
+        "probe/2026-01-05: 1 new, 1 in-progress-elsewhere "
+        "(globex: leased by host:1:f/t until 2026-01-05T10:15:00+00:00)")
+    assert report("new", "failed").final_state().message == (
+        "probe/2026-01-05: 1 new, 1 failed (s1: boom)")
+    assert report("new", "duplicate").final_state().message == "probe/2026-01-05: 1 new, 1 duplicate"
+
+
 def test_the_summary_counts_each_outcome() -> None:
     """The summary reads like '2 new, 1 duplicate'."""
     assert report("new", "duplicate", "new").summary() == "probe/2026-01-05: 2 new, 1 duplicate"

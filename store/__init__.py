@@ -25,9 +25,8 @@ from store.runs import Claim, Completion, FinishedRun, Registration
 
 __all__ = [
     "Attempt", "Claim", "Completion", "DeliveryAttempt", "DeliveryLeaseLost", "FinishedRun",
-    "InvalidIdentity",
-    "InvalidInput", "InvalidMessage", "InvalidPeriod", "InvalidTransition", "LeaseLost",
-    "Ledger", "LedgerBusy", "MessageClaim", "MessageNotFound", "OutboxMessage", "OutputTooLarge",
-    "Period", "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity", "RunNotFound",
-    "RunledgerError", "message_key", "params_fingerprint", "run_key",
+    "InvalidIdentity", "InvalidInput", "InvalidMessage", "InvalidPeriod", "InvalidTransition",
+    "LeaseLost", "Ledger", "LedgerBusy", "MessageClaim", "MessageNotFound", "OutboxMessage",
+    "OutputTooLarge", "Period", "QueuedMessage", "Registration", "Reply", "Run", "RunConflict",
+    "RunIdentity", "RunNotFound", "RunledgerError", "message_key", "params_fingerprint", "run_key",
 ]

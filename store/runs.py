@@ -80,8 +80,9 @@ class Registration:
 
 @dataclass(frozen=True)
 class FinishedRun:
-    """A completed or failed Run as a rerun of its tick reads it: everything but its raw input,
-    which only an unfinished Run needs (a tick's inputs can be large)."""
+    """A completed or failed Run as a rerun of its tick reads it: what the subject's outcome
+    needs, and not the raw input, which only an unfinished Run uses (a tick's inputs can be
+    large)."""
 
     run_id: str
     status: str

@@ -148,7 +148,7 @@ class Worker:
         assert ledger.database.autocommit is not None
         sa.event.listen(ledger.database.autocommit.engine, "connect",
                         lambda dbapi_conn, _: setattr(dbapi_conn, "cursor_factory", Recording))
-        ledger.get("warm-up")  # connect (and run the dialect's own set-up queries) first
+        ledger.get_many(["warm-up"])  # connect (and run the dialect's own set-up queries) first
         recorded.clear()
         key = f"w{self.index}-RECORDED"
         claim = ledger.register_and_claim(

@@ -13,7 +13,7 @@ from typing import Any
 import yaml  # type: ignore[import-untyped]
 from prefect.schedules import Cron, Interval, Schedule
 
-from store.errors import InvalidInput
+from store import InvalidInput
 
 PREFECT_FILE = Path(__file__).with_name("prefect.yaml")
 PROJECT_ROOT = PREFECT_FILE.resolve().parents[1]

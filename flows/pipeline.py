@@ -257,7 +257,7 @@ def persist_output(subject: str, held: Held, candidate: Candidate) -> State[Any]
     messages: list[OutboxMessage] = list(tick.job.messages(subject, tick.period, output))
     effect = tick.job.effect
     try:
-        done = tick.ledger.complete_run(
+        done = tick.ledger.complete(
             claim, output, messages,
             None if effect is None else (lambda session: effect(session, output)),
         )
@@ -316,7 +316,7 @@ def _configured_stages(retries: int, delay_seconds: float) -> Stages:
 
 def _lease_lost(tick: Tick, subject: str, run_id: str, error: LeaseLost) -> SubjectOutcome:
     """Another attempt holds the Run now: this one's candidate is gone, which is no failure."""
-    return SubjectOutcome(subject, run_id, "lease-lost", tick.ledger.require(run_id).attempts,
+    return SubjectOutcome(subject, run_id, "lease-lost", tick.ledger.get(run_id).attempts,
                           error=str(error))
 
 

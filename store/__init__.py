@@ -1,32 +1,35 @@
-"""runledger's ledger: stable Run identity, fenced leases, atomic completion with an outbox."""
+"""runledger's ledger: stable Run identity, fenced leases, atomic completion with an outbox.
 
+These names are the ledger's public surface, what ``flows`` and a job's own code use; the
+modules behind them are private (an import-linter contract in ``make lint`` keeps it so)."""
+
+from store.database import create_database_if_missing
 from store.errors import (
     DeliveryLeaseLost,
-    InvalidIdentity,
     InvalidInput,
-    InvalidMessage,
-    InvalidPeriod,
     InvalidTransition,
     LeaseLost,
     LedgerBusy,
     MessageNotFound,
-    OutputTooLarge,
     RunConflict,
     RunledgerError,
     RunNotFound,
 )
-from store.identity import RunIdentity, message_key, params_fingerprint, run_key
+from store.faults import fault_point
+from store.identity import RunIdentity, params_fingerprint
 from store.ledger import Ledger
-from store.message import OutboxMessage
-from store.models import Attempt, DeliveryAttempt, QueuedMessage, Run
+from store.message import OutboxMessage, normalize_address
+from store.models import MESSAGE_STATUSES, RUN_STATUSES, QueuedMessage, Run
 from store.outbox import MessageClaim, Reply
-from store.period import Period
+from store.period import Period, validate_cadence, zone
 from store.runs import Claim, Completion, FinishedRun, Registration
+from store.settings import LedgerSettings
 
 __all__ = [
-    "Attempt", "Claim", "Completion", "DeliveryAttempt", "DeliveryLeaseLost", "FinishedRun",
-    "InvalidIdentity", "InvalidInput", "InvalidMessage", "InvalidPeriod", "InvalidTransition",
-    "LeaseLost", "Ledger", "LedgerBusy", "MessageClaim", "MessageNotFound", "OutboxMessage",
-    "OutputTooLarge", "Period", "QueuedMessage", "Registration", "Reply", "Run", "RunConflict",
-    "RunIdentity", "RunNotFound", "RunledgerError", "message_key", "params_fingerprint", "run_key",
+    "MESSAGE_STATUSES", "RUN_STATUSES", "Claim", "Completion", "DeliveryLeaseLost",
+    "FinishedRun", "InvalidInput", "InvalidTransition", "LeaseLost", "Ledger", "LedgerBusy",
+    "LedgerSettings", "MessageClaim", "MessageNotFound", "OutboxMessage", "Period",
+    "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity",
+    "RunNotFound", "RunledgerError", "create_database_if_missing", "fault_point",
+    "normalize_address", "params_fingerprint", "validate_cadence", "zone",
 ]

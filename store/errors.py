@@ -6,6 +6,10 @@ from __future__ import annotations
 class RunledgerError(Exception):
     """A runledger operation failed."""
 
+    # True where trying the same operation again later can succeed (and is safe: every
+    # transition is guarded by its fence or its state); the pipeline retries exactly these.
+    retryable: bool = False
+
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
 
@@ -56,5 +60,24 @@ class InvalidTransition(RunledgerError):
 
 class LedgerBusy(RunledgerError):
     """The ledger stayed locked by other writers; retry later (nothing was written)."""
+
+    retryable = True
+
+
+class LedgerUnavailable(RunledgerError):
+    """The ledger database dropped the connection or failed the statement for a reason that
+    passes (a restart, a deadlock, a lost network); retry later."""
+
+    retryable = True
+
+
+class LedgerError(RunledgerError):
+    """The ledger database refused the statement (a missing schema, a constraint of a job's
+    own tables); retrying will not help."""
+
+
+class IdentityRace(RunledgerError):
+    """Two workers inserted the same new Run at once and the database reported the loser's
+    clash on the identity index; its statement wrote nothing and can run again."""
 
     retryable = True

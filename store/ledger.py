@@ -1,45 +1,32 @@
 """The Ledger: the durable authority for Runs and their outbox. Each public method is one unit
-of work (one transaction) around one transition from ``store.runs`` or ``store.outbox``."""
+of work (one transaction, or one statement in autocommit where its transition says so) around
+one transition from ``store.runs`` or ``store.outbox``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
 from store import outbox as ob
 from store import runs as rn
-from store.dialect import Busy, Database, SQLiteSynchronous, T
-from store.dialect import db_now as db_clock
-from store.errors import InvalidInput, RunNotFound
+from store.database import Busy, Database, SQLiteSynchronous
+from store.errors import IdentityRace, InvalidInput
 from store.faults import fault_point
 from store.identity import RunIdentity
 from store.message import OutboxMessage
 from store.models import Attempt, DeliveryAttempt, QueuedMessage, Run
 from store.settings import LedgerSettings
+from store.statement import Transition
 
 MIGRATIONS = Path(__file__).with_name("migrations")
-
-
 IDENTITY_RACE_TRIES = 3
 
-# Where a transition is one statement (plus reads at most), and so runs in autocommit: some are
-# one statement everywhere, others only on PostgreSQL, whose data-modifying CTEs carry the
-# follow-up writes that SQLite sends as statements of their own.
-EVERYWHERE = frozenset({"postgresql", "sqlite"})
-ON_POSTGRES = frozenset({"postgresql"})
-
-
-def _lost_identity_race(exc: sa.exc.IntegrityError) -> bool:
-    """Two workers inserted the same new Run at once and PostgreSQL reported the loser's clash
-    on the identity index, which ``ON CONFLICT (run_id)`` does not arbitrate (only one unique
-    index can). The statement wrote nothing; run again, it takes the existing-row path."""
-    diag = getattr(exc.orig, "diag", None)
-    return getattr(diag, "constraint_name", None) == "uq_runs_identity"
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def _lease_seconds(lease: timedelta | float) -> float:
@@ -87,20 +74,19 @@ class Ledger:
 
     @property
     def engine(self) -> Engine:
-        """The transactional engine (for migrations, tests and operator tools)."""
+        """The transactional engine (for migrations, a job's own tables and operator tools)."""
         return self.database.engine
-
-    def _write(
-        self, work: Callable[[Connection], T], *, one_statement_on: frozenset[str] = frozenset()
-    ) -> T:
-        return self.database.write(work, single_statement=self.dialect in one_statement_on)
-
-    def _read(self, work: Callable[[Connection], T]) -> T:
-        return self.database.read(work)
 
     @property
     def dialect(self) -> str:
         return self.database.dialect
+
+    def _write(self, txn: Transition[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.database.write(lambda conn: txn(conn, *args, **kwargs),
+                                   single_statement=self.dialect in txn.one_statement_on)
+
+    def _read(self, read: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return self.database.read(lambda conn: read(conn, *args, **kwargs))
 
     def close(self) -> None:
         self.database.dispose()
@@ -121,14 +107,11 @@ class Ledger:
 
     def register(self, identity: RunIdentity, params: dict[str, Any] | None = None) -> Run:
         """Create the Run as pending, or return the existing one (see ``register_txn``)."""
-        return self._write(lambda c: rn.register_txn(c, identity, params),
-                           one_statement_on=EVERYWHERE)
+        return self._write(rn.register_txn, identity, params)
 
     def claim(self, run_id: str, owner: str, lease: timedelta | float) -> rn.Claim | None:
         """Take the Run's lease, or None if it is completed, failed or leased by someone else."""
-        seconds = _lease_seconds(lease)
-        return self._write(lambda c: rn.claim_txn(c, run_id, owner, seconds),
-                           one_statement_on=ON_POSTGRES)
+        return self._write(rn.claim_txn, run_id, owner, _lease_seconds(lease))
 
     def register_and_claim(
         self,
@@ -158,31 +141,24 @@ class Ledger:
         seconds = _lease_seconds(lease)
         for attempt in range(1, IDENTITY_RACE_TRIES + 1):
             try:
-                return self._write(
-                    lambda c: rn.register_and_claim_txn(c, entries, owner, seconds),
-                    one_statement_on=ON_POSTGRES,
-                )
-            except sa.exc.IntegrityError as exc:
-                if attempt == IDENTITY_RACE_TRIES or not _lost_identity_race(exc):
+                return self._write(rn.register_and_claim_txn, entries, owner, seconds)
+            except IdentityRace:  # the statement wrote nothing: again, on the existing row
+                if attempt == IDENTITY_RACE_TRIES:
                     raise
         raise AssertionError("unreachable")
 
     def renew(self, claim: rn.Claim, lease: timedelta | float) -> datetime:
         """Extend the lease by ``lease`` from now (database clock); ``LeaseLost`` if stale."""
-        seconds = _lease_seconds(lease)
-        return self._write(lambda c: rn.renew_txn(c, claim, seconds), one_statement_on=EVERYWHERE)
+        return self._write(rn.renew_txn, claim, _lease_seconds(lease))
 
     def renew_many(self, claims: Sequence[rn.Claim], lease: timedelta | float) -> dict[str, datetime]:
         """Extend many leases in one statement; the claims left out of the result are lost."""
-        seconds = _lease_seconds(lease)
-        return self._write(lambda c: rn.renew_many_txn(c, claims, seconds),
-                           one_statement_on=EVERYWHERE)
+        return self._write(rn.renew_many_txn, claims, _lease_seconds(lease))
 
     def save_input(self, claim: rn.Claim, raw: dict[str, Any]) -> dict[str, Any]:
         """Store the raw input once and return the stored one (the first writer's)."""
         raw = rn.json_document(raw, "raw input", self.max_output_bytes)
-        return self._write(lambda c: rn.save_input_txn(c, claim, raw),
-                           one_statement_on=EVERYWHERE)
+        return self._write(rn.save_input_txn, claim, raw)
 
     def complete(
         self,
@@ -190,120 +166,100 @@ class Ledger:
         output: dict[str, Any],
         messages: Sequence[OutboxMessage] = (),
         effect: rn.Effect | None = None,
-    ) -> Run:
-        """Complete the Run (see ``complete_txn``); returns the stored Run either way."""
-        return self.complete_run(claim, output, messages, effect).run
-
-    def complete_run(
-        self,
-        claim: rn.Claim,
-        output: dict[str, Any],
-        messages: Sequence[OutboxMessage] = (),
-        effect: rn.Effect | None = None,
     ) -> rn.Completion:
-        """Like ``complete`` but also says whether this call completed the Run."""
+        """Complete the Run with its outbox rows and, if given, the job's business effect, in
+        one transaction (see ``complete_txn``); the Completion says whether this call did."""
         output = rn.json_document(output, "output", self.max_output_bytes)
         messages = list(messages)
-        done = self._write(
-            lambda c: rn.complete_txn(c, claim, output, messages, effect),
-            one_statement_on=ON_POSTGRES if effect is None else frozenset(),
-        )
+        if effect is None:
+            done = self._write(rn.complete_txn, claim, output, messages)
+        else:
+            done = self._write(rn.complete_with_effect_txn, claim, output, messages, effect)
         fault_point("after_complete_commit")
         return done
 
     def fail(self, claim: rn.Claim, error: str, retryable: bool = True) -> Run:
         """Record the error: retryable releases the lease, otherwise the Run is failed."""
-        text = rn.error_text(error)
-        return self._write(lambda c: rn.fail_txn(c, claim, text, retryable))
+        return self._write(rn.fail_txn, claim, rn.error_text(error), retryable)
 
     def requeue_run(self, run_id: str) -> Run:
-        return self._write(lambda c: rn.requeue_run_txn(c, run_id))
+        """Operator action: a failed Run goes back to pending (see ``requeue_run_txn``)."""
+        return self._write(rn.requeue_run_txn, run_id)
 
-    def get(self, run_id: str) -> Run | None:
-        return self._read(lambda c: rn.get_run(c, run_id))
-
-    def require(self, run_id: str) -> Run:
-        run = self.get(run_id)
-        if run is None:
-            raise RunNotFound(f"no run with id {run_id!r}")
-        return run
+    def get(self, run_id: str) -> Run:
+        """The Run with this id; ``RunNotFound`` if there is none."""
+        return self._read(rn.require_run, run_id)
 
     def get_many(self, run_ids: Sequence[str]) -> dict[str, Run]:
-        return self._read(lambda c: rn.get_runs(c, run_ids))
+        """The Runs among ``run_ids`` that exist, by id."""
+        return self._read(rn.get_runs, run_ids)
 
     def finished(self, run_ids: Sequence[str]) -> dict[str, rn.FinishedRun]:
         """The completed and failed Runs among ``run_ids``, without their raw inputs."""
-        return self._read(lambda c: rn.get_finished_runs(c, run_ids))
+        return self._read(rn.get_finished_runs, run_ids)
 
     def runs(self, *, job: str | None = None, status: str | None = None, limit: int = 100) -> list[Run]:
-        return self._read(lambda c: rn.list_runs(c, job=job, status=status, limit=limit))
+        """The latest Runs, newest period first."""
+        return self._read(rn.list_runs, job=job, status=status, limit=limit)
 
     def attempts(self, run_id: str) -> list[Attempt]:
-        return self._read(lambda c: rn.list_attempts(c, run_id))
+        """A Run's Attempts, oldest first."""
+        return self._read(rn.list_attempts, run_id)
 
     # --- Outbox ---------------------------------------------------------------------------
 
     def claim_messages(
         self, owner: str, limit: int, lease: timedelta | float, channel: str | None = None
     ) -> list[ob.MessageClaim]:
-        seconds = _lease_seconds(lease)
-        return self._write(
-            lambda c: ob.claim_messages_txn(c, owner, limit, seconds, channel),
-            one_statement_on=ON_POSTGRES,
-        )
+        """Lease up to ``limit`` due messages (see ``claim_messages_txn``)."""
+        return self._write(ob.claim_messages_txn, owner, limit, _lease_seconds(lease), channel)
 
-    def mark_sent(self, claim: ob.MessageClaim, reply: ob.Reply = ob.NO_REPLY) -> None:
-        self._write(lambda c: ob.mark_sent_txn(c, claim, reply), one_statement_on=ON_POSTGRES)
-
-    def mark_sent_many(
+    def mark_sent(
         self, sent: Sequence[tuple[ob.MessageClaim, ob.Reply]]
     ) -> list[ob.MessageClaim]:
-        """Mark several messages sent in one transaction; returns the claims whose lease was lost."""
-        return self._write(lambda c: ob.mark_sent_many_txn(c, sent))
+        """Mark the messages sent in one statement or transaction; returns the claims whose
+        lease was lost (their rows are unchanged)."""
+        return self._write(ob.mark_sent_txn, sent)
 
     def schedule_retry(
         self, claim: ob.MessageClaim, delay: float, error: str, reply: ob.Reply = ob.NO_REPLY
     ) -> None:
-        self._write(lambda c: ob.schedule_retry_txn(c, claim, delay, error, reply),
-                    one_statement_on=ON_POSTGRES)
+        """sending -> retry, due again after ``delay`` seconds (database clock)."""
+        self._write(ob.schedule_retry_txn, claim, delay, error, reply)
 
     def mark_uncertain(
         self, claim: ob.MessageClaim, error: str, retry_in: float | None,
         reply: ob.Reply = ob.NO_REPLY,
     ) -> None:
-        self._write(lambda c: ob.mark_uncertain_txn(c, claim, error, retry_in, reply),
-                    one_statement_on=ON_POSTGRES)
+        """sending -> uncertain: the receiver may have it (see ``mark_uncertain_txn``)."""
+        self._write(ob.mark_uncertain_txn, claim, error, retry_in, reply)
 
     def mark_dead(self, claim: ob.MessageClaim, error: str, reply: ob.Reply = ob.NO_REPLY) -> None:
-        self._write(lambda c: ob.mark_dead_txn(c, claim, error, reply),
-                    one_statement_on=ON_POSTGRES)
+        """sending -> dead: only an operator requeues it."""
+        self._write(ob.mark_dead_txn, claim, error, reply)
 
     def release_message(self, claim: ob.MessageClaim) -> None:
-        self._write(lambda c: ob.release_message_txn(c, claim), one_statement_on=ON_POSTGRES)
+        """Give back a claimed message never handed to a transport (see ``release_message_txn``)."""
+        self._write(ob.release_message_txn, claim)
 
     def requeue_message(self, message_id: str) -> QueuedMessage:
-        return self._write(lambda c: ob.requeue_message_txn(c, message_id),
-                           one_statement_on=ON_POSTGRES)
+        """Operator action: a retry, uncertain or dead message is due now, with the same key."""
+        return self._write(ob.requeue_message_txn, message_id)
 
     def message(self, message_id: str) -> QueuedMessage | None:
-        return self._read(lambda c: ob.get_message(c, message_id))
+        """The outbox message with this id, if any."""
+        return self._read(ob.get_message, message_id)
 
     def messages(
         self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
     ) -> list[QueuedMessage]:
-        return self._read(lambda c: ob.list_messages(c, status=status, run_id=run_id, limit=limit))
+        """Outbox messages, oldest first."""
+        return self._read(ob.list_messages, status=status, run_id=run_id, limit=limit)
 
     def delivery_attempts(self, message_id: str) -> list[DeliveryAttempt]:
-        return self._read(lambda c: ob.list_delivery_attempts(c, message_id))
+        """A message's delivery attempts, first try first."""
+        return self._read(ob.list_delivery_attempts, message_id)
 
     def message_counts(self) -> dict[str, int]:
+        """Outbox messages per status."""
         return self._read(ob.count_messages)
-
-    def db_now(self) -> datetime:
-        """The database clock (what lease expiry is judged by)."""
-
-        def read(conn: Connection) -> datetime:
-            value = conn.execute(sa.select(db_clock())).scalar_one()
-            return value  # type: ignore[no-any-return]
-
-        return self._read(read)

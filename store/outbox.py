@@ -1,5 +1,6 @@
 """Outbox transitions used by the dispatcher. A message is claimed with a delivery lease and a
-fence; only the current holder can record the outcome of its delivery attempt."""
+fence; only the current holder can record the outcome of its delivery attempt. Each ``*_txn``
+is one transition (the caller owns the transaction) over named statements (``store.statement``)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from store.dialect import db_now, is_postgres, json_rows, seconds
+from store.dialect import check_seconds, db_now, json_rows, one_statement_writes, skip_locked
 from store.errors import DeliveryLeaseLost, InvalidInput, InvalidTransition, MessageNotFound
 from store.models import (
     CLAIMABLE_WHERE,
@@ -21,7 +21,7 @@ from store.models import (
     delivery_attempts_table,
     outbox_table,
 )
-from store.prepared import Prepared
+from store.statement import ON_POSTGRES, Statement, one_of, optional, param, transition
 
 outbox = outbox_table
 deliveries = delivery_attempts_table
@@ -61,17 +61,12 @@ class Reply:
 NO_REPLY = Reply()
 
 
-def claim_messages_txn(
-    conn: Connection, owner: str, limit: int, lease_seconds: float, channel: str | None = None
-) -> list[MessageClaim]:
-    """Lease up to ``limit`` due messages (or ones whose delivery lease expired), skipping rows
-    another dispatcher has locked; each claim bumps the message's fence and attempt count."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidInput(f"limit must be a positive integer, got {limit!r}")
-    if not owner or not owner.strip():
-        raise InvalidInput("owner must be a non-empty string such as host:pid")
+# --- statements: one name and one rule each (store/sql/<dialect>.sql shows what they send) ---
+
+
+def _due(d: str) -> sa.Select[Any]:
     now = db_now()
-    due = (
+    return skip_locked(
         sa.select(outbox.c.message_id, outbox.c.status)
         .where(
             # Implies the predicate of ix_outbox_claimable and bounds its first column, so the
@@ -80,94 +75,85 @@ def claim_messages_txn(
             sa.text(CLAIMABLE_WHERE),
             outbox.c.next_attempt_at <= now,
             sa.or_(outbox.c.status != "sending", outbox.c.lease_expires_at <= now),
+            optional(outbox.c.channel),
         )
         .order_by(outbox.c.next_attempt_at, outbox.c.message_id)
-        .limit(limit)
-    )
-    if channel is not None:
-        due = due.where(outbox.c.channel == channel)
+        .limit(sa.bindparam("limit", type_=sa.Integer())), d)
+
+
+def _take(d: str) -> Any:
+    now = db_now()
     claim = sa.update(outbox).values(
-        status="sending", lease_owner=owner, fence=outbox.c.fence + 1,
+        status="sending", lease_owner=param(outbox.c.lease_owner, "owner"), fence=outbox.c.fence + 1,
         attempts=outbox.c.attempts + 1, claimed_at=now, updated_at=now,
-        lease_expires_at=db_now(seconds(lease_seconds, "lease")),
+        lease_expires_at=db_now(sa.bindparam("lease", type_=sa.Float())),
     )
-    if is_postgres(conn):
-        # One statement: the locked rows' previous status comes back through the join.
-        locked = due.with_for_update(skip_locked=True).cte("due")
-        rows = conn.execute(
-            claim.where(outbox.c.message_id == locked.c.message_id)
-            .returning(*outbox.c, locked.c.status.label("previous_status"))
-        ).all()
-        previous = {r.message_id: r.previous_status for r in rows}
-    else:
-        # BEGIN IMMEDIATE already holds the write lock: nobody can change these rows in between.
-        previous = {r.message_id: r.status for r in conn.execute(due)}
-        rows = conn.execute(
-            claim.where(outbox.c.message_id.in_(list(previous))).returning(*outbox.c)
-        ).all() if previous else []
-    claims = [
-        MessageClaim(
-            message_id=r.message_id, owner=owner, fence=r.fence, attempt=r.attempts,
-            run_id=r.run_id, channel=r.channel, recipient=r.recipient, subject=r.subject,
-            body=r.body, headers=dict(r.headers or {}), created_at=r.created_at,
-            claimed_at=r.claimed_at, previous_status=previous[r.message_id],
-        )
-        for r in rows
-    ]
-    return sorted(claims, key=lambda c: (c.created_at, c.message_id))
+    if d != "postgresql":  # the due rows were read first, under the write lock
+        return claim.where(outbox.c.message_id.in_(
+            json_rows(d, "due", [outbox.c.message_id]))).returning(*outbox.c)
+    # One statement: the locked rows' previous status comes back through the join.
+    locked = _due(d).cte("due")
+    return claim.where(outbox.c.message_id == locked.c.message_id).returning(
+        *outbox.c, locked.c.status.label("previous_status"))
 
 
-def _holder(claim: MessageClaim) -> sa.ColumnElement[bool]:
+_DUE = Statement(
+    "due_messages", "The due messages (or ones whose delivery lease expired) in claim order, "
+    "optionally of one channel.", _due, dialects=("sqlite",))
+_CLAIM = Statement(
+    "claim_messages", "Lease the due messages, skipping rows another dispatcher has locked "
+    "(PostgreSQL: due and taken in one statement); each claim bumps the fence and counts the "
+    "attempt.", _take)
+
+
+def _holder() -> sa.ColumnElement[bool]:
+    """The guard of every outcome: the message is sending under this exact fence and owner."""
     return sa.and_(
-        outbox.c.message_id == claim.message_id,
-        outbox.c.fence == claim.fence,
-        outbox.c.lease_owner == claim.owner,
+        outbox.c.message_id == param(outbox.c.message_id),
+        outbox.c.fence == param(outbox.c.fence),
+        outbox.c.lease_owner == param(outbox.c.lease_owner, "owner"),
         outbox.c.status == "sending",
     )
 
 
-def _lease_lost(claim: MessageClaim) -> DeliveryLeaseLost:
-    return DeliveryLeaseLost(
-        f"message {claim.message_id}: delivery fence {claim.fence} of {claim.owner} is no "
-        "longer current; its outcome was not recorded"
-    )
+_ATTEMPT = ("message_id", "attempt", "owner", "started_at", "outcome", "reply_code",
+            "reply_text", "provider_message_id")
 
 
-def _record_outcome(
-    conn: Connection, claim: MessageClaim, outcome: str, reply: Reply, values: dict[str, Any]
-) -> None:
-    now = db_now()
+def _record(d: str) -> Any:
+    delay = sa.bindparam("delay", type_=sa.Float())
     update = (
-        sa.update(outbox)
-        .where(_holder(claim))
-        .values(status=outcome, lease_owner=None, lease_expires_at=None, updated_at=now, **values)
+        sa.update(outbox).where(_holder())
+        .values(status=param(deliveries.c.outcome), lease_owner=sa.null(), lease_expires_at=sa.null(),
+                updated_at=db_now(), last_error=param(outbox.c.last_error),
+                next_attempt_at=sa.case((sa.cast(delay, sa.Float()).is_(None), sa.null()),
+                                        else_=db_now(delay)))
         .returning(outbox.c.message_id)
     )
-    attempt = {
-        "message_id": claim.message_id, "attempt": claim.attempt, "owner": claim.owner,
-        "started_at": claim.claimed_at, "outcome": outcome, "reply_code": reply.code,
-        "reply_text": reply.text, "provider_message_id": reply.provider_message_id,
-    }
-    if is_postgres(conn):
-        # One round trip: the attempt row is written only if the guarded update matched.
-        updated = update.cte("updated")
-        names = list(attempt)
-        record = postgresql.insert(deliveries).from_select(
-            [*names, "finished_at"],
-            sa.select(
-                *[sa.literal(attempt[n], deliveries.c[n].type) for n in names], now
-            ).where(sa.exists(sa.select(updated.c.message_id))),
-        ).cte("recorded")
-        matched = conn.execute(sa.select(updated).add_cte(record)).first()
-    else:
-        matched = conn.execute(update).first()
-        if matched is not None:
-            conn.execute(sa.insert(deliveries).values(**attempt, finished_at=now))
-    if matched is None:
-        raise _lease_lost(claim)
+    if d != "postgresql":
+        return update  # the attempt row follows as a statement of its own
+    # One round trip: the attempt row is written only if the guarded update matched.
+    updated = update.cte("updated")
+    recorded = sa.insert(deliveries).from_select(
+        [*_ATTEMPT, "finished_at"],
+        sa.select(*[param(deliveries.c[n]) for n in _ATTEMPT], db_now())
+        .where(sa.exists(sa.select(updated.c.message_id))),
+    ).cte("recorded")
+    return sa.select(updated).add_cte(recorded)
 
 
-# A group of sent marks is one JSON array parameter, so one prepared statement fits any size.
+_RECORD = Statement(
+    "record_delivery_outcome", "sending -> retry, uncertain or dead, with the error and when "
+    "it is due again (database clock, or never); only the current delivery-lease holder can "
+    "(PostgreSQL: with its delivery attempt row in the same statement).", _record)
+_RECORD_ATTEMPT = Statement(
+    "record_delivery_attempt", "One delivery attempt row per try, unique per (message, attempt).",
+    lambda d: sa.insert(deliveries).values(
+        **{n: param(deliveries.c[n]) for n in _ATTEMPT}, finished_at=db_now()),
+    dialects=("sqlite",))
+
+
+# A group of sent marks is one JSON array parameter, so one statement fits any size.
 _SENT_GIVEN = [outbox.c.message_id, outbox.c.fence, deliveries.c.owner, deliveries.c.reply_code,
                deliveries.c.reply_text, deliveries.c.provider_message_id]
 _RECORDED = ["message_id", "attempt", "owner", "started_at", "outcome", "reply_code", "reply_text",
@@ -184,7 +170,7 @@ def _sent_holder(given: Any) -> sa.ColumnElement[bool]:
     )
 
 
-def _mark_sent(given: Any) -> sa.Update:
+def _mark_sent_update(given: Any) -> sa.Update:
     now = db_now()
     return sa.update(outbox).where(_sent_holder(given)).values(
         status="sent", lease_owner=sa.null(), lease_expires_at=sa.null(), updated_at=now,
@@ -193,14 +179,17 @@ def _mark_sent(given: Any) -> sa.Update:
     )
 
 
-def _mark_sent_in_one_statement(d: str) -> sa.Select[Any]:
-    """PostgreSQL: mark the held rows and record their attempts from what the update returned
-    (a row another dispatcher took meanwhile is neither marked nor recorded)."""
+def _mark_sent(d: str) -> Any:
+    if d != "postgresql":  # the attempt rows were recorded first, under the write lock
+        return _mark_sent_update(json_rows(d, "sent", _SENT_GIVEN).subquery("given")).returning(
+            outbox.c.message_id)
+    # The held rows are marked and their attempts recorded from what the update returned (a row
+    # another dispatcher took meanwhile is neither marked nor recorded).
     given = json_rows(d, "sent", _SENT_GIVEN).cte("given")
     # = ANY(ARRAY(...)) makes the planner look the rows up by primary key; a join with the
     # function's rows would scan the whole (ever growing) outbox.
     by_key = outbox.c.message_id == sa.any_(sa.func.array(sa.select(given.c.message_id).scalar_subquery()))
-    updated = _mark_sent(given).where(by_key).returning(
+    updated = _mark_sent_update(given).where(by_key).returning(
         outbox.c.message_id, outbox.c.attempts, outbox.c.claimed_at, given.c.owner,
         given.c.reply_code, given.c.reply_text, given.c.provider_message_id,
     ).cte("updated")
@@ -213,7 +202,6 @@ def _mark_sent_in_one_statement(d: str) -> sa.Select[Any]:
 
 
 def _record_held_as_sent(d: str) -> sa.Insert:
-    """SQLite (under the write lock): the attempt rows of the held messages, before marking."""
     given = json_rows(d, "sent", _SENT_GIVEN).subquery("given")
     return sa.insert(deliveries).from_select(_RECORDED, sa.select(
         outbox.c.message_id, outbox.c.attempts, given.c.owner, outbox.c.claimed_at,
@@ -222,49 +210,141 @@ def _record_held_as_sent(d: str) -> sa.Insert:
     ).where(_sent_holder(given)))
 
 
-_MARK_SENT_PG = Prepared(_mark_sent_in_one_statement)
-_RECORD_SENT = Prepared(_record_held_as_sent)
-_MARK_SENT = Prepared(
-    lambda d: _mark_sent(json_rows(d, "sent", _SENT_GIVEN).subquery("given"))
-    .returning(outbox.c.message_id)
-)
+_RECORD_SENT = Statement(
+    "record_sent_attempts", "The delivery attempt rows of the given messages still held under "
+    "their fence and owner, before they are marked sent.", _record_held_as_sent,
+    dialects=("sqlite",))
+_MARK_SENT = Statement(
+    "mark_sent", "sending -> sent for the given messages, each only by its current "
+    "delivery-lease holder (PostgreSQL: with their delivery attempt rows in the same statement).",
+    _mark_sent)
+
+_RELEASE = Statement(
+    "release_message", "A claimed message never handed to a transport returns to the status it "
+    "was claimed from, due now, and its try is not counted; only its lease holder can.",
+    lambda d: sa.update(outbox).where(_holder()).values(
+        status=param(outbox.c.status), attempts=outbox.c.attempts - 1, lease_owner=sa.null(),
+        lease_expires_at=sa.null(), next_attempt_at=db_now(), updated_at=db_now()))
+
+_REQUEUE = Statement(
+    "requeue_message", "Operator action: a retry, uncertain or dead message is due now, with "
+    "the same key; no other status can be requeued.",
+    lambda d: sa.update(outbox)
+    .where(outbox.c.message_id == param(outbox.c.message_id), one_of(outbox.c.status, REQUEUEABLE))
+    .values(status="pending", next_attempt_at=db_now(), updated_at=db_now())
+    .returning(*outbox.c))
+
+_GET = Statement(
+    "get_message", "An outbox message by id.",
+    lambda d: sa.select(outbox).where(outbox.c.message_id == param(outbox.c.message_id)))
+_LIST = Statement(
+    "list_messages", "Outbox messages, oldest first, optionally of one status and one Run.",
+    lambda d: sa.select(outbox).where(optional(outbox.c.status), optional(outbox.c.run_id))
+    .order_by(outbox.c.created_at, outbox.c.message_id)
+    .limit(sa.bindparam("limit", type_=sa.Integer())))
+_LIST_DELIVERIES = Statement(
+    "list_delivery_attempts", "A message's delivery attempts in order.",
+    lambda d: sa.select(deliveries).where(deliveries.c.message_id == param(outbox.c.message_id))
+    .order_by(deliveries.c.attempt))
+_COUNT = Statement(
+    "count_messages", "Outbox messages per status.",
+    lambda d: sa.select(outbox.c.status, sa.func.count().label("messages"))
+    .group_by(outbox.c.status))
 
 
-def mark_sent_many_txn(
+def _message(row: dict[str, Any]) -> QueuedMessage:
+    return QueuedMessage.model_validate(row)
+
+
+def _lease_lost(claim: MessageClaim) -> DeliveryLeaseLost:
+    return DeliveryLeaseLost(
+        f"message {claim.message_id}: delivery fence {claim.fence} of {claim.owner} is no "
+        "longer current; its outcome was not recorded"
+    )
+
+
+def _holder_params(claim: MessageClaim) -> dict[str, Any]:
+    return {"message_id": claim.message_id, "fence": claim.fence, "owner": claim.owner}
+
+
+# --- transitions ----------------------------------------------------------------------------
+
+
+@transition(one_statement_on=ON_POSTGRES)
+def claim_messages_txn(
+    conn: Connection, owner: str, limit: int, lease_seconds: float, channel: str | None = None
+) -> list[MessageClaim]:
+    """Lease up to ``limit`` due messages (or ones whose delivery lease expired), skipping rows
+    another dispatcher has locked; each claim bumps the message's fence and attempt count."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidInput(f"limit must be a positive integer, got {limit!r}")
+    if not owner or not owner.strip():
+        raise InvalidInput("owner must be a non-empty string such as host:pid")
+    given = {"owner": owner, "limit": limit, "channel": channel,
+             "lease": check_seconds(lease_seconds, "lease")}
+    if one_statement_writes(conn):
+        rows = _CLAIM.rows(conn, **given)
+        previous = {r["message_id"]: r["previous_status"] for r in rows}
+    else:
+        # BEGIN IMMEDIATE already holds the write lock: nobody can change these rows in between.
+        previous = {r["message_id"]: r["status"] for r in _DUE.rows(conn, **given)}
+        due = [{"message_id": message_id} for message_id in previous]
+        rows = _CLAIM.rows(conn, **given, due=due) if due else []
+    claims = [
+        MessageClaim(
+            message_id=r["message_id"], owner=owner, fence=r["fence"], attempt=r["attempts"],
+            run_id=r["run_id"], channel=r["channel"], recipient=r["recipient"],
+            subject=r["subject"], body=r["body"], headers=dict(r["headers"] or {}),
+            created_at=r["created_at"], claimed_at=r["claimed_at"],
+            previous_status=previous[r["message_id"]],
+        )
+        for r in rows
+    ]
+    return sorted(claims, key=lambda c: (c.created_at, c.message_id))
+
+
+def _record_outcome(conn: Connection, claim: MessageClaim, outcome: str, reply: Reply,
+                    error: str, delay: float | None) -> None:
+    attempt = {
+        "message_id": claim.message_id, "attempt": claim.attempt, "owner": claim.owner,
+        "started_at": claim.claimed_at, "outcome": outcome, "reply_code": reply.code,
+        "reply_text": reply.text, "provider_message_id": reply.provider_message_id,
+    }
+    matched = _RECORD.first(conn, **{**_holder_params(claim), **attempt}, last_error=error,
+                            delay=None if delay is None else check_seconds(delay, "delay"))
+    if matched is None:
+        raise _lease_lost(claim)
+    if not one_statement_writes(conn):
+        _RECORD_ATTEMPT.rows(conn, **attempt)
+
+
+@transition(one_statement_on=ON_POSTGRES)
+def mark_sent_txn(
     conn: Connection, sent: Sequence[tuple[MessageClaim, Reply]]
 ) -> list[MessageClaim]:
-    """sending -> sent for several messages in one statement (PostgreSQL) or one locked
-    transaction (SQLite); each row only by its current lease holder. Returns the claims whose
-    lease had moved on: those rows are unchanged and no attempt is recorded for them."""
+    """sending -> sent for each given message, only by its current lease holder, in one
+    statement (PostgreSQL) or one locked transaction (SQLite). Returns the claims whose lease
+    had moved on: those rows are unchanged and no attempt is recorded for them."""
     if not sent:
         return []
     given = [{"message_id": c.message_id, "fence": c.fence, "owner": c.owner,
               "reply_code": r.code, "reply_text": r.text, "provider_message_id": r.provider_message_id}
              for c, r in sent]
-    if is_postgres(conn):
-        marked = _MARK_SENT_PG.rows(conn, sent=given)
-    else:
+    if not one_statement_writes(conn):
         _RECORD_SENT.rows(conn, sent=given)
-        marked = _MARK_SENT.rows(conn, sent=given)
-    matched = {row["message_id"] for row in marked}
+    matched = {row["message_id"] for row in _MARK_SENT.rows(conn, sent=given)}
     return [claim for claim, _ in sent if claim.message_id not in matched]
 
 
-def mark_sent_txn(conn: Connection, claim: MessageClaim, reply: Reply = NO_REPLY) -> None:
-    """sending -> sent; only the current delivery-lease holder can."""
-    if mark_sent_many_txn(conn, [(claim, reply)]):
-        raise _lease_lost(claim)
-
-
+@transition(one_statement_on=ON_POSTGRES)
 def schedule_retry_txn(
     conn: Connection, claim: MessageClaim, delay_seconds: float, error: str, reply: Reply = NO_REPLY
 ) -> None:
     """sending -> retry, due again after ``delay_seconds`` by the database clock."""
-    _record_outcome(conn, claim, "retry", reply, {
-        "next_attempt_at": db_now(seconds(delay_seconds, "delay")), "last_error": error,
-    })
+    _record_outcome(conn, claim, "retry", reply, error, delay_seconds)
 
 
+@transition(one_statement_on=ON_POSTGRES)
 def mark_uncertain_txn(
     conn: Connection,
     claim: MessageClaim,
@@ -273,15 +353,16 @@ def mark_uncertain_txn(
     reply: Reply = NO_REPLY,
 ) -> None:
     """sending -> uncertain: the receiver may have it; due again (same key) only if a delay is given."""
-    next_at = None if retry_in_seconds is None else db_now(seconds(retry_in_seconds, "delay"))
-    _record_outcome(conn, claim, "uncertain", reply, {"next_attempt_at": next_at, "last_error": error})
+    _record_outcome(conn, claim, "uncertain", reply, error, retry_in_seconds)
 
 
+@transition(one_statement_on=ON_POSTGRES)
 def mark_dead_txn(conn: Connection, claim: MessageClaim, error: str, reply: Reply = NO_REPLY) -> None:
     """sending -> dead: permanent rejection or limits exhausted; only an operator requeues it."""
-    _record_outcome(conn, claim, "dead", reply, {"next_attempt_at": None, "last_error": error})
+    _record_outcome(conn, claim, "dead", reply, error, None)
 
 
+@transition(one_statement_on=ON_POSTGRES)
 def release_message_txn(conn: Connection, claim: MessageClaim) -> None:
     """Give back a claimed message that was never handed to a transport: it returns to the
     status it was claimed from, due now, and the try is not counted."""
@@ -289,24 +370,13 @@ def release_message_txn(conn: Connection, claim: MessageClaim) -> None:
     if restored not in DUE_STATUSES:
         # Taken over from an expired lease: its earlier holder's try already counts.
         restored = "pending" if claim.attempt <= 1 else "retry"
-    conn.execute(
-        sa.update(outbox)
-        .where(_holder(claim))
-        .values(
-            status=restored, attempts=outbox.c.attempts - 1, lease_owner=None,
-            lease_expires_at=None, next_attempt_at=db_now(), updated_at=db_now(),
-        )
-    )
+    _RELEASE.rows(conn, **_holder_params(claim), status=restored)
 
 
+@transition(one_statement_on=ON_POSTGRES)
 def requeue_message_txn(conn: Connection, message_id: str) -> QueuedMessage:
     """Operator action: a retry, uncertain or dead message is due now, with the same key."""
-    row = conn.execute(
-        sa.update(outbox)
-        .where(outbox.c.message_id == message_id, outbox.c.status.in_(REQUEUEABLE))
-        .values(status="pending", next_attempt_at=db_now(), updated_at=db_now())
-        .returning(*outbox.c)
-    ).first()
+    row = _REQUEUE.first(conn, message_id=message_id)
     if row is None:
         current = get_message(conn, message_id)
         if current is None:
@@ -314,34 +384,31 @@ def requeue_message_txn(conn: Connection, message_id: str) -> QueuedMessage:
         raise InvalidTransition(
             f"message {message_id} is {current.status}; only {', '.join(REQUEUEABLE)} can be requeued"
         )
-    return QueuedMessage.model_validate(dict(row._mapping))
+    return _message(row)
+
+
+# --- reads ----------------------------------------------------------------------------------
 
 
 def get_message(conn: Connection, message_id: str) -> QueuedMessage | None:
-    row = conn.execute(sa.select(outbox).where(outbox.c.message_id == message_id)).first()
-    return QueuedMessage.model_validate(dict(row._mapping)) if row else None
+    """The outbox message with this id, if any."""
+    row = _GET.first(conn, message_id=message_id)
+    return _message(row) if row else None
 
 
 def list_messages(
     conn: Connection, *, status: str | None = None, run_id: str | None = None, limit: int = 100
 ) -> list[QueuedMessage]:
-    query = sa.select(outbox).order_by(outbox.c.created_at, outbox.c.message_id).limit(limit)
-    if status is not None:
-        query = query.where(outbox.c.status == status)
-    if run_id is not None:
-        query = query.where(outbox.c.run_id == run_id)
-    return [QueuedMessage.model_validate(dict(r._mapping)) for r in conn.execute(query)]
+    """Outbox messages, oldest first."""
+    return [_message(r) for r in _LIST.rows(conn, status=status, run_id=run_id, limit=limit)]
 
 
 def list_delivery_attempts(conn: Connection, message_id: str) -> list[DeliveryAttempt]:
-    query = (
-        sa.select(deliveries).where(deliveries.c.message_id == message_id)
-        .order_by(deliveries.c.attempt)
-    )
-    return [DeliveryAttempt.model_validate(dict(r._mapping)) for r in conn.execute(query)]
+    """A message's delivery attempts, first try first."""
+    return [DeliveryAttempt.model_validate(r)
+            for r in _LIST_DELIVERIES.rows(conn, message_id=message_id)]
 
 
 def count_messages(conn: Connection) -> dict[str, int]:
     """Messages per status (for summaries and the CLI)."""
-    query = sa.select(outbox.c.status, sa.func.count()).group_by(outbox.c.status)
-    return {status: n for status, n in conn.execute(query).all()}
+    return {r["status"]: r["messages"] for r in _COUNT.rows(conn)}

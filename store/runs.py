@@ -1,14 +1,15 @@
 """Run transitions. Each ``*_txn`` function is one state transition: it takes an open
-connection, never commits (the caller owns the transaction) and states its rule in one line.
+connection, never commits (the caller owns the transaction), states its rule in one line and
+declares where it is one statement (``@transition``).
 
-Every transition is one guarded statement (a ``Prepared`` one, built once per dialect); on
-PostgreSQL the follow-up writes of a transition (the Attempt row, the outbox rows) ride in the
-same statement as data-modifying CTEs, so a transition is one round trip."""
+Every transition is one guarded named statement (``store.statement``); on PostgreSQL the
+follow-up writes of a transition (the Attempt row, the outbox rows) ride in the same statement
+as data-modifying CTEs, so a transition is one round trip (``one_statement_writes``)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -22,9 +23,9 @@ from store.dialect import (
     check_seconds,
     db_now,
     insert_ignoring_conflicts,
-    is_postgres,
     json_rows,
     json_timestamp,
+    one_statement_writes,
     upsert,
 )
 from store.errors import (
@@ -45,7 +46,16 @@ from store.models import (
     outbox_table,
     runs_table,
 )
-from store.prepared import Prepared
+from store.statement import (
+    EVERYWHERE,
+    NOWHERE,
+    ON_POSTGRES,
+    Statement,
+    one_of,
+    optional,
+    param,
+    transition,
+)
 
 runs = runs_table
 attempts = attempts_table
@@ -127,10 +137,6 @@ def check_owner(owner: str) -> str:
     return owner
 
 
-def _p(column: sa.Column[Any], name: str | None = None) -> sa.BindParameter[Any]:
-    return sa.bindparam(name or column.key, type_=column.type)
-
-
 def _run(row: dict[str, Any]) -> Run:
     # Rows come from our own table through typed result processing: no re-validation needed.
     return Run.model_construct(**row)
@@ -139,9 +145,9 @@ def _run(row: dict[str, Any]) -> Run:
 def _holder() -> sa.ColumnElement[bool]:
     """The guard of every worker write: the Run is running under this exact fence and owner."""
     return sa.and_(
-        runs.c.run_id == _p(runs.c.run_id),
-        runs.c.fence == _p(runs.c.fence),
-        runs.c.owner == _p(runs.c.owner),
+        runs.c.run_id == param(runs.c.run_id),
+        runs.c.fence == param(runs.c.fence),
+        runs.c.owner == param(runs.c.owner),
         runs.c.status == "running",
     )
 
@@ -154,23 +160,27 @@ def _holder_params(claim: Claim) -> dict[str, Any]:
     return {"run_id": claim.run_id, "fence": claim.fence, "owner": claim.owner}
 
 
-def _lease_lost(claim: Claim, run: Run | None = None) -> LeaseLost:
+def _stale_fence(claim: Claim, run: Run | None = None) -> LeaseLost:
     now = f" (now fence {run.fence}, owner {run.owner}, status {run.status})" if run else ""
     return LeaseLost(
         f"run {claim.run_id}: fence {claim.fence} of {claim.owner} is no longer current{now}"
     )
 
 
-# --- statements -----------------------------------------------------------------------------
+# --- statements: one name and one rule each (store/sql/<dialect>.sql shows what they send) ---
 
-_GET = Prepared(lambda d: sa.select(runs).where(runs.c.run_id == _p(runs.c.run_id)))
+_GET = Statement(
+    "get_run", "A Run by id.",
+    lambda d: sa.select(runs).where(runs.c.run_id == param(runs.c.run_id)))
 
-_REGISTER = Prepared(
+_REGISTER = Statement(
+    "register_run", "Insert the Run as pending, once per identity: an existing Run is left as "
+    "it is (its parameters are compared by the caller).",
     lambda d: insert_ignoring_conflicts(d, runs)
     .values(
-        run_id=_p(runs.c.run_id), job=_p(runs.c.job), subject=_p(runs.c.subject),
-        period_start=_p(runs.c.period_start), version=_p(runs.c.version),
-        params_fingerprint=_p(runs.c.params_fingerprint), params=_p(runs.c.params),
+        run_id=param(runs.c.run_id), job=param(runs.c.job), subject=param(runs.c.subject),
+        period_start=param(runs.c.period_start), version=param(runs.c.version),
+        params_fingerprint=param(runs.c.params_fingerprint), params=param(runs.c.params),
         status="pending", fence=0, attempts=0, created_at=db_now(), updated_at=db_now(),
     )
     .returning(*runs.c)
@@ -181,16 +191,16 @@ def _take() -> sa.Update:
     return (
         sa.update(runs)
         .where(
-            runs.c.run_id == _p(runs.c.run_id),
+            runs.c.run_id == param(runs.c.run_id),
             sa.or_(runs.c.status == "pending", runs.c.status == "running"),
             sa.or_(
                 runs.c.lease_expires_at.is_(None),
                 runs.c.lease_expires_at <= db_now(),
-                runs.c.owner == _p(runs.c.owner),
+                runs.c.owner == param(runs.c.owner),
             ),
         )
         .values(
-            fence=runs.c.fence + 1, owner=_p(runs.c.owner), status="running",
+            fence=runs.c.fence + 1, owner=param(runs.c.owner), status="running",
             attempts=runs.c.attempts + 1, lease_expires_at=_lease_until(), updated_at=db_now(),
         )
         .returning(runs.c.run_id, runs.c.fence, runs.c.lease_expires_at)
@@ -198,7 +208,6 @@ def _take() -> sa.Update:
 
 
 def _close_attempts(run_id: sa.ColumnElement[Any]) -> sa.Update:
-    """A new claim ends the previous holder's open Attempt: its lease expired or was re-taken."""
     return (
         sa.update(attempts)
         .where(attempts.c.run_id == run_id, attempts.c.finished_at.is_(None))
@@ -207,11 +216,13 @@ def _close_attempts(run_id: sa.ColumnElement[Any]) -> sa.Update:
 
 
 def _open_attempt_values() -> dict[str, Any]:
-    return {"attempt_id": _p(attempts.c.attempt_id), "owner": _p(runs.c.owner),
+    return {"attempt_id": param(attempts.c.attempt_id), "owner": param(runs.c.owner),
             "started_at": db_now()}
 
 
-def _claim_in_one_statement(_: str) -> sa.Select[Any]:
+def _claim(d: str) -> sa.Update | sa.Select[Any]:
+    if d != "postgresql":
+        return _take()  # the Attempt rows follow as statements of their own
     taken = _take().cte("taken")
     opened = _open_attempt_values()
     return sa.select(taken).add_cte(
@@ -224,14 +235,18 @@ def _claim_in_one_statement(_: str) -> sa.Select[Any]:
     )
 
 
-_CLAIM_PG = Prepared(_claim_in_one_statement)
-_TAKE = Prepared(lambda d: _take())
-_CLOSE_ATTEMPTS = Prepared(lambda d: _close_attempts(_p(runs.c.run_id)))
-_OPEN_ATTEMPT = Prepared(
+_CLAIM = Statement(
+    "claim_run", "Take the lease of an unfinished Run whose lease is free, expired (database "
+    "clock) or ours: bump the fence, count the attempt (PostgreSQL: and end the previous "
+    "holder's Attempt and open this one's in the same statement).", _claim)
+_CLOSE_ATTEMPTS = Statement(
+    "close_attempts", "A new claim ends the previous holder's open Attempt: its lease expired or "
+    "was taken over.", lambda d: _close_attempts(param(runs.c.run_id)), dialects=("sqlite",))
+_OPEN_ATTEMPT = Statement(
+    "open_attempt", "One Attempt row per successful claim, unique per (run, fence).",
     lambda d: sa.insert(attempts).values(
-        run_id=_p(runs.c.run_id), fence=_p(runs.c.fence), **_open_attempt_values()
-    )
-)
+        run_id=param(runs.c.run_id), fence=param(runs.c.fence), **_open_attempt_values()
+    ), dialects=("sqlite",))
 
 
 _ENTERED = ("run_id", "job", "subject", "period_start", "version", "params_fingerprint", "params")
@@ -253,7 +268,7 @@ def _enter(d: str, given: sa.Subquery) -> Any:
     # run_id so that concurrent batches lock shared Runs in the same order (no deadlock).
     rows = sa.select(
         *(given.c[n] for n in _ENTERED), sa.literal("running"), sa.literal(1),
-        _p(runs.c.owner), sa.literal(1), _lease_until(), now, now,
+        param(runs.c.owner), sa.literal(1), _lease_until(), now, now,
     ).where(sa.true()).order_by(given.c.run_id)
     insert = upsert(d, runs).from_select(
         [*_ENTERED, "status", "fence", "owner", "attempts", "lease_expires_at", "created_at",
@@ -280,8 +295,10 @@ def _enter(d: str, given: sa.Subquery) -> Any:
     ).returning(*runs.c)
 
 
-def _enter_in_one_statement(d: str, one: bool) -> sa.Select[Any]:
+def _enter_with_attempts(d: str, one: bool) -> Any:
     given = _entries(d, one)
+    if d != "postgresql":
+        return _enter(d, given)  # the Attempt rows follow as statements of their own
     taken = _enter(d, given).cte("taken")
     return sa.select(taken).add_cte(
         _close_attempts(taken.c.run_id).cte("closed"),
@@ -293,11 +310,20 @@ def _enter_in_one_statement(d: str, one: bool) -> sa.Select[Any]:
     )
 
 
-_ENTER_ONE_PG = Prepared(lambda d: _enter_in_one_statement(d, one=True))
-_ENTER_MANY_PG = Prepared(lambda d: _enter_in_one_statement(d, one=False))
-_ENTER = Prepared(lambda d: _enter(d, _entries(d, one=False)))
+_ENTER_RULE = (
+    "Register and claim {what} in one upsert: a new Run is inserted claimed; an existing one is "
+    "claimed only if it is claimable (as claim_run) and has the same parameters fingerprint "
+    "(PostgreSQL: with its Attempt rows in the same statement).")
+_ENTER_ONE = Statement(
+    "enter_run", _ENTER_RULE.format(what="one Run, given as one JSON object,"),
+    lambda d: _enter_with_attempts(d, one=True))
+_ENTER_MANY = Statement(
+    "enter_runs", _ENTER_RULE.format(what="a tick's Runs, given as one JSON array,"),
+    lambda d: _enter_with_attempts(d, one=False))
 
-_RENEW_MANY = Prepared(
+_RENEW_MANY = Statement(
+    "renew_leases", "Extend the lease of every given Run still held under its fence and owner, "
+    "from the database clock; a Run whose fence moved on is left out.",
     lambda d: sa.update(runs)
     .where(
         sa.tuple_(runs.c.run_id, runs.c.fence, runs.c.owner).in_(
@@ -309,15 +335,18 @@ _RENEW_MANY = Prepared(
     .returning(runs.c.run_id, runs.c.lease_expires_at)
 )
 
-_RENEW = Prepared(
+_RENEW = Statement(
+    "renew_lease", "Extend the lease from the database clock; only the current fence holder can.",
     lambda d: sa.update(runs).where(_holder())
     .values(lease_expires_at=_lease_until(), updated_at=db_now())
     .returning(runs.c.lease_expires_at)
 )
 
-_SAVE_INPUT = Prepared(
+_SAVE_INPUT = Statement(
+    "save_input", "Store the raw input once (the first writer's value stays) and return the "
+    "stored one; only the current fence holder can.",
     lambda d: sa.update(runs).where(_holder())
-    .values(raw_input=sa.func.coalesce(runs.c.raw_input, _p(runs.c.raw_input)), updated_at=db_now())
+    .values(raw_input=sa.func.coalesce(runs.c.raw_input, param(runs.c.raw_input)), updated_at=db_now())
     .returning(runs.c.raw_input)
 )
 
@@ -326,9 +355,9 @@ def _accept() -> sa.Update:
     return (
         sa.update(runs).where(_holder())
         .values(
-            status="completed", output=_p(runs.c.output), owner=sa.null(),
+            status="completed", output=param(runs.c.output), owner=sa.null(),
             lease_expires_at=sa.null(), error=sa.null(), completed_at=db_now(), updated_at=db_now(),
-            completed_attempt_id=_p(attempts.c.attempt_id),
+            completed_attempt_id=param(attempts.c.attempt_id),
         )
         .returning(*runs.c)
     )
@@ -336,9 +365,9 @@ def _accept() -> sa.Update:
 
 def _finish_attempt() -> sa.Update:
     return (
-        sa.update(attempts).where(attempts.c.attempt_id == _p(attempts.c.attempt_id))
+        sa.update(attempts).where(attempts.c.attempt_id == param(attempts.c.attempt_id))
         .values(outcome=sa.bindparam("outcome", type_=attempts.c.outcome.type),
-                error=_p(attempts.c.error), finished_at=db_now())
+                error=param(attempts.c.error), finished_at=db_now())
     )
 
 
@@ -360,7 +389,9 @@ def _queue(d: str, only_if: sa.ColumnElement[bool] | None = None) -> sa.Insert:
     )
 
 
-def _complete_in_one_statement(d: str) -> sa.Select[Any]:
+def _complete(d: str) -> sa.Update | sa.Select[Any]:
+    if d != "postgresql":
+        return _accept()  # the outbox rows and the Attempt's end follow as statements
     accepted = _accept().cte("accepted")
     if_accepted = sa.exists(sa.select(accepted.c.run_id))
     return sa.select(accepted).add_cte(
@@ -368,84 +399,110 @@ def _complete_in_one_statement(d: str) -> sa.Select[Any]:
     )
 
 
-_COMPLETE_PG = Prepared(_complete_in_one_statement)
-_ACCEPT = Prepared(lambda d: _accept())
-_QUEUE = Prepared(_queue)
-_FINISH_ATTEMPT = Prepared(lambda d: _finish_attempt())
+_COMPLETE = Statement(
+    "complete_run", "Accept the output and clear the lease; only the current fence holder can "
+    "(PostgreSQL: with the outbox rows and the Attempt's end in the same statement, written "
+    "only if the Run was accepted).", _complete)
+_QUEUE = Statement(
+    "queue_messages", "The completed Run's outbox rows, one per (run, channel, recipient); a "
+    "row already queued is left as it is.", _queue, dialects=("sqlite",))
+_FINISH_ATTEMPT = Statement(
+    "finish_attempt", "End the Attempt with its outcome (completed, released, failed) and error.",
+    lambda d: _finish_attempt())
 
-_RELEASE_OR_FAIL = Prepared(
+_RELEASE_OR_FAIL = Statement(
+    "release_or_fail_run", "Record the error and clear the lease, the Run going back to pending "
+    "(retryable) or to failed; only the current fence holder can.",
     lambda d: sa.update(runs).where(_holder())
-    .values(status=_p(runs.c.status), owner=sa.null(), lease_expires_at=sa.null(),
-            error=_p(runs.c.error), updated_at=db_now())
+    .values(status=param(runs.c.status), owner=sa.null(), lease_expires_at=sa.null(),
+            error=param(runs.c.error), updated_at=db_now())
     .returning(*runs.c)
 )
 
-_REQUEUE = Prepared(
+_REQUEUE = Statement(
+    "requeue_run", "Operator action: a failed Run goes back to pending; no other status can.",
     lambda d: sa.update(runs)
-    .where(runs.c.run_id == _p(runs.c.run_id), runs.c.status == "failed")
+    .where(runs.c.run_id == param(runs.c.run_id), runs.c.status == "failed")
     .values(status="pending", updated_at=db_now())
     .returning(*runs.c)
 )
+
+
+def _of_runs(d: str, *columns: Any) -> sa.Select[Any]:
+    """``columns`` of the Runs whose ids are given as one JSON array of objects (``ids``): one
+    statement for a tick of any size."""
+    return sa.select(*columns).where(runs.c.run_id.in_(json_rows(d, "ids", [runs.c.run_id])))
+
+
+_FINISHED = [runs.c[f.name] for f in fields(FinishedRun)]
+
+_GET_MANY = Statement("get_runs", "Many Runs by id.", lambda d: _of_runs(d, runs))
+_GET_FINISHED = Statement(
+    "get_finished_runs", "What a rerun needs of the completed and failed Runs among the given "
+    "ids: not their raw inputs, which can be large.",
+    lambda d: _of_runs(d, *_FINISHED).where(one_of(runs.c.status, ("completed", "failed"))))
+
+
+_LIST = Statement(
+    "list_runs", "The latest Runs, newest period first, optionally of one job and one status.",
+    lambda d: sa.select(runs).where(optional(runs.c.job), optional(runs.c.status))
+    .order_by(runs.c.period_start.desc(), runs.c.subject)
+    .limit(sa.bindparam("limit", type_=sa.Integer())))
+_LIST_ATTEMPTS = Statement(
+    "list_attempts", "A Run's Attempts in claim (fence) order.",
+    lambda d: sa.select(attempts).where(attempts.c.run_id == param(runs.c.run_id))
+    .order_by(attempts.c.fence))
 
 
 # --- reads ----------------------------------------------------------------------------------
 
 
 def get_run(conn: Connection, run_id: str) -> Run | None:
+    """The Run with this id, if any."""
     row = _GET.first(conn, run_id=run_id)
     return _run(row) if row else None
 
 
-def _require(conn: Connection, run_id: str) -> Run:
+def require_run(conn: Connection, run_id: str) -> Run:
+    """The Run with this id; ``RunNotFound`` if there is none."""
     run = get_run(conn, run_id)
     if run is None:
         raise RunNotFound(f"no run with id {run_id!r}")
     return run
 
 
-def _rows_of(conn: Connection, columns: Sequence[Any], run_ids: Sequence[str],
-             *conditions: sa.ColumnElement[bool]) -> Iterator[sa.Row[Any]]:
-    """Rows of many Runs, one query per 500 ids (drivers limit a statement's parameters)."""
-    for start in range(0, len(run_ids), 500):
-        chunk = list(run_ids[start : start + 500])
-        yield from conn.execute(
-            sa.select(*columns).where(runs.c.run_id.in_(chunk), *conditions))
+def _ids(run_ids: Sequence[str]) -> list[dict[str, str]]:
+    return [{"run_id": run_id} for run_id in run_ids]
 
 
 def get_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, Run]:
-    """Many Runs at once."""
-    return {row.run_id: _run(dict(row._mapping)) for row in _rows_of(conn, [runs], run_ids)}
-
-
-_FINISHED = [runs.c[f.name] for f in fields(FinishedRun)]
+    """Many Runs at once, by id."""
+    return {row["run_id"]: _run(row) for row in _GET_MANY.rows(conn, ids=_ids(run_ids))}
 
 
 def get_finished_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, FinishedRun]:
     """The completed and failed Runs among ``run_ids`` (a rerun of a whole tick reads them all
     at once)."""
-    rows = _rows_of(conn, _FINISHED, run_ids, runs.c.status.in_(("completed", "failed")))
-    return {row.run_id: FinishedRun(**row._mapping) for row in rows}
+    rows = _GET_FINISHED.rows(conn, ids=_ids(run_ids))
+    return {row["run_id"]: FinishedRun(**row) for row in rows}
 
 
 def list_runs(
     conn: Connection, *, job: str | None = None, status: str | None = None, limit: int = 100
 ) -> list[Run]:
-    query = sa.select(runs).order_by(runs.c.period_start.desc(), runs.c.subject).limit(limit)
-    if job is not None:
-        query = query.where(runs.c.job == job)
-    if status is not None:
-        query = query.where(runs.c.status == status)
-    return [_run(dict(row._mapping)) for row in conn.execute(query)]
+    """The latest Runs, newest period first."""
+    return [_run(row) for row in _LIST.rows(conn, job=job, status=status, limit=limit)]
 
 
 def list_attempts(conn: Connection, run_id: str) -> list[Attempt]:
-    query = sa.select(attempts).where(attempts.c.run_id == run_id).order_by(attempts.c.fence)
-    return [Attempt.model_construct(**row._mapping) for row in conn.execute(query)]
+    """A Run's Attempts, oldest first."""
+    return [Attempt.model_construct(**row) for row in _LIST_ATTEMPTS.rows(conn, run_id=run_id)]
 
 
 # --- transitions ----------------------------------------------------------------------------
 
 
+@transition(one_statement_on=EVERYWHERE)
 def register_txn(conn: Connection, identity: RunIdentity, params: dict[str, Any] | None) -> Run:
     """Insert the Run as pending or return the existing row; a different fingerprint is a conflict."""
     fingerprint = params_fingerprint(params)
@@ -456,12 +513,13 @@ def register_txn(conn: Connection, identity: RunIdentity, params: dict[str, Any]
     )
     if inserted is not None:
         return _run(inserted)
-    existing = _require(conn, identity.run_id)
+    existing = require_run(conn, identity.run_id)
     if existing.params_fingerprint != fingerprint:
         raise _conflict(identity, existing, fingerprint)
     return existing
 
 
+@transition(one_statement_on=ON_POSTGRES)
 def claim_txn(conn: Connection, run_id: str, owner: str, lease_seconds: float) -> Claim | None:
     """Take the lease if the Run is not finished and its lease is free, expired (database
     clock) or ours; bump the fence, count the attempt and open an Attempt row."""
@@ -469,15 +527,12 @@ def claim_txn(conn: Connection, run_id: str, owner: str, lease_seconds: float) -
     attempt_id = str(uuid.uuid4())
     lease = check_seconds(lease_seconds, "lease")
     given = {"run_id": run_id, "owner": owner, "lease": lease, "attempt_id": attempt_id}
-    if is_postgres(conn):
-        row = _CLAIM_PG.first(conn, **given)
-    else:
-        row = _TAKE.first(conn, **given)
-        if row is not None:
-            _CLOSE_ATTEMPTS.rows(conn, run_id=run_id)
-            _OPEN_ATTEMPT.rows(conn, **given, fence=row["fence"])
+    row = _CLAIM.first(conn, **given)
+    if row is not None and not one_statement_writes(conn):
+        _CLOSE_ATTEMPTS.rows(conn, run_id=run_id)
+        _OPEN_ATTEMPT.rows(conn, **given, fence=row["fence"])
     if row is None:
-        _require(conn, run_id)
+        require_run(conn, run_id)
         return None
     return Claim(run_id, owner, row["fence"], attempt_id, row["lease_expires_at"])
 
@@ -491,6 +546,7 @@ def _conflict(identity: RunIdentity, existing: Run, fingerprint: str) -> RunConf
     )
 
 
+@transition(one_statement_on=ON_POSTGRES)
 def register_and_claim_txn(
     conn: Connection,
     entries: Sequence[tuple[RunIdentity, dict[str, Any] | None]],
@@ -517,13 +573,11 @@ def register_and_claim_txn(
         for run_id, (i, fingerprint, params) in sorted(wanted.items())
     ]
     attempt_ids = {g["run_id"]: g["attempt_id"] for g in given}
-    if is_postgres(conn) and len(given) == 1:
-        taken = _ENTER_ONE_PG.rows(conn, runs=given[0], owner=owner, lease=lease)
-    elif is_postgres(conn):
-        taken = _ENTER_MANY_PG.rows(conn, runs=given, owner=owner, lease=lease)
+    if len(given) == 1:
+        taken = _ENTER_ONE.rows(conn, runs=given[0], owner=owner, lease=lease)
     else:
-        taken = _ENTER.rows(conn, runs=given, owner=owner, lease=lease)
-    if not is_postgres(conn):
+        taken = _ENTER_MANY.rows(conn, runs=given, owner=owner, lease=lease)
+    if not one_statement_writes(conn):
         for row in taken:
             _CLOSE_ATTEMPTS.rows(conn, run_id=row["run_id"])
             _OPEN_ATTEMPT.rows(conn, run_id=row["run_id"], fence=row["fence"], owner=owner,
@@ -545,14 +599,16 @@ def register_and_claim_txn(
     return {run_id: found[run_id] for run_id in wanted}
 
 
+@transition(one_statement_on=EVERYWHERE)
 def renew_txn(conn: Connection, claim: Claim, lease_seconds: float) -> datetime:
     """Extend the lease from the database clock; only the current fence holder can."""
     row = _RENEW.first(conn, **_holder_params(claim), lease=check_seconds(lease_seconds, "lease"))
     if row is None:
-        raise _lease_lost(claim, get_run(conn, claim.run_id))
+        raise _stale_fence(claim, get_run(conn, claim.run_id))
     return row["lease_expires_at"]  # type: ignore[no-any-return]
 
 
+@transition(one_statement_on=EVERYWHERE)
 def renew_many_txn(conn: Connection, claims: Sequence[Claim], lease_seconds: float) -> dict[str, datetime]:
     """Extend every still-held lease from the database clock in one statement; a claim whose
     fence moved on is left out of the result (its lease is lost)."""
@@ -564,11 +620,12 @@ def renew_many_txn(conn: Connection, claims: Sequence[Claim], lease_seconds: flo
     return {row["run_id"]: row["lease_expires_at"] for row in rows}
 
 
+@transition(one_statement_on=EVERYWHERE)
 def save_input_txn(conn: Connection, claim: Claim, raw: dict[str, Any]) -> dict[str, Any]:
     """Store the raw input once (first writer wins) and return the stored value; fence holder only."""
     row = _SAVE_INPUT.first(conn, **_holder_params(claim), raw_input=raw)
     if row is None:
-        raise _lease_lost(claim, get_run(conn, claim.run_id))
+        raise _stale_fence(claim, get_run(conn, claim.run_id))
     return row["raw_input"]  # type: ignore[no-any-return]
 
 
@@ -586,37 +643,49 @@ def _outbox_rows(run_id: str, messages: Iterable[OutboxMessage]) -> list[dict[st
     return list(rows.values())
 
 
+@transition(one_statement_on=ON_POSTGRES)
 def complete_txn(
     conn: Connection,
     claim: Claim,
     output: dict[str, Any],
     messages: Sequence[OutboxMessage] = (),
-    effect: Effect | None = None,
 ) -> Completion:
-    """Accept the output, clear the lease, queue the outbox rows and apply the effect together;
-    only the fence holder can; a Run completed by someone else is returned unchanged."""
+    """Accept the output, clear the lease and queue the outbox rows together; only the fence
+    holder can; a Run completed by someone else is returned unchanged."""
     rows = _outbox_rows(claim.run_id, messages)
     given = {**_holder_params(claim), "output": output, "attempt_id": claim.attempt_id,
              "outcome": "completed", "error": None}
-    if is_postgres(conn):
-        row = _COMPLETE_PG.first(conn, **given, messages=rows)
-    else:
-        row = _ACCEPT.first(conn, **given)
-        if row is not None:
-            _QUEUE.rows(conn, messages=rows)
-            _FINISH_ATTEMPT.rows(conn, **given)
+    row = _COMPLETE.first(conn, **given, messages=rows)
+    if row is not None and not one_statement_writes(conn):
+        _QUEUE.rows(conn, messages=rows)
+        _FINISH_ATTEMPT.rows(conn, **given)
     if row is None:
-        run = _require(conn, claim.run_id)
+        run = require_run(conn, claim.run_id)
         if run.status != "completed":
-            raise _lease_lost(claim, run)
+            raise _stale_fence(claim, run)
         return Completion(run, new=False)
-    if effect is not None:
-        with Session(bind=conn) as session:
-            effect(session)
-            session.flush()
     return Completion(_run(row), new=True)
 
 
+@transition(one_statement_on=NOWHERE)
+def complete_with_effect_txn(
+    conn: Connection,
+    claim: Claim,
+    output: dict[str, Any],
+    messages: Sequence[OutboxMessage],
+    effect: Effect,
+) -> Completion:
+    """Complete the Run as ``complete_txn`` and apply the job's business effect in the same
+    transaction: both commit or neither does; a Run completed before gets no effect."""
+    done = complete_txn(conn, claim, output, messages)
+    if done.new:
+        with Session(bind=conn) as session:
+            effect(session)
+            session.flush()
+    return done
+
+
+@transition(one_statement_on=NOWHERE)
 def fail_txn(conn: Connection, claim: Claim, error: str, retryable: bool) -> Run:
     """Record the error; a retryable failure releases the lease (pending), a permanent one marks
     the Run failed; only the fence holder can do either."""
@@ -624,7 +693,7 @@ def fail_txn(conn: Connection, claim: Claim, error: str, retryable: bool) -> Run
         conn, **_holder_params(claim), status="pending" if retryable else "failed", error=error
     )
     if row is None:
-        raise _lease_lost(claim, get_run(conn, claim.run_id))
+        raise _stale_fence(claim, get_run(conn, claim.run_id))
     _FINISH_ATTEMPT.rows(
         conn, attempt_id=claim.attempt_id, outcome="released" if retryable else "failed",
         error=error,
@@ -632,10 +701,11 @@ def fail_txn(conn: Connection, claim: Claim, error: str, retryable: bool) -> Run
     return _run(row)
 
 
+@transition(one_statement_on=NOWHERE)
 def requeue_run_txn(conn: Connection, run_id: str) -> Run:
     """Operator action: a failed Run goes back to pending; no other state can be requeued."""
     row = _REQUEUE.first(conn, run_id=run_id)
     if row is None:
-        run = _require(conn, run_id)
+        run = require_run(conn, run_id)
         raise InvalidTransition(f"run {run_id} is {run.status}; only a failed run can be requeued")
     return _run(row)

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from store.dialect import (
+from store.database import (
     POSTGRES_LOCK_TIMEOUT_MS,
     SQLITE_BUSY_TIMEOUT_MS,
     SQLITE_LOCKED_RETRIES,

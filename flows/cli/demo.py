@@ -54,7 +54,7 @@ def _demo(ledger: Ledger) -> None:
                       f"{claim.lease_expires_at:%H:%M:%S} UTC by the database clock")
         raw = ledger.save_input(claim, {"items": ["alpha", "beta"]})
         console.print(f"3. save_input: stored raw input {raw}")
-        done = ledger.complete_run(claim, {"summary": f"{len(raw['items'])} items"}, [message])
+        done = ledger.complete(claim, {"summary": f"{len(raw['items'])} items"}, [message])
         console.print(f"4. complete: new={done.new}, output {done.run.output}, "
                       f"{len(ledger.messages(run_id=run.run_id))} outbox row queued")
 
@@ -65,7 +65,7 @@ def _demo(ledger: Ledger) -> None:
     retry = ledger.claim(again.run_id, owner, timedelta(minutes=5))
     console.print(f"6. claim: {'granted' if retry else 'none, the Run is completed: no model call'}")
     if claim is not None:
-        replay = ledger.complete_run(claim, {"summary": "a different answer"}, [message])
+        replay = ledger.complete(claim, {"summary": "a different answer"}, [message])
         console.print(f"7. complete again: new={replay.new}, the stored output {replay.run.output} "
                       "is returned (the different answer is dropped)")
     console.print(f"outbox rows for this run: {len(ledger.messages(run_id=again.run_id))} "

@@ -72,7 +72,7 @@ def runs_show(
     """Show one Run with its attempts and outbox rows."""
     ledger = open_ledger()
     try:
-        run = ledger.require(run_id)
+        run = ledger.get(run_id)
     except RunledgerError as exc:
         raise fail(exc) from exc
     attempts = ledger.attempts(run_id)

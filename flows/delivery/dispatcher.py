@@ -21,8 +21,7 @@ from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import Letter
 from flows.mail.settings import SmtpSettings, load_settings
 from flows.mail.transport import OutcomeKind, SendOutcome, Transport
-from store import DeliveryLeaseLost, Ledger, MessageClaim
-from store.faults import fault_point
+from store import DeliveryLeaseLost, Ledger, MessageClaim, fault_point
 
 log = logging.getLogger("runledger.delivery")
 
@@ -223,7 +222,7 @@ class Dispatcher:
         if sent:
             assert self._marker is not None
             future = asyncio.get_running_loop().run_in_executor(
-                self._marker, self.ledger.mark_sent_many, [(c, o.reply) for c, o in sent])
+                self._marker, self.ledger.mark_sent, [(c, o.reply) for c, o in sent])
             self._marking = (sent, future)
         if wait:
             await self._settle(report)

@@ -18,8 +18,7 @@ from flows.jobs.errors import ValidationFailed
 from flows.jobs.http_source import fetch_document, http_client
 from flows.jobs.job import Candidate, Job
 from flows.model import Model
-from store import InvalidInput, OutboxMessage, Period
-from store.message import normalize_address
+from store import InvalidInput, OutboxMessage, Period, normalize_address
 
 SAMPLE_DATA = Path(__file__).with_name("sample_data")
 SUBSCRIBERS = "subscribers.txt"

@@ -3,11 +3,7 @@ else fails the Run for good (``ledger.fail(retryable=False)``) until an operator
 
 from __future__ import annotations
 
-import sqlite3
-
-from sqlalchemy.exc import DBAPIError, OperationalError
-
-from store import InvalidInput, LedgerBusy, RunledgerError
+from store import InvalidInput, RunledgerError
 
 
 class JobError(RunledgerError):
@@ -16,6 +12,8 @@ class JobError(RunledgerError):
 
 class TransientError(JobError):
     """A transient failure (timeout, rate limit, 5xx, lost connection); retrying may succeed."""
+
+    retryable = True
 
     def __init__(self, message: str | None = None, *, retry_after: float | None = None) -> None:
         super().__init__(message)
@@ -42,15 +40,10 @@ class InvalidJob(InvalidInput):
     """A job definition is invalid."""
 
 
-TRANSIENT = (TransientError, TimeoutError, ConnectionError, LedgerBusy)
-
-
 def is_transient(error: BaseException) -> bool:
-    """True for failures worth retrying: timeouts, connection errors, a busy or unreachable
-    ledger database, and anything a job raises as ``TransientError``."""
-    if isinstance(error, TRANSIENT):
-        return True
-    if isinstance(error, DBAPIError) and error.connection_invalidated:
-        return True
-    # SQLite reports a missing table as OperationalError too: only a server's is a lost link.
-    return isinstance(error, OperationalError) and not isinstance(error.orig, sqlite3.Error)
+    """True for failures worth retrying: timeouts and connection errors, and every runledger
+    error that says it is ``retryable`` (a busy or unreachable ledger, a job's own
+    ``TransientError``); the ledger has already turned its driver's errors into those."""
+    if isinstance(error, RunledgerError):
+        return error.retryable
+    return isinstance(error, TimeoutError | ConnectionError)

@@ -17,8 +17,7 @@ from sqlalchemy import MetaData
 from sqlmodel import Session
 
 from flows.jobs.errors import InvalidJob, UnknownSubject
-from store import OutboxMessage, Period, RunIdentity
-from store.period import validate_cadence, zone
+from store import OutboxMessage, Period, RunIdentity, validate_cadence, zone
 
 if TYPE_CHECKING:
     from flows.model import Model

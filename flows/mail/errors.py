@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from store.errors import RunledgerError
+from store import RunledgerError
 
 
 class MailConfigurationError(RunledgerError):

@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flows.mail.errors import MailConfigurationError
-from store.message import normalize_address
+from store import normalize_address
 
 S = TypeVar("S", bound=BaseSettings)
 

@@ -29,7 +29,7 @@ from typing import Any
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
-from store.errors import InvalidInput
+from store import InvalidInput
 
 STAGES = ("rcpt", "data")
 REPLIES = {

@@ -9,7 +9,6 @@ from typing import Protocol
 
 from flows.mail.letter import Letter
 from store import Reply
-from store.outbox import NO_REPLY
 
 
 class OutcomeKind(StrEnum):
@@ -27,7 +26,7 @@ class SendOutcome:
     ``unreachable`` says the transport could not reach the receiver at all (end the pass)."""
 
     kind: OutcomeKind
-    reply: Reply = NO_REPLY
+    reply: Reply = Reply()  # frozen: one shared empty reply is safe
     error: str | None = None
     retry_after: float | None = None
     unreachable: bool = False

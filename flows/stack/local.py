@@ -38,9 +38,7 @@ from flows.stack.prefect_server import (
 )
 from flows.stack.processes import StackError, Supervisor, port_is_free
 from flows.stack.work_pool import DEFAULT_POOL, ensure_pool
-from store import Ledger
-from store.dialect import create_database_if_missing
-from store.settings import LedgerSettings
+from store import Ledger, LedgerSettings, RunledgerError, create_database_if_missing
 
 REFERENCE_DEPLOYMENT = "competitor-summary"
 DELIVERY_DEPLOYMENT = "deliver-outbox"
@@ -237,8 +235,8 @@ class LocalStack:
         try:
             if create_database_if_missing(url):
                 self.say(f"created Prefect's database {name}")
-        except sa.exc.DBAPIError as exc:
-            self.say(f"could not create Prefect's database {name}: {exc.orig}")
+        except RunledgerError as exc:
+            self.say(f"could not create Prefect's database {name}: {exc}")
 
     def _start_workers(self, env: dict[str, str]) -> None:
         config = self.config

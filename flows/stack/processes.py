@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.errors import RunledgerError
+from store import RunledgerError
 
 STACK_ENV = "RUNLEDGER_STACK_ID"
 PROC = Path("/proc")

@@ -222,7 +222,7 @@ def crash(stack: AcceptanceStack, killed_worker: UUID, second_wave: SecondWave) 
                "the crash detector to mark the flow run Crashed")
     ledger = stack.ledger()
     try:
-        wait_until(lambda: ledger.db_now() > ledger.require(the_run).lease_expires_at, 60,
+        wait_until(lambda: ledger.database.now() > ledger.get(the_run).lease_expires_at, 60,
                    "the dead worker's lease to expire")
     finally:
         ledger.close()
@@ -325,10 +325,10 @@ def test_a_flow_run_cancelled_in_the_ui_calls_no_more_models_and_releases_its_ru
     ledger = stack.ledger()
     try:
         def released() -> bool:
-            return all(ledger.require(ids[s]).owner is None for s in workspaces())
+            return all(ledger.get(ids[s]).owner is None for s in workspaces())
 
         wait_until(released, 40, "the cancelled flow run to release its Runs")
-        runs = {s: ledger.require(r) for s, r in ids.items()}
+        runs = {s: ledger.get(r) for s, r in ids.items()}
     finally:
         ledger.close()
     assert runs[first].status == "completed"

@@ -191,8 +191,8 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 
 
 def lease_expired(ledger: Ledger, run_id: str) -> bool:
-    run = ledger.require(run_id)
-    return run.lease_expires_at is None or run.lease_expires_at <= ledger.db_now()
+    run = ledger.get(run_id)
+    return run.lease_expires_at is None or run.lease_expires_at <= ledger.database.now()
 
 
 @dataclass
@@ -215,7 +215,7 @@ class Env:
         return state, state.result(raise_on_failure=False)
 
     def the_run(self, subject: str, period: str, job: Job = competitor_summary) -> Run:
-        return self.ledger.require(job.identity(subject, job.parse_period(period)).run_id)
+        return self.ledger.get(job.identity(subject, job.parse_period(period)).run_id)
 
     def model_calls(self) -> int:
         return len(CallLog(self.calls).entries())

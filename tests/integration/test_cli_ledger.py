@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from flows.cli.app import app
 from store import Ledger, OutboxMessage, RunIdentity
+from store.errors import LedgerError
 
 PERIOD = datetime(2026, 11, 29, 23, tzinfo=UTC)
 
@@ -43,7 +43,7 @@ def test_db_upgrade_migrates_an_empty_database(
     monkeypatch.setenv("RUNLEDGER_DATABASE_URL", empty_db_url)
     ledger = Ledger.connect(empty_db_url)
     try:
-        with pytest.raises(sa.exc.DBAPIError):
+        with pytest.raises(LedgerError, match=r"schema is missing.*runledger db upgrade"):
             ledger.runs()
         result = invoke(CliRunner(), "db", "upgrade")
         assert result.exit_code == 0 and "ledger schema at head" in result.output

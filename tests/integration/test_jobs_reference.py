@@ -9,7 +9,8 @@ import pytest
 from flows.jobs import Candidate, ValidationFailed
 from flows.jobs import competitor_summary as summary
 from flows.model import OfflineModel
-from store import InvalidInput, InvalidMessage
+from store import InvalidInput
+from store.errors import InvalidMessage
 
 
 @pytest.fixture

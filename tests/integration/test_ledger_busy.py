@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from store import LedgerBusy, OutboxMessage, RunIdentity, RunledgerError
-from store.dialect import Busy, Database
+from store.database import Busy, Database
 from store.ledger import Ledger
 
 IDENTITY = RunIdentity("digest", "team-a", datetime(2026, 11, 29, tzinfo=UTC), "v1")
@@ -62,7 +62,7 @@ def test_a_ledger_locked_by_another_writer_raises_ledger_busy_and_writes_nothing
         holder.execute("ROLLBACK")
         holder.close()
     assert isinstance(busy.value, RunledgerError) and busy.value.retryable
-    stored = impatient.require(run.run_id)
+    stored = impatient.get(run.run_id)
     assert (stored.status, stored.fence, impatient.attempts(run.run_id)) == ("pending", 0, [])
     assert len(impatient.runs()) == 1
 
@@ -161,7 +161,7 @@ def test_a_thread_that_keeps_writing_makes_the_other_writers_of_its_process_busy
         finally:
             leave.set()
             completing.join()
-        assert impatient.require(run.run_id).status == "completed"
+        assert impatient.get(run.run_id).status == "completed"
         assert impatient.register(other).status == "pending"
     finally:
         impatient.close()
@@ -206,14 +206,14 @@ def test_a_postgres_run_row_held_by_an_open_transaction_makes_writes_ledger_busy
                 with pytest.raises(LedgerBusy, match=r"lock timeout \(150 ms, RUNLEDGER_POSTGRES_LOCK_TIMEOUT_MS\)") as busy:
                     call()
                 assert busy.value.retryable
-            stored = ledger.require(run.run_id)
+            stored = ledger.get(run.run_id)
             assert (stored.status, stored.fence, stored.raw_input, stored.output) == ("running", 1, None, None)
             assert len(ledger.attempts(run.run_id)) == 1 and ledger.messages(run_id=run.run_id) == []
         finally:
             holder.rollback()
             holder.close()
         assert ledger.save_input(claim, {"docs": ["a"]}) == {"docs": ["a"]}
-        assert ledger.complete(claim, {"summary": "s"}).status == "completed"
+        assert ledger.complete(claim, {"summary": "s"}).run.status == "completed"
     finally:
         ledger.close()
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.engine import Connection
 
 from store import LedgerBusy
-from store.dialect import IDLE_PING_SECONDS, KEPT_CONNECTIONS
+from store.database import IDLE_PING_SECONDS, KEPT_CONNECTIONS
 from store.ledger import Ledger
 
 
@@ -101,12 +101,12 @@ def test_an_idle_kept_connection_that_fails_its_ping_is_replaced_and_frees_its_p
     read gets a new one; the limit still counts one connection."""
     kept = ledger.database.autocommit
     assert kept is not None and kept.ping
-    assert ledger.get("no-such-run") is None  # opens the first kept connection
+    assert ledger.get_many(["no-such-run"]) == {}  # opens the first kept connection
     assert kept.opened == 1
     [(conn, _)] = kept._idle
     conn.close()
     kept._idle[:] = [(conn, time.monotonic() - IDLE_PING_SECONDS - 1)]
-    assert ledger.get("no-such-run") is None
+    assert ledger.get_many(["no-such-run"]) == {}
     assert kept.opened == 1
     [(replacement, _)] = kept._idle
     assert replacement is not conn

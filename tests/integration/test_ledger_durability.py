@@ -28,7 +28,7 @@ def claims(ledger: Ledger) -> list[Claim]:
 
 def complete(ledger: Ledger, held: list[Claim]) -> None:
     for claim in held:
-        assert ledger.complete_run(claim, {"summary": claim.run_id},
+        assert ledger.complete(claim, {"summary": claim.run_id},
                                    [OutboxMessage("ops@example.com", "done", claim.run_id)]).new
 
 

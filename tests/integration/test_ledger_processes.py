@@ -98,7 +98,7 @@ def race_to_register_and_claim(url: str, subject: str) -> bool:
     """Open a connection, wait for the others, then register and claim the same new Run."""
     ledger = Ledger.connect(url)
     try:
-        ledger.db_now()
+        ledger.database.now()
         _start_together()
         identity = RunIdentity("triage", subject, PERIOD, "v1")
         return ledger.register_and_claim(identity, owner=owner(), lease=LONG).claim is not None
@@ -112,7 +112,7 @@ def race_to_complete(url: str, claim: Claim) -> tuple[bool, dict[str, Any] | Non
     try:
         ledger.get(claim.run_id)
         _start_together()
-        done = ledger.complete_run(claim, {"applied_by": owner()}, credit_notice(), effect=credit)
+        done = ledger.complete(claim, {"applied_by": owner()}, credit_notice(), effect=credit)
         return done.new, done.run.output
     finally:
         ledger.close()
@@ -132,13 +132,13 @@ def complete_and_crash_after_commit(url: str, run_id: str, report: Connection) -
     claim = ledger.claim(run_id, owner(), LONG)
     report.send(claim)
     assert claim is not None
-    ledger.complete_run(claim, {"summary": "first"}, two_recipients())
+    ledger.complete(claim, {"summary": "first"}, two_recipients())
     report.send("returned")  # never reached: the fault point kills the process first
 
 
 def complete_and_die_inside_effect(url: str, claim: Claim) -> None:
     ledger = Ledger.connect(url)
-    ledger.complete_run(claim, {"summary": "never committed"}, credit_notice(), effect=credit_then_die)
+    ledger.complete(claim, {"summary": "never committed"}, credit_notice(), effect=credit_then_die)
 
 
 def two_recipients() -> list[OutboxMessage]:
@@ -177,7 +177,7 @@ def receive(conn: Connection) -> Any:
 
 def wait_for_db_clock(ledger: Ledger, instant: datetime) -> None:
     deadline = time.monotonic() + 30
-    while ledger.db_now() <= instant:
+    while ledger.database.now() <= instant:
         assert time.monotonic() < deadline, "the database clock did not advance"
         time.sleep(0.05)
 
@@ -213,7 +213,7 @@ def test_eight_processes_claiming_one_key_have_exactly_one_winner_every_round(
         try:
             run = ledger.register(RunIdentity("triage", "issue-1", PERIOD, "v1"))
             wins = race(racers, race_to_claim, url, run.run_id)
-            stored = ledger.require(run.run_id)
+            stored = ledger.get(run.run_id)
             assert wins.count(True) == 1, f"round {round_no}: {wins.count(True)} winners"
             assert (stored.fence, stored.attempts, len(ledger.attempts(run.run_id))) == (1, 1, 1)
         finally:
@@ -231,7 +231,7 @@ def test_eight_processes_registering_and_claiming_one_new_key_have_exactly_one_w
         for round_no in range(REGISTER_ROUNDS):
             wins = race(racers, race_to_register_and_claim, db_url, f"issue-{round_no}")
             run_id = RunIdentity("triage", f"issue-{round_no}", PERIOD, "v1").run_id
-            stored = ledger.require(run_id)
+            stored = ledger.get(run_id)
             assert wins.count(True) == 1, f"round {round_no}: {wins.count(True)} winners"
             assert (stored.fence, stored.attempts, len(ledger.attempts(run_id))) == (1, 1, 1)
         assert len(ledger.runs(job="triage", limit=1000)) == REGISTER_ROUNDS
@@ -247,11 +247,11 @@ def test_a_failure_before_commit_leaves_no_output_no_completion_and_no_effect(db
         claim = ledger.claim(ledger.register(daily()).run_id, owner(), LONG)
         assert claim is not None
         with pytest.raises(RuntimeError, match="injected failure before commit"):
-            ledger.complete_run(claim, {"summary": "lost"}, credit_notice(), effect=credit_then_fail)
-        run = ledger.require(claim.run_id)
+            ledger.complete(claim, {"summary": "lost"}, credit_notice(), effect=credit_then_fail)
+        run = ledger.get(claim.run_id)
         assert (run.status, run.output, run.fence) == ("running", None, claim.fence)
         assert (balance(ledger), ledger.messages()) == (0, [])
-        assert ledger.complete_run(claim, {"summary": "ok"}, credit_notice(), effect=credit).new
+        assert ledger.complete(claim, {"summary": "ok"}, credit_notice(), effect=credit).new
         assert balance(ledger) == 10
     finally:
         ledger.close()
@@ -271,13 +271,13 @@ def test_a_process_killed_before_commit_leaves_no_output_no_completion_and_no_ef
         process.start()
         process.join(120)
         assert process.exitcode == -signal.SIGKILL
-        stored = ledger.require(run.run_id)
+        stored = ledger.get(run.run_id)
         assert (stored.status, stored.output) == ("running", None)
         assert (balance(ledger), ledger.messages()) == (0, [])
         wait_for_db_clock(ledger, claim.lease_expires_at)
         retry = ledger.claim(run.run_id, owner(), LONG)
         assert retry is not None
-        assert ledger.complete_run(retry, {"summary": "ok"}, credit_notice(), effect=credit).new
+        assert ledger.complete(retry, {"summary": "ok"}, credit_notice(), effect=credit).new
         assert (balance(ledger), len(ledger.messages())) == (10, 1)
     finally:
         ledger.close()
@@ -296,17 +296,17 @@ def test_eight_concurrent_completions_apply_the_effect_once_and_another_period_a
         winners = [output for new, output in results if new]
         assert len(winners) == 1
         assert all(output == winners[0] for _, output in results)
-        assert ledger.require(claim.run_id).output == winners[0]
+        assert ledger.get(claim.run_id).output == winners[0]
         assert (balance(ledger), len(ledger.messages())) == (10, 1)
 
-        replay = ledger.complete_run(claim, {"applied_by": "replay"}, credit_notice(), effect=credit)
-        assert replay == Completion(ledger.require(claim.run_id), new=False)
+        replay = ledger.complete(claim, {"applied_by": "replay"}, credit_notice(), effect=credit)
+        assert replay == Completion(ledger.get(claim.run_id), new=False)
         assert balance(ledger) == 10
 
         next_day = ledger.claim(ledger.register(daily(PERIOD + timedelta(days=1))).run_id,
                                 owner(), LONG)
         assert next_day is not None
-        assert ledger.complete_run(next_day, {"applied_by": "next day"}, credit_notice(),
+        assert ledger.complete(next_day, {"applied_by": "next day"}, credit_notice(),
                                    effect=credit).new
         assert (balance(ledger), len(ledger.runs(status="completed")), len(ledger.messages())) == (
             20, 2, 2
@@ -327,12 +327,12 @@ def test_a_worker_killed_while_holding_the_lease_is_replaced_after_expiry(db_url
         os.kill(process.pid, signal.SIGKILL)  # type: ignore[arg-type]
         process.join(30)
         assert process.exitcode == -signal.SIGKILL
-        if ledger.db_now() < dead.lease_expires_at:
+        if ledger.database.now() < dead.lease_expires_at:
             assert ledger.claim(run.run_id, owner(), LONG) is None
         wait_for_db_clock(ledger, dead.lease_expires_at)
         claim = ledger.claim(run.run_id, owner(), LONG)
         assert claim is not None and claim.fence == 2
-        done = ledger.complete_run(claim, {"summary": "finished by the replacement"})
+        done = ledger.complete(claim, {"summary": "finished by the replacement"})
         assert done.new and done.run.attempts == 2
         assert [a.outcome for a in ledger.attempts(run.run_id)] == ["expired", "completed"]
     finally:
@@ -353,13 +353,13 @@ def test_a_crash_right_after_the_completion_commit_is_retried_without_new_outbox
         assert process.exitcode == -signal.SIGKILL
         with pytest.raises(EOFError):  # it never reported returning from complete_run
             conn.recv()
-        stored = ledger.require(run.run_id)
+        stored = ledger.get(run.run_id)
         assert (stored.status, stored.output) == ("completed", {"summary": "first"})
         assert len(ledger.messages()) == 2
 
         assert ledger.register(daily()).status == "completed"
         assert ledger.claim(run.run_id, owner(), LONG) is None
-        retry = ledger.complete_run(claim, {"summary": "second"}, two_recipients())
+        retry = ledger.complete(claim, {"summary": "second"}, two_recipients())
         assert (retry.new, retry.run.output) == (False, {"summary": "first"})
         assert len(ledger.messages()) == 2
         assert [a.outcome for a in ledger.attempts(run.run_id)] == ["completed"]

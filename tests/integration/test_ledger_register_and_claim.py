@@ -24,7 +24,7 @@ def test_a_new_run_is_registered_already_claimed_with_its_attempt(ledger: Ledger
     """One call creates the Run running under fence 1 and opens its Attempt."""
     entered = ledger.register_and_claim(identity(), PARAMS, owner="worker-1:101", lease=LONG)
     assert entered.claim is not None and entered.conflict is None
-    run = ledger.require(entered.run.run_id)
+    run = ledger.get(entered.run.run_id)
     assert (run.status, run.fence, run.attempts, run.owner) == ("running", 1, 1, "worker-1:101")
     assert run.params == PARAMS and run.period_start == PERIOD
     assert entered.run.run_id == identity().run_id
@@ -105,7 +105,7 @@ def test_a_batch_claims_the_free_runs_and_reports_the_others_without_raising(led
     assert by_subject["held"].claim is None and by_subject["held"].run.owner == "worker-2:202"
     conflict = by_subject["conflicting"]
     assert conflict.claim is None and isinstance(conflict.conflict, RunConflict)
-    assert ledger.require(conflict.run.run_id).status == "pending"
+    assert ledger.get(conflict.run.run_id).status == "pending"
     assert len(ledger.attempts(by_subject["new-b"].run.run_id)) == 1
 
 
@@ -135,7 +135,7 @@ def test_renew_many_extends_the_held_leases_and_leaves_out_the_lost_ones(ledger:
     held = [c for c in claims.values() if c is not None]
     renewed = ledger.renew_many(held, LONG)
     assert set(renewed) == {identity("a").run_id, identity("b").run_id}
-    now = ledger.db_now()
+    now = ledger.database.now()
     assert all(until > now + LONG - timedelta(seconds=5) for until in renewed.values())
-    assert ledger.require(identity("c").run_id).lease_expires_at == taken.claim.lease_expires_at
+    assert ledger.get(identity("c").run_id).lease_expires_at == taken.claim.lease_expires_at
     assert ledger.renew_many([], LONG) == {}

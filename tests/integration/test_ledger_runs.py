@@ -15,18 +15,17 @@ from store import (
     Claim,
     FinishedRun,
     InvalidInput,
-    InvalidMessage,
     InvalidTransition,
     LeaseLost,
     Ledger,
     OutboxMessage,
-    OutputTooLarge,
     Run,
     RunConflict,
     RunIdentity,
     RunNotFound,
 )
 from store.dialect import db_now
+from store.errors import InvalidMessage, OutputTooLarge
 from store.models import UTCDateTime, attempts_table, outbox_table, runs_table
 
 PERIOD = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)
@@ -55,7 +54,7 @@ def snapshot(ledger: Ledger) -> dict[str, list[dict[str, Any]]]:
 def wait_for_db_clock(ledger: Ledger, instant: datetime) -> None:
     """Sleep until the DATABASE clock has passed ``instant`` (lease expiry is judged by it)."""
     deadline = time.monotonic() + 30
-    while ledger.db_now() <= instant:
+    while ledger.database.now() <= instant:
         assert time.monotonic() < deadline, "the database clock did not advance"
         time.sleep(0.05)
 
@@ -75,13 +74,13 @@ def test_same_logical_run_twice_keeps_one_row_the_first_output_and_one_message_p
     first = ledger.register(identity(), params)
     claim = claimed(ledger, first)
     ledger.save_input(claim, {"items": [1, 2, 3]})
-    done = ledger.complete_run(claim, {"summary": "first"}, digest())
+    done = ledger.complete(claim, {"summary": "first"}, digest())
     assert done.new and done.run.output == {"summary": "first"}
 
     again = ledger.register(identity(), params)
     assert again.run_id == first.run_id and again.status == "completed"
     assert ledger.claim(again.run_id, "worker-2:202", LONG) is None
-    replay = ledger.complete_run(claim, {"summary": "second, different"}, digest())
+    replay = ledger.complete(claim, {"summary": "second, different"}, digest())
     assert not replay.new and replay.run.output == {"summary": "first"}
 
     rows = snapshot(ledger)
@@ -113,13 +112,13 @@ def test_register_with_changed_params_under_the_same_key_is_a_conflict_writing_n
 def test_claim_bumps_the_fence_counts_the_attempt_and_records_it(ledger: Ledger) -> None:
     """A claim takes the lease by the database clock and opens an Attempt row."""
     run = ledger.register(identity())
-    before = ledger.db_now()
+    before = ledger.database.now()
     claim = claimed(ledger, run, lease=LONG)
-    stored = ledger.require(run.run_id)
+    stored = ledger.get(run.run_id)
     assert (stored.status, stored.fence, stored.attempts, stored.owner) == (
         "running", 1, 1, "worker-1:101"
     )
-    assert before + LONG <= claim.lease_expires_at <= ledger.db_now() + LONG
+    assert before + LONG <= claim.lease_expires_at <= ledger.database.now() + LONG
     [attempt] = ledger.attempts(run.run_id)
     assert (attempt.attempt_id, attempt.fence, attempt.owner, attempt.outcome) == (
         claim.attempt_id, 1, "worker-1:101", None
@@ -143,7 +142,7 @@ def test_an_expired_lease_is_reclaimed_with_a_new_fence(ledger: Ledger) -> None:
     assert ledger.claim(run.run_id, "worker-2:202", LONG) is None
     wait_for_db_clock(ledger, first.lease_expires_at)
     second = claimed(ledger, run, owner="worker-2:202")
-    stored = ledger.require(run.run_id)
+    stored = ledger.get(run.run_id)
     assert (second.fence, stored.fence, stored.attempts, stored.owner) == (2, 2, 2, "worker-2:202")
     outcomes = [(a.fence, a.outcome) for a in ledger.attempts(run.run_id)]
     assert outcomes == [(1, "expired"), (2, None)]
@@ -189,7 +188,7 @@ def test_renew_extends_the_lease_from_the_database_clock(ledger: Ledger) -> None
     run = ledger.register(identity())
     claim = claimed(ledger, run, lease=SHORT)
     expires = ledger.renew(claim, LONG)
-    assert expires >= ledger.db_now() + LONG - timedelta(seconds=5)
+    assert expires >= ledger.database.now() + LONG - timedelta(seconds=5)
     wait_for_db_clock(ledger, claim.lease_expires_at)
     assert ledger.claim(run.run_id, "worker-2:202", LONG) is None
 
@@ -200,7 +199,7 @@ def test_save_input_keeps_the_first_input_and_returns_it(ledger: Ledger) -> None
     claim = claimed(ledger, run)
     assert ledger.save_input(claim, {"items": [1]}) == {"items": [1]}
     assert ledger.save_input(claim, {"items": [2]}) == {"items": [1]}
-    assert ledger.require(run.run_id).raw_input == {"items": [1]}
+    assert ledger.get(run.run_id).raw_input == {"items": [1]}
 
 
 def test_a_new_holder_continues_with_the_input_the_expired_holder_saved(ledger: Ledger) -> None:
@@ -219,7 +218,7 @@ def test_complete_clears_the_lease_and_queues_one_outbox_row_per_recipient(ledge
     run = ledger.register(identity())
     claim = claimed(ledger, run)
     messages = [*digest(), OutboxMessage(RECIPIENTS[0], "duplicate recipient", "ignored")]
-    done = ledger.complete_run(claim, {"summary": "ok"}, messages)
+    done = ledger.complete(claim, {"summary": "ok"}, messages)
     assert done.new
     assert (done.run.status, done.run.owner, done.run.lease_expires_at) == ("completed", None, None)
     assert done.run.completed_attempt_id == claim.attempt_id and done.run.completed_at is not None
@@ -248,7 +247,7 @@ def test_a_permanent_failure_stops_claims_until_an_operator_requeues(ledger: Led
     """fail(retryable=False) marks the Run failed; only requeue makes it claimable again."""
     run = ledger.register(identity())
     ledger.fail(claimed(ledger, run), "invalid model output", retryable=False)
-    assert ledger.require(run.run_id).status == "failed"
+    assert ledger.get(run.run_id).status == "failed"
     assert ledger.claim(run.run_id, "worker-2:202", LONG) is None
     assert ledger.requeue_run(run.run_id).status == "pending"
     assert claimed(ledger, run, owner="worker-2:202").fence == 2
@@ -262,7 +261,7 @@ def test_requeue_of_a_run_that_is_not_failed_is_refused(ledger: Ledger) -> None:
     ledger.complete(claimed(ledger, run), {"summary": "ok"})
     with pytest.raises(InvalidTransition):
         ledger.requeue_run(run.run_id)
-    assert ledger.require(run.run_id).status == "completed"
+    assert ledger.get(run.run_id).status == "completed"
 
 
 def test_unknown_run_id_is_a_clear_error(ledger: Ledger) -> None:
@@ -273,8 +272,8 @@ def test_unknown_run_id_is_a_clear_error(ledger: Ledger) -> None:
     with pytest.raises(RunNotFound):
         ledger.requeue_run(missing)
     with pytest.raises(RunNotFound):
-        ledger.require(missing)
-    assert ledger.get(missing) is None
+        ledger.get(missing)
+    assert ledger.get_many([missing]) == {}
     assert snapshot(ledger) == {"runs": [], "attempts": [], "outbox": []}
 
 
@@ -353,7 +352,7 @@ def test_a_lease_out_of_range_is_refused(ledger: Ledger, lease: timedelta) -> No
     run = ledger.register(identity())
     with pytest.raises(InvalidInput, match="lease"):
         ledger.claim(run.run_id, "worker-1:101", lease)
-    assert ledger.require(run.run_id).fence == 0
+    assert ledger.get(run.run_id).fence == 0
 
 
 @pytest.mark.parametrize("owner", ["", "   ", "x" * 301, "nul\0owner"])
@@ -362,7 +361,7 @@ def test_a_bad_owner_is_refused(ledger: Ledger, owner: str) -> None:
     run = ledger.register(identity())
     with pytest.raises(InvalidInput, match="owner must be"):
         ledger.claim(run.run_id, owner, LONG)
-    assert ledger.require(run.run_id).fence == 0
+    assert ledger.get(run.run_id).fence == 0
 
 
 def test_a_naive_datetime_reaching_the_database_layer_is_refused(ledger: Ledger) -> None:
@@ -382,7 +381,7 @@ def test_fail_requires_an_error_text(ledger: Ledger) -> None:
     claim = claimed(ledger, run)
     with pytest.raises(InvalidInput, match="error must be a non-empty string"):
         ledger.fail(claim, "  ")
-    assert ledger.require(run.run_id).status == "running"
+    assert ledger.get(run.run_id).status == "running"
 
 
 def test_runs_are_listed_by_job_and_status(ledger: Ledger) -> None:
@@ -422,7 +421,7 @@ def test_finished_reads_the_completed_and_failed_runs_of_many_ids_without_their_
 
 def test_database_clock_is_timezone_aware_utc(ledger: Ledger) -> None:
     """The database clock comes back aware, in UTC, close to this host's clock."""
-    now = ledger.db_now()
+    now = ledger.database.now()
     assert now.tzinfo is not None and now.utcoffset() == timedelta(0)
     assert abs(now - datetime.now(UTC)) < timedelta(minutes=5)
 

@@ -124,7 +124,7 @@ def machine_for(ledger: Ledger) -> type[RuleBasedStateMachine]:
         @rule()
         def lease_expires(self) -> None:
             """Time passes: the lease end moves behind the database clock."""
-            past = ledger.db_now() - timedelta(seconds=1)
+            past = ledger.database.now() - timedelta(seconds=1)
             with ledger.engine.begin() as conn:
                 conn.execute(
                     sa.update(runs_table).where(runs_table.c.run_id == self.run_id)
@@ -156,16 +156,16 @@ def machine_for(ledger: Ledger) -> type[RuleBasedStateMachine]:
             m = self.model
             notice = [OutboxMessage("ops@example.com", "done", f"value {value}")]
             if m.holds(claim):
-                done = ledger.complete_run(claim, {"value": value}, notice)
+                done = ledger.complete(claim, {"value": value}, notice)
                 assert done.new
                 m.status, m.output, m.owner, m.lease_live = "completed", {"value": value}, None, False
                 m.messages, m.outcomes[-1] = 1, "completed"
             elif m.status == "completed":
-                done = ledger.complete_run(claim, {"value": value}, notice)
+                done = ledger.complete(claim, {"value": value}, notice)
                 assert (done.new, done.run.output) == (False, m.output)
             else:
                 with pytest.raises(LeaseLost):
-                    ledger.complete_run(claim, {"value": value}, notice)
+                    ledger.complete(claim, {"value": value}, notice)
 
         @rule(claim=claims, retryable=st.booleans())
         def fail(self, claim: Claim, retryable: bool) -> None:
@@ -192,18 +192,18 @@ def machine_for(ledger: Ledger) -> type[RuleBasedStateMachine]:
         @invariant()
         def ledger_matches_the_model(self) -> None:
             m = self.model
-            run = ledger.get(self.run_id)
+            found = ledger.get_many([self.run_id])
             if m.params is None:
-                assert run is None
+                assert found == {}
                 return
-            assert run is not None
+            run = found[self.run_id]
             assert (run.status, run.fence, run.owner, run.attempts) == (
                 m.status, m.fence, m.owner, m.attempts
             )
             assert (run.raw_input, run.output) == (m.raw_input, m.output)
             if m.status == "running":
                 assert run.lease_expires_at is not None
-                assert (run.lease_expires_at > ledger.db_now()) == m.lease_live
+                assert (run.lease_expires_at > ledger.database.now()) == m.lease_live
             else:
                 assert run.lease_expires_at is None
             assert len(ledger.messages(run_id=self.run_id)) == m.messages

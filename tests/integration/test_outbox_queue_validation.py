@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from store import InvalidMessage, Ledger, OutboxMessage, RunIdentity
+from store import Ledger, OutboxMessage, RunIdentity
+from store.errors import InvalidMessage
 
 
 def test_an_injection_attempt_refuses_the_completion_and_writes_nothing(ledger: Ledger) -> None:
@@ -24,5 +25,5 @@ def test_an_injection_attempt_refuses_the_completion_and_writes_nothing(ledger: 
                           body="ok"),
         ]
         ledger.complete(claim, {"summary": "ok"}, messages)
-    assert ledger.require(identity.run_id).status == "running"
+    assert ledger.get(identity.run_id).status == "running"
     assert ledger.message_counts() == {}

@@ -11,10 +11,10 @@ from store import Ledger, Reply
 
 
 def test_marking_a_group_sent_records_each_attempt(ledger: Ledger) -> None:
-    """mark_sent_many: every held message becomes sent with its own attempt row and reply."""
+    """mark_sent: every held message becomes sent with its own attempt row and reply."""
     queue(ledger, 3)
     claims = ledger.claim_messages("dispatcher-a", 10, 60)
-    lost = ledger.mark_sent_many([(c, Reply(250, f"queued {i}", f"p{i}")) for i, c in enumerate(claims)])
+    lost = ledger.mark_sent([(c, Reply(250, f"queued {i}", f"p{i}")) for i, c in enumerate(claims)])
     assert lost == []
     assert ledger.message_counts() == {"sent": 3}
     for i, claim in enumerate(claims):
@@ -33,7 +33,7 @@ def test_a_stale_claim_in_a_group_is_reported_and_left_alone(ledger: Ledger) -> 
     time.sleep(0.05)
     [taken] = ledger.claim_messages("dispatcher-b", 1, 60)  # the expired lease is taken over
     stale, kept = (first, second) if taken.message_id == first.message_id else (second, first)
-    lost = ledger.mark_sent_many([(stale, Reply(250)), (kept, Reply(250))])
+    lost = ledger.mark_sent([(stale, Reply(250)), (kept, Reply(250))])
     assert [c.message_id for c in lost] == [stale.message_id]
     assert ledger.message(kept.message_id).status == "sent"  # type: ignore[union-attr]
     assert ledger.message(stale.message_id).lease_owner == "dispatcher-b"  # type: ignore[union-attr]
@@ -61,7 +61,7 @@ def test_a_claim_takes_the_oldest_due_messages_and_skips_the_not_yet_due_and_the
     [sent, later, held, released] = ledger.claim_messages("dispatcher-a", 4, 60)
     assert {c.message_id for c in (sent, later, held, released)} == {
         m.message_id for m in messages[:4]}
-    ledger.mark_sent(sent)
+    assert ledger.mark_sent([(sent, Reply())]) == []
     ledger.schedule_retry(later, 3600, "421 try later")
     ledger.release_message(released)  # due again, from now: after the fifth message
     [lapsing] = ledger.claim_messages("dispatcher-a", 1, 0.001)

@@ -37,6 +37,7 @@ from prefect.flow_engine import run_flow
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.states import Scheduled, State
 from prefect.utilities.collections import visit_collection
+from sql_trace import sent_statements
 
 from flows.model import OfflineModel
 from flows.outcomes import TickReport
@@ -141,13 +142,13 @@ def test_a_timeout_after_collect_is_retried_on_the_stored_raw_input(env: Env) ->
     first, report = env.run(probe.name, period="2026-01-05")
     assert first.is_failed() and outcomes(report) == {"acme": "failed"}
     run_id = probe.job.identity("acme", probe.job.parse_period("2026-01-05")).run_id
-    pending = env.ledger.require(run_id)
+    pending = env.ledger.get(run_id)
     assert pending.status == "pending" and pending.raw_input is not None
     assert "model slow" in (pending.error or "")
     second, report = env.run(probe.name, period="2026-01-05")
     assert second.name == "Completed" and outcomes(report) == {"acme": "new"}
     assert probe.collects == ["acme"] and probe.transforms == ["acme"] * 3
-    assert env.ledger.require(run_id).attempts == 2
+    assert env.ledger.get(run_id).attempts == 2
 
 
 def test_a_failed_run_is_retried_without_duplicating_outbox_rows(
@@ -305,16 +306,8 @@ def test_a_rerun_of_a_completed_tick_asks_the_ledger_for_no_raw_input(env: Env) 
     tick needs none of them: its batched read names outputs, not the raw_input column."""
     probe = probe_job(["s0", "s1", "s2"], ["ops@example.com"])
     first, _ = env.run(probe.name, period="2026-01-05")
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        statements.append(statement)
-
-    sa.event.listen(sa.engine.Engine, "before_cursor_execute", record)
-    try:
+    with sent_statements() as statements:  # the flow opens its own ledger
         second, report = env.run(probe.name, period="2026-01-05")
-    finally:
-        sa.event.remove(sa.engine.Engine, "before_cursor_execute", record)
     assert (first.name, second.name) == ("Completed", "Duplicate")
     assert outcomes(report) == dict.fromkeys(["s0", "s1", "s2"], "duplicate")
     read = [s for s in statements if "FROM runs" in s]
@@ -560,7 +553,7 @@ def test_a_failing_effect_leaves_no_completion_no_outbox_rows_and_no_business_ro
     state, report = env.run(probe.name, period="2026-01-05")
     assert state.is_failed() and "refused the credit" in (state.message or "")
     run_id = outcomes_run_id(report)
-    assert env.ledger.require(run_id).status == "failed"
+    assert env.ledger.get(run_id).status == "failed"
     assert env.ledger.messages(run_id=run_id) == []
     with Session(env.ledger.engine) as session:
         assert session.exec(select(Credit)).all() == []

@@ -116,13 +116,13 @@ def test_a_stale_workers_persist_is_rejected_after_another_worker_took_over(
     env.set(offline_model_delay_seconds=0, lease_seconds=900)
     state, _ = env.run(SUMMARY, ["acme"], PERIOD)
     assert state.name == "Completed"
-    completed = env.ledger.require(run_id)
+    completed = env.ledger.get(run_id)
     stale.signal(signal.SIGCONT)
     code, report, err = stale.finish()
     assert code == 0, err
     assert report is not None and report["state"] == "LeaseLost"
     assert report["subjects"][0]["outcome"] == "lease-lost"
-    after = env.ledger.require(run_id)
+    after = env.ledger.get(run_id)
     assert (after.completed_attempt_id, after.output) == (completed.completed_attempt_id,
                                                           completed.output)
     assert outbox_recipients(env.ledger, run_id) == ACME
@@ -152,7 +152,7 @@ def test_a_subject_whose_lease_was_taken_while_it_waited_for_a_pool_slot_ends_wi
     assert {s["subject"]: s["outcome"] for s in report["subjects"]} == {
         first: "new", second: "lease-lost"}
     assert [e["subject"] for e in CallLog(env.calls).entries()] == [first]
-    assert env.ledger.require(waiting.run_id).owner == "other-worker"
+    assert env.ledger.get(waiting.run_id).owner == "other-worker"
     assert env.the_run(first, PERIOD).status == "completed"
 
 

@@ -25,12 +25,12 @@ def test_the_keeper_renews_every_held_claim_in_one_statement(ledger: Ledger) -> 
     """Three claims of one tick are renewed by one round that reads the database clock once:
     every new expiry is the same instant (separate statements would each read it anew)."""
     claims = [claimed(ledger, s, "tick-a", 60) for s in ("acme", "globex", "initech")]
-    before = {c.run_id: ledger.require(c.run_id).lease_expires_at for c in claims}
+    before = {c.run_id: ledger.get(c.run_id).lease_expires_at for c in claims}
     keeper = LeaseKeeper(ledger, 60)
     keeper.hold(claims)
     time.sleep(0.05)
     keeper.renew()
-    after = {c.run_id: ledger.require(c.run_id).lease_expires_at for c in claims}
+    after = {c.run_id: ledger.get(c.run_id).lease_expires_at for c in claims}
     assert len(set(after.values())) == 1
     assert all(after[run_id] > expiry for run_id, expiry in before.items())
     assert all(keeper.lost(c) is None for c in claims)
@@ -65,7 +65,7 @@ def test_a_completed_run_leaves_the_keeper_without_being_reported_lost(ledger: L
     done, working = (claimed(ledger, s, "tick-a", 60) for s in ("acme", "globex"))
     keeper = LeaseKeeper(ledger, 60)
     keeper.hold([done, working])
-    ledger.complete_run(done, {"text": "summary"}, [], None)
+    ledger.complete(done, {"text": "summary"}, [], None)
     keeper.release(done)
     keeper.renew()
     assert keeper.held() == [working]
@@ -85,4 +85,4 @@ def test_the_keeper_reports_a_lost_lease_once_the_fence_moved_and_stops_renewing
     reason = keeper.lost(stale)
     assert reason is not None and "no longer current" in reason
     assert keeper.held() == [kept] and keeper.lost(kept) is None
-    assert ledger.require(stale.run_id).owner == "tick-b"
+    assert ledger.get(stale.run_id).owner == "tick-b"

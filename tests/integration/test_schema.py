@@ -56,18 +56,16 @@ def test_the_database_itself_refuses_a_second_row_for_one_identity(ledger: Ledge
     id is refused by the database."""
     run = ledger.register(RunIdentity("digest", "team-a", datetime(2026, 11, 29, tzinfo=UTC), "v1"))
     copy = {**run.model_dump(), "run_id": "f" * 64}
-    with pytest.raises(sa.exc.IntegrityError):
-        ledger.database.write(lambda conn: conn.execute(sa.insert(runs_table).values(**copy)))
+    with pytest.raises(sa.exc.IntegrityError), ledger.engine.begin() as conn:
+        conn.execute(sa.insert(runs_table).values(**copy))
 
 
 def test_the_database_refuses_an_unknown_run_status(ledger: Ledger) -> None:
     """The CHECK constraint on status holds even for a raw update."""
     run = ledger.register(RunIdentity("digest", "team-a", datetime(2026, 11, 29, tzinfo=UTC), "v1"))
-    with pytest.raises(sa.exc.IntegrityError):
-        ledger.database.write(
-            lambda conn: conn.execute(sa.update(runs_table).values(status="finished"))
-        )
-    assert ledger.require(run.run_id).status == "pending"
+    with pytest.raises(sa.exc.IntegrityError), ledger.engine.begin() as conn:
+        conn.execute(sa.update(runs_table).values(status="finished"))
+    assert ledger.get(run.run_id).status == "pending"
 
 
 def test_no_runs_index_holds_a_column_that_transitions_change(ledger: Ledger) -> None:

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from flows.stack.local import prefect_database_for
 from store import InvalidInput
-from store.dialect import create_database_if_missing
+from store.database import create_database_if_missing
 
 pytestmark = pytest.mark.postgres
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from store import InvalidMessage, OutboxMessage
+from store import OutboxMessage
+from store.errors import InvalidMessage
 
 GOOD = {"recipient": "ana@example.com", "subject": "Weekly digest", "body": "Hello\n"}
 

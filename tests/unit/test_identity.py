@@ -7,14 +7,9 @@ from hashlib import sha256
 
 import pytest
 
-from store import (
-    InvalidIdentity,
-    InvalidInput,
-    RunIdentity,
-    message_key,
-    params_fingerprint,
-    run_key,
-)
+from store import InvalidInput, RunIdentity, params_fingerprint
+from store.errors import InvalidIdentity
+from store.identity import message_key, run_key
 
 START = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)
 

@@ -9,7 +9,8 @@ import pytest
 
 from flows.jobs import Candidate, Job, UnknownSubject
 from flows.jobs.errors import InvalidJob
-from store import InvalidPeriod, OutboxMessage, Period
+from store import OutboxMessage, Period
+from store.errors import InvalidPeriod
 
 
 def _collect(subject: str, period: Period) -> dict[str, Any]:

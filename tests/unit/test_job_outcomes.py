@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from prefect.states import Completed
 from prefect.utilities.collections import visit_collection
-from sqlalchemy.exc import OperationalError
 
 from flows.jobs import TransientError, ValidationFailed, is_transient
 from flows.model import ModelRejected, ModelUnavailable
 from flows.outcomes import SubjectOutcome, TickReport
 from flows.pipeline import Persisted
 from store import InvalidInput, LedgerBusy, Period, Run
+from store.errors import LedgerError, LedgerUnavailable
 
 PERIOD = Period(datetime(2026, 1, 5, tzinfo=UTC), datetime(2026, 1, 6, tzinfo=UTC), "UTC")
 
@@ -94,7 +93,7 @@ def test_prefect_finds_nothing_to_walk_in_what_the_stages_and_the_flow_return(va
 
 @pytest.mark.parametrize("error", [
     TransientError("x"), ModelUnavailable("x"), TimeoutError(), ConnectionResetError(),
-    LedgerBusy(), OperationalError("SELECT 1", {}, ConnectionError("server closed")),
+    LedgerBusy(), LedgerUnavailable("the ledger database dropped the connection"),
 ])
 def test_timeouts_rate_limits_and_lost_connections_are_transient(error: BaseException) -> None:
     """These are retried with backoff."""
@@ -103,7 +102,7 @@ def test_timeouts_rate_limits_and_lost_connections_are_transient(error: BaseExce
 
 @pytest.mark.parametrize("error", [
     ValidationFailed("x"), ModelRejected("x"), InvalidInput("x"), KeyError("x"),
-    OperationalError("SELECT 1", {}, sqlite3.OperationalError("no such table: runs")),
+    LedgerError("the ledger schema is missing or out of date (no such table: runs)"),
 ])
 def test_invalid_input_rejections_and_bugs_are_permanent(error: BaseException) -> None:
     """Retrying cannot fix these: the Run fails until an operator requeues it."""

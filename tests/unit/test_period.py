@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from store import InvalidPeriod, Period
+from store import Period
+from store.errors import InvalidPeriod
 
 BERLIN = "Europe/Berlin"
 NEW_YORK = "America/New_York"

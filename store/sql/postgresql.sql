@@ -1,0 +1,236 @@
+-- The SQL runledger's ledger sends to postgresql, statement by statement.
+-- Written by `python -m store.sql --write`; a test fails when it is stale.
+
+-- name: read_clock
+-- The database clock, which every lease and due time is judged by.
+SELECT statement_timestamp() AS now;
+
+-- name: claim_messages
+-- Lease the due messages, skipping rows another dispatcher has locked (PostgreSQL: due and taken
+-- in one statement); each claim bumps the fence and counts the attempt.
+-- parameters: status_1, channel, channel, limit, status, attempts_1, fence_1, owner, lease
+WITH due AS 
+(SELECT outbox.message_id AS message_id, outbox.status AS status 
+FROM outbox 
+WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_attempt_at <= statement_timestamp() AND (outbox.status != %s::VARCHAR OR outbox.lease_expires_at <= statement_timestamp()) AND (CAST(%s::VARCHAR AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(%s::VARCHAR AS VARCHAR(32))) ORDER BY outbox.next_attempt_at, outbox.message_id 
+ LIMIT %s::INTEGER FOR UPDATE SKIP LOCKED)
+ UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts + %s::INTEGER), fence=(outbox.fence + %s::INTEGER), lease_owner=%s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), claimed_at=statement_timestamp(), updated_at=statement_timestamp() FROM due WHERE outbox.message_id = due.message_id RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, due.status AS previous_status;
+
+-- name: record_delivery_outcome
+-- sending -> retry, uncertain or dead, with the error and when it is due again (database clock, or
+-- never); only the current delivery-lease holder can (PostgreSQL: with its delivery attempt row in
+-- the same statement).
+-- parameters: outcome, delay, delay, last_error, message_id, fence, owner, status_1, message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id
+WITH updated AS 
+(UPDATE outbox SET status=%s::VARCHAR, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=CASE WHEN (CAST(%s AS FLOAT) IS NULL) THEN NULL ELSE (statement_timestamp() + make_interval(secs => %s)) END, last_error=%s::VARCHAR, updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND outbox.fence = %s::INTEGER AND outbox.lease_owner = %s::VARCHAR AND outbox.status = %s::VARCHAR RETURNING outbox.message_id), 
+recorded AS 
+(INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id, finished_at) SELECT %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::TIMESTAMP WITH TIME ZONE AS anon_4, %s::VARCHAR AS anon_5, %s::INTEGER AS anon_6, %s::VARCHAR AS anon_7, %s::VARCHAR AS anon_8, statement_timestamp() AS db_now_1 
+WHERE EXISTS (SELECT updated.message_id 
+FROM updated))
+ SELECT updated.message_id 
+FROM updated;
+
+-- name: mark_sent
+-- sending -> sent for the given messages, each only by its current delivery-lease holder
+-- (PostgreSQL: with their delivery attempt rows in the same statement).
+-- parameters: sent, param_2, status_1, param_3, param_1
+WITH given AS 
+(SELECT given.message_id AS message_id, given.fence AS fence, given.owner AS owner, given.reply_code AS reply_code, given.reply_text AS reply_text, given.provider_message_id AS provider_message_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64), fence INTEGER, owner VARCHAR(300), reply_code INTEGER, reply_text TEXT, provider_message_id VARCHAR(300))), 
+updated AS 
+(UPDATE outbox SET status=%s::VARCHAR, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=NULL, last_error=NULL, provider_message_id=given.provider_message_id, updated_at=statement_timestamp(), sent_at=statement_timestamp() FROM given WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || %s::VARCHAR) = %s::VARCHAR AND outbox.message_id = ANY (array((SELECT given.message_id 
+FROM given))) RETURNING outbox.message_id, outbox.attempts, outbox.claimed_at, given.owner, given.reply_code, given.reply_text, given.provider_message_id), 
+recorded AS 
+(INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id, finished_at) SELECT updated.message_id AS message_id, updated.attempts AS attempts, updated.owner AS owner, updated.claimed_at AS claimed_at, %s::VARCHAR AS anon_1, updated.reply_code AS reply_code, updated.reply_text AS reply_text, updated.provider_message_id AS provider_message_id, statement_timestamp() AS db_now_1 
+FROM updated)
+ SELECT updated.message_id 
+FROM updated;
+
+-- name: release_message
+-- A claimed message never handed to a transport returns to the status it was claimed from, due
+-- now, and its try is not counted; only its lease holder can.
+-- parameters: status, attempts_1, message_id, fence, owner, status_1
+UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts - %s::INTEGER), lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=statement_timestamp(), updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND outbox.fence = %s::INTEGER AND outbox.lease_owner = %s::VARCHAR AND outbox.status = %s::VARCHAR;
+
+-- name: requeue_message
+-- Operator action: a retry, uncertain or dead message is due now, with the same key; no other
+-- status can be requeued.
+-- parameters: status, message_id, status_1, status_2, status_3
+UPDATE outbox SET status=%s::VARCHAR, next_attempt_at=statement_timestamp(), updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR) RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at;
+
+-- name: get_message
+-- An outbox message by id.
+-- parameters: message_id
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+FROM outbox 
+WHERE outbox.message_id = %s::VARCHAR;
+
+-- name: list_messages
+-- Outbox messages, oldest first, optionally of one status and one Run.
+-- parameters: status, status, run_id, run_id, limit
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+FROM outbox 
+WHERE (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR outbox.status = CAST(%s::VARCHAR AS VARCHAR(16))) AND (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id 
+ LIMIT %s::INTEGER;
+
+-- name: list_delivery_attempts
+-- A message's delivery attempts in order.
+-- parameters: message_id
+SELECT delivery_attempts.id, delivery_attempts.message_id, delivery_attempts.attempt, delivery_attempts.owner, delivery_attempts.started_at, delivery_attempts.finished_at, delivery_attempts.outcome, delivery_attempts.reply_code, delivery_attempts.reply_text, delivery_attempts.provider_message_id 
+FROM delivery_attempts 
+WHERE delivery_attempts.message_id = %s::VARCHAR ORDER BY delivery_attempts.attempt;
+
+-- name: count_messages
+-- Outbox messages per status.
+SELECT outbox.status, count(*) AS messages 
+FROM outbox GROUP BY outbox.status;
+
+-- name: get_run
+-- A Run by id.
+-- parameters: run_id
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+FROM runs 
+WHERE runs.run_id = %s::VARCHAR;
+
+-- name: register_run
+-- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
+-- are compared by the caller).
+-- parameters: run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (%s::VARCHAR, %s::VARCHAR, %s::VARCHAR, %s::TIMESTAMP WITH TIME ZONE, %s::VARCHAR, %s::VARCHAR, %s::JSONB, %s::VARCHAR, %s::INTEGER, %s::INTEGER, statement_timestamp(), statement_timestamp()) ON CONFLICT DO NOTHING RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at;
+
+-- name: claim_run
+-- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
+-- the fence, count the attempt (PostgreSQL: and end the previous holder's Attempt and open this
+-- one's in the same statement).
+-- parameters: param_2, fence_1, owner, lease, attempts_1, run_id, status_1, status_2, owner, param_1, attempt_id, owner
+WITH taken AS 
+(UPDATE runs SET status=%s::VARCHAR, fence=(runs.fence + %s::INTEGER), owner=%s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), attempts=(runs.attempts + %s::INTEGER), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = %s::VARCHAR) RETURNING runs.run_id, runs.fence, runs.lease_expires_at), 
+closed AS 
+(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
+opened AS 
+(INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT %s::VARCHAR AS anon_1, taken.run_id AS run_id, %s::VARCHAR AS anon_2, taken.fence AS fence, statement_timestamp() AS db_now_1 
+FROM taken)
+ SELECT taken.run_id, taken.fence, taken.lease_expires_at 
+FROM taken;
+
+-- name: enter_run
+-- Register and claim one Run, given as one JSON object, in one upsert: a new Run is inserted
+-- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
+-- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
+-- parameters: param_2, param_3, owner, param_4, lease, runs, param_5, fence_1, attempts_1, status_1, status_2, param_1, runs
+WITH taken AS 
+(INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::INTEGER AS anon_4, (statement_timestamp() + make_interval(secs => %s)) AS db_now_1, statement_timestamp() AS db_now_2, statement_timestamp() AS db_now__1 
+FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
+FROM jsonb_to_record(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given 
+WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at), 
+closed AS 
+(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
+opened AS 
+(INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT given.attempt_id AS attempt_id, taken.run_id AS run_id, taken.owner AS owner, taken.fence AS fence, statement_timestamp() AS db_now_3 
+FROM taken JOIN (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
+FROM jsonb_to_record(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given ON taken.run_id = given.run_id)
+ SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.created_at, taken.updated_at, taken.completed_at 
+FROM taken;
+
+-- name: enter_runs
+-- Register and claim a tick's Runs, given as one JSON array, in one upsert: a new Run is inserted
+-- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
+-- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
+-- parameters: param_2, param_3, owner, param_4, lease, runs, param_5, fence_1, attempts_1, status_1, status_2, param_1, runs
+WITH taken AS 
+(INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::INTEGER AS anon_4, (statement_timestamp() + make_interval(secs => %s)) AS db_now_1, statement_timestamp() AS db_now_2, statement_timestamp() AS db_now__1 
+FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given 
+WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at), 
+closed AS 
+(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
+opened AS 
+(INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT given.attempt_id AS attempt_id, taken.run_id AS run_id, taken.owner AS owner, taken.fence AS fence, statement_timestamp() AS db_now_3 
+FROM taken JOIN (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given ON taken.run_id = given.run_id)
+ SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.created_at, taken.updated_at, taken.completed_at 
+FROM taken;
+
+-- name: renew_leases
+-- Extend the lease of every given Run still held under its fence and owner, from the database
+-- clock; a Run whose fence moved on is left out.
+-- parameters: lease, claims, status_1
+UPDATE runs SET lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), updated_at=statement_timestamp() WHERE (runs.run_id, runs.fence, runs.owner) IN (SELECT given.run_id, given.fence, given.owner 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), fence INTEGER, owner VARCHAR(300))) AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.lease_expires_at;
+
+-- name: renew_lease
+-- Extend the lease from the database clock; only the current fence holder can.
+-- parameters: lease, run_id, fence, owner, status_1
+UPDATE runs SET lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.lease_expires_at;
+
+-- name: save_input
+-- Store the raw input once (the first writer's value stays) and return the stored one; only the
+-- current fence holder can.
+-- parameters: raw_input, run_id, fence, owner, status_1
+UPDATE runs SET raw_input=coalesce(runs.raw_input, %s::JSONB), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.raw_input;
+
+-- name: complete_run
+-- Accept the output and clear the lease; only the current fence holder can (PostgreSQL: with the
+-- outbox rows and the Attempt's end in the same statement, written only if the Run was accepted).
+-- parameters: param_1, output, attempt_id, run_id, fence, owner, status_1, outcome, error, attempt_id, param_2, param_3, param_4, messages
+WITH accepted AS 
+(UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, output=%s::JSONB, error=NULL, completed_attempt_id=%s::VARCHAR, updated_at=statement_timestamp(), completed_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at), 
+finished AS 
+(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR WHERE attempts.attempt_id = %s::VARCHAR AND (EXISTS (SELECT accepted.run_id 
+FROM accepted))), 
+queued AS 
+(INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, next_attempt_at, created_at, updated_at) SELECT given.message_id AS message_id, given.run_id AS run_id, given.channel AS channel, given.recipient AS recipient, given.subject AS subject, given.body AS body, given.headers AS headers, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::INTEGER AS anon_3, statement_timestamp() AS db_now_1, statement_timestamp() AS db_now__1, statement_timestamp() AS db_now__2 
+FROM (SELECT given.message_id AS message_id, given.run_id AS run_id, given.channel AS channel, given.recipient AS recipient, given.subject AS subject, given.body AS body, given.headers AS headers 
+FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64), run_id VARCHAR(64), channel VARCHAR(32), recipient VARCHAR(320), subject TEXT, body TEXT, headers JSONB)) AS given 
+WHERE EXISTS (SELECT accepted.run_id 
+FROM accepted) ON CONFLICT DO NOTHING)
+ SELECT accepted.run_id, accepted.job, accepted.subject, accepted.period_start, accepted.version, accepted.params_fingerprint, accepted.params, accepted.status, accepted.fence, accepted.owner, accepted.lease_expires_at, accepted.attempts, accepted.raw_input, accepted.output, accepted.error, accepted.completed_attempt_id, accepted.created_at, accepted.updated_at, accepted.completed_at 
+FROM accepted;
+
+-- name: finish_attempt
+-- End the Attempt with its outcome (completed, released, failed) and error.
+-- parameters: outcome, error, attempt_id
+UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR WHERE attempts.attempt_id = %s::VARCHAR;
+
+-- name: release_or_fail_run
+-- Record the error and clear the lease, the Run going back to pending (retryable) or to failed;
+-- only the current fence holder can.
+-- parameters: status, error, run_id, fence, owner, status_1
+UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, error=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at;
+
+-- name: requeue_run
+-- Operator action: a failed Run goes back to pending; no other status can.
+-- parameters: status, run_id, status_1
+UPDATE runs SET status=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at;
+
+-- name: get_runs
+-- Many Runs by id.
+-- parameters: ids
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+FROM runs 
+WHERE runs.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64)));
+
+-- name: get_finished_runs
+-- What a rerun needs of the completed and failed Runs among the given ids: not their raw inputs,
+-- which can be large.
+-- parameters: ids, status_1, status_2
+SELECT runs.run_id, runs.status, runs.params_fingerprint, runs.attempts, runs.output, runs.error 
+FROM runs 
+WHERE runs.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR);
+
+-- name: list_runs
+-- The latest Runs, newest period first, optionally of one job and one status.
+-- parameters: job, job, status, status, limit
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+FROM runs 
+WHERE (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR runs.status = CAST(%s::VARCHAR AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject 
+ LIMIT %s::INTEGER;
+
+-- name: list_attempts
+-- A Run's Attempts in claim (fence) order.
+-- parameters: run_id
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error 
+FROM attempts 
+WHERE attempts.run_id = %s::VARCHAR ORDER BY attempts.fence;

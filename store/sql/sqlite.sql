@@ -1,0 +1,224 @@
+-- The SQL runledger's ledger sends to sqlite, statement by statement.
+-- Written by `python -m store.sql --write`; a test fails when it is stale.
+
+-- name: begin_write
+-- A SQLite write transaction takes the write lock up front, so that it waits its turn instead of
+-- failing half-way with 'database is locked'.
+BEGIN IMMEDIATE;
+
+-- name: read_clock
+-- The database clock, which every lease and due time is judged by.
+SELECT (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS now;
+
+-- name: due_messages
+-- The due messages (or ones whose delivery lease expired) in claim order, optionally of one
+-- channel.
+-- parameters: status_1, channel, channel, limit, param_1
+SELECT outbox.message_id, outbox.status 
+FROM outbox 
+WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_attempt_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AND (outbox.status != ? OR outbox.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (CAST(? AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(? AS VARCHAR(32))) ORDER BY outbox.next_attempt_at, outbox.message_id
+ LIMIT ? OFFSET ?;
+
+-- name: claim_messages
+-- Lease the due messages, skipping rows another dispatcher has locked (PostgreSQL: due and taken
+-- in one statement); each claim bumps the fence and counts the attempt.
+-- parameters: status, attempts_1, fence_1, owner, lease, json_extract_1, due
+UPDATE outbox SET status=?, attempts=(outbox.attempts + ?), fence=(outbox.fence + ?), lease_owner=?, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), claimed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id IN (SELECT json_extract(anon_1.value, ?) AS message_id 
+FROM json_each(?) AS anon_1) RETURNING message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
+
+-- name: record_delivery_outcome
+-- sending -> retry, uncertain or dead, with the error and when it is due again (database clock, or
+-- never); only the current delivery-lease holder can (PostgreSQL: with its delivery attempt row in
+-- the same statement).
+-- parameters: outcome, delay, delay, last_error, message_id, fence, owner, status_1
+UPDATE outbox SET status=?, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=CASE WHEN (CAST(? AS FLOAT) IS NULL) THEN NULL ELSE (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') END, last_error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND outbox.fence = ? AND outbox.lease_owner = ? AND outbox.status = ? RETURNING message_id;
+
+-- name: record_delivery_attempt
+-- One delivery attempt row per try, unique per (message, attempt).
+-- parameters: message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id
+INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, finished_at, outcome, reply_code, reply_text, provider_message_id) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), ?, ?, ?, ?);
+
+-- name: record_sent_attempts
+-- The delivery attempt rows of the given messages still held under their fence and owner, before
+-- they are marked sent.
+-- parameters: param_1, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, sent, status_1, param_2
+INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id, finished_at) SELECT outbox.message_id, outbox.attempts, given.owner, outbox.claimed_at, ? AS anon_1, given.reply_code, given.reply_text, given.provider_message_id, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1 
+FROM outbox, (SELECT json_extract(anon_2.value, ?) AS message_id, json_extract(anon_2.value, ?) AS fence, json_extract(anon_2.value, ?) AS owner, json_extract(anon_2.value, ?) AS reply_code, json_extract(anon_2.value, ?) AS reply_text, json_extract(anon_2.value, ?) AS provider_message_id 
+FROM json_each(?) AS anon_2) AS given 
+WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || ?) = ?;
+
+-- name: mark_sent
+-- sending -> sent for the given messages, each only by its current delivery-lease holder
+-- (PostgreSQL: with their delivery attempt rows in the same statement).
+-- parameters: status, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, sent, status_1, param_1
+UPDATE outbox SET status=?, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=NULL, last_error=NULL, provider_message_id=given.provider_message_id, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), sent_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') FROM (SELECT json_extract(anon_1.value, ?) AS message_id, json_extract(anon_1.value, ?) AS fence, json_extract(anon_1.value, ?) AS owner, json_extract(anon_1.value, ?) AS reply_code, json_extract(anon_1.value, ?) AS reply_text, json_extract(anon_1.value, ?) AS provider_message_id 
+FROM json_each(?) AS anon_1) AS given WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || ?) = ? RETURNING message_id;
+
+-- name: release_message
+-- A claimed message never handed to a transport returns to the status it was claimed from, due
+-- now, and its try is not counted; only its lease holder can.
+-- parameters: status, attempts_1, message_id, fence, owner, status_1
+UPDATE outbox SET status=?, attempts=(outbox.attempts - ?), lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND outbox.fence = ? AND outbox.lease_owner = ? AND outbox.status = ?;
+
+-- name: requeue_message
+-- Operator action: a retry, uncertain or dead message is due now, with the same key; no other
+-- status can be requeued.
+-- parameters: status, message_id, status_1, status_2, status_3
+UPDATE outbox SET status=?, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ?) RETURNING message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
+
+-- name: get_message
+-- An outbox message by id.
+-- parameters: message_id
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+FROM outbox 
+WHERE outbox.message_id = ?;
+
+-- name: list_messages
+-- Outbox messages, oldest first, optionally of one status and one Run.
+-- parameters: status, status, run_id, run_id, limit, param_1
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+FROM outbox 
+WHERE (CAST(? AS VARCHAR(16)) IS NULL OR outbox.status = CAST(? AS VARCHAR(16))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id
+ LIMIT ? OFFSET ?;
+
+-- name: list_delivery_attempts
+-- A message's delivery attempts in order.
+-- parameters: message_id
+SELECT delivery_attempts.id, delivery_attempts.message_id, delivery_attempts.attempt, delivery_attempts.owner, delivery_attempts.started_at, delivery_attempts.finished_at, delivery_attempts.outcome, delivery_attempts.reply_code, delivery_attempts.reply_text, delivery_attempts.provider_message_id 
+FROM delivery_attempts 
+WHERE delivery_attempts.message_id = ? ORDER BY delivery_attempts.attempt;
+
+-- name: count_messages
+-- Outbox messages per status.
+SELECT outbox.status, count(*) AS messages 
+FROM outbox GROUP BY outbox.status;
+
+-- name: get_run
+-- A Run by id.
+-- parameters: run_id
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+FROM runs 
+WHERE runs.run_id = ?;
+
+-- name: register_run
+-- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
+-- are compared by the caller).
+-- parameters: run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+
+-- name: claim_run
+-- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
+-- the fence, count the attempt (PostgreSQL: and end the previous holder's Attempt and open this
+-- one's in the same statement).
+-- parameters: status, fence_1, owner, lease, attempts_1, run_id, status_1, status_2, owner
+UPDATE runs SET status=?, fence=(runs.fence + ?), owner=?, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), attempts=(runs.attempts + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = ?) RETURNING run_id, fence, lease_expires_at;
+
+-- name: close_attempts
+-- A new claim ends the previous holder's open Attempt: its lease expired or was taken over.
+-- parameters: outcome, run_id
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=? WHERE attempts.run_id = ? AND attempts.finished_at IS NULL;
+
+-- name: open_attempt
+-- One Attempt row per successful claim, unique per (run, fence).
+-- parameters: attempt_id, run_id, owner, fence
+INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'));
+
+-- name: enter_run
+-- Register and claim one Run, given as one JSON object, in one upsert: a new Run is inserted
+-- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
+-- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
+-- parameters: param_1, param_2, owner, param_3, lease, runs, json_extract_1, runs, json_extract_2, runs, json_extract_3, runs, json_extract_4, runs, json_extract_5, runs, json_extract_6, runs, json_extract_7, runs, json_extract_8, param_4, fence_1, attempts_1, status_1, status_2
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
+FROM (SELECT json_extract(?, ?) AS run_id, json_extract(?, ?) AS job, json_extract(?, ?) AS subject, json_extract(?, ?) AS period_start, json_extract(?, ?) AS version, json_extract(?, ?) AS params_fingerprint, json_extract(?, ?) AS params, json_extract(?, ?) AS attempt_id) AS given 
+WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+
+-- name: enter_runs
+-- Register and claim a tick's Runs, given as one JSON array, in one upsert: a new Run is inserted
+-- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
+-- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
+-- parameters: param_1, param_2, owner, param_3, lease, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, json_extract_7, json_extract_8, runs, param_4, fence_1, attempts_1, status_1, status_2
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
+FROM (SELECT json_extract(anon_5.value, ?) AS run_id, json_extract(anon_5.value, ?) AS job, json_extract(anon_5.value, ?) AS subject, json_extract(anon_5.value, ?) AS period_start, json_extract(anon_5.value, ?) AS version, json_extract(anon_5.value, ?) AS params_fingerprint, json_extract(anon_5.value, ?) AS params, json_extract(anon_5.value, ?) AS attempt_id 
+FROM json_each(?) AS anon_5) AS given 
+WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+
+-- name: renew_leases
+-- Extend the lease of every given Run still held under its fence and owner, from the database
+-- clock; a Run whose fence moved on is left out.
+-- parameters: lease, json_extract_1, json_extract_2, json_extract_3, claims, status_1
+UPDATE runs SET lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE (runs.run_id, runs.fence, runs.owner) IN (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS fence, json_extract(anon_1.value, ?) AS owner 
+FROM json_each(?) AS anon_1) AND runs.status = ? RETURNING run_id, lease_expires_at;
+
+-- name: renew_lease
+-- Extend the lease from the database clock; only the current fence holder can.
+-- parameters: lease, run_id, fence, owner, status_1
+UPDATE runs SET lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING lease_expires_at;
+
+-- name: save_input
+-- Store the raw input once (the first writer's value stays) and return the stored one; only the
+-- current fence holder can.
+-- parameters: raw_input, run_id, fence, owner, status_1
+UPDATE runs SET raw_input=coalesce(runs.raw_input, ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING raw_input;
+
+-- name: complete_run
+-- Accept the output and clear the lease; only the current fence holder can (PostgreSQL: with the
+-- outbox rows and the Attempt's end in the same statement, written only if the Run was accepted).
+-- parameters: status, output, attempt_id, run_id, fence, owner, status_1
+UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, output=?, error=NULL, completed_attempt_id=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), completed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+
+-- name: queue_messages
+-- The completed Run's outbox rows, one per (run, channel, recipient); a row already queued is left
+-- as it is.
+-- parameters: param_1, param_2, param_3, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, json_extract_7, messages
+INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, next_attempt_at, created_at, updated_at) SELECT given.message_id, given.run_id, given.channel, given.recipient, given.subject, given.body, given.headers, ? AS anon_1, ? AS anon_2, ? AS anon_3, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2 
+FROM (SELECT json_extract(anon_4.value, ?) AS message_id, json_extract(anon_4.value, ?) AS run_id, json_extract(anon_4.value, ?) AS channel, json_extract(anon_4.value, ?) AS recipient, json_extract(anon_4.value, ?) AS subject, json_extract(anon_4.value, ?) AS body, json_extract(anon_4.value, ?) AS headers 
+FROM json_each(?) AS anon_4) AS given 
+WHERE 1 = 1 ON CONFLICT DO NOTHING;
+
+-- name: finish_attempt
+-- End the Attempt with its outcome (completed, released, failed) and error.
+-- parameters: outcome, error, attempt_id
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=? WHERE attempts.attempt_id = ?;
+
+-- name: release_or_fail_run
+-- Record the error and clear the lease, the Run going back to pending (retryable) or to failed;
+-- only the current fence holder can.
+-- parameters: status, error, run_id, fence, owner, status_1
+UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+
+-- name: requeue_run
+-- Operator action: a failed Run goes back to pending; no other status can.
+-- parameters: status, run_id, status_1
+UPDATE runs SET status=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+
+-- name: get_runs
+-- Many Runs by id.
+-- parameters: json_extract_1, ids
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+FROM runs 
+WHERE runs.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1);
+
+-- name: get_finished_runs
+-- What a rerun needs of the completed and failed Runs among the given ids: not their raw inputs,
+-- which can be large.
+-- parameters: json_extract_1, ids, status_1, status_2
+SELECT runs.run_id, runs.status, runs.params_fingerprint, runs.attempts, runs.output, runs.error 
+FROM runs 
+WHERE runs.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) AND (runs.status = ? OR runs.status = ?);
+
+-- name: list_runs
+-- The latest Runs, newest period first, optionally of one job and one status.
+-- parameters: job, job, status, status, limit, param_1
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+FROM runs 
+WHERE (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (CAST(? AS VARCHAR(16)) IS NULL OR runs.status = CAST(? AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject
+ LIMIT ? OFFSET ?;
+
+-- name: list_attempts
+-- A Run's Attempts in claim (fence) order.
+-- parameters: run_id
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error 
+FROM attempts 
+WHERE attempts.run_id = ? ORDER BY attempts.fence;

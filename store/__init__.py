@@ -1,6 +1,7 @@
 """runledger's ledger: stable Run identity, fenced leases, atomic completion with an outbox."""
 
 from store.errors import (
+    AmbiguousId,
     DeliveryLeaseLost,
     InvalidIdentity,
     InvalidInput,
@@ -24,7 +25,7 @@ from store.period import Period
 from store.runs import Claim, Completion, FinishedRun, Registration
 
 __all__ = [
-    "Attempt", "Claim", "Completion", "DeliveryAttempt", "DeliveryLeaseLost", "FinishedRun",
+    "AmbiguousId", "Attempt", "Claim", "Completion", "DeliveryAttempt", "DeliveryLeaseLost", "FinishedRun",
     "InvalidIdentity", "InvalidInput", "InvalidMessage", "InvalidPeriod", "InvalidTransition",
     "LeaseLost", "Ledger", "LedgerBusy", "MessageClaim", "MessageNotFound", "OutboxMessage",
     "OutputTooLarge", "Period", "QueuedMessage", "Registration", "Reply", "Run", "RunConflict",

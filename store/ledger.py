@@ -15,7 +15,7 @@ from store import outbox as ob
 from store import runs as rn
 from store.dialect import Busy, Database, SQLiteSynchronous, T
 from store.dialect import db_now as db_clock
-from store.errors import InvalidInput, RunNotFound
+from store.errors import InvalidInput, MessageNotFound, RunNotFound
 from store.faults import fault_point
 from store.identity import RunIdentity
 from store.message import OutboxMessage
@@ -228,6 +228,11 @@ class Ledger:
             raise RunNotFound(f"no run with id {run_id!r}")
         return run
 
+    def resolve_run_id(self, prefix: str) -> str:
+        """The id of the one Run whose id starts with ``prefix`` (see ``runs.resolve_id``)."""
+        return self._read(lambda c: rn.resolve_id(c, rn.runs.c.run_id, prefix, "run",
+                                                  RunNotFound))
+
     def get_many(self, run_ids: Sequence[str]) -> dict[str, Run]:
         return self._read(lambda c: rn.get_runs(c, run_ids))
 
@@ -287,6 +292,11 @@ class Ledger:
 
     def message(self, message_id: str) -> QueuedMessage | None:
         return self._read(lambda c: ob.get_message(c, message_id))
+
+    def resolve_message_id(self, prefix: str) -> str:
+        """The id of the one outbox message whose id starts with ``prefix``."""
+        return self._read(lambda c: rn.resolve_id(c, ob.outbox.c.message_id, prefix,
+                                                  "outbox message", MessageNotFound))
 
     def messages(
         self, *, status: str | None = None, run_id: str | None = None, limit: int = 100

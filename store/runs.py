@@ -28,11 +28,13 @@ from store.dialect import (
     upsert,
 )
 from store.errors import (
+    AmbiguousId,
     InvalidInput,
     InvalidTransition,
     LeaseLost,
     OutputTooLarge,
     RunConflict,
+    RunledgerError,
     RunNotFound,
 )
 from store.identity import RunIdentity, canonical_json, message_key, params_fingerprint
@@ -401,6 +403,43 @@ def _require(conn: Connection, run_id: str) -> Run:
     if run is None:
         raise RunNotFound(f"no run with id {run_id!r}")
     return run
+
+
+ID_CHARS = 64  # a Run or message id: sha256 as lowercase hex
+MIN_ID_PREFIX = 4
+SHOWN_CANDIDATES = 5
+_HEX = frozenset("0123456789abcdef")
+
+
+def resolve_id(conn: Connection, column: sa.ColumnElement[Any], text: str, what: str,
+               missing: type[RunledgerError]) -> str:
+    """The one id in ``column`` starting with ``text`` (the id, or at least its first
+    MIN_ID_PREFIX hex characters, as git takes a commit's); ``missing`` when none does,
+    ``AmbiguousId`` naming the candidates when several do."""
+    prefix = text.strip().lower()
+    if not prefix or len(prefix) > ID_CHARS or not set(prefix) <= _HEX:
+        raise InvalidInput(f"{what} id {text!r} is not an id: give the id or its first "
+                           f"characters (0-9, a-f, at most {ID_CHARS})")
+    if len(prefix) < MIN_ID_PREFIX:
+        raise InvalidInput(f"{what} id {text!r} is too short: give at least {MIN_ID_PREFIX} of "
+                           "its characters")
+    # Every id has 64 hex characters, so those starting with the prefix are exactly the range
+    # from it padded with 0s to it padded with fs: the primary key's index serves that range
+    # under any collation, where LIKE 'abc%' needs the C collation on PostgreSQL.
+    low, high = prefix.ljust(ID_CHARS, "0"), prefix.ljust(ID_CHARS, "f")
+    rows = conn.execute(
+        sa.select(column, sa.func.count().over().label("matches"))
+        .where(column.between(low, high)).order_by(column).limit(SHOWN_CANDIDATES)
+    ).all()
+    if not rows:
+        which = "id" if len(prefix) == ID_CHARS else "an id starting"
+        raise missing(f"no {what} with {which} {prefix!r}")
+    if rows[0].matches > 1:
+        shown = ", ".join(row[0][: max(16, len(prefix) + 4)] for row in rows)
+        more = ", ..." if rows[0].matches > len(rows) else ""
+        raise AmbiguousId(f"{what} id {prefix!r} is ambiguous: {rows[0].matches} {what}s start "
+                          f"with it ({shown}{more}); give more of its characters")
+    return str(rows[0][0])
 
 
 def _rows_of(conn: Connection, columns: Sequence[Any], run_ids: Sequence[str],

@@ -17,26 +17,32 @@ from flows.cli.ledger_commands import fail, open_ledger, print_json
 if TYPE_CHECKING:
     from flows.outcomes import TickReport
 
-EPHEMERAL_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
-MIN_EPHEMERAL_TIMEOUT = 90
+# Prefect's temporary server (no PREFECT_API_URL): the settings runledger gives it unless the
+# user chose a value. On a busy machine it takes more than its default 20 s to start. Its
+# analytics would phone home from machines that may have no internet, and its telemetry
+# heartbeat competes for its SQLite database: "database is locked" tracebacks and "Failed to
+# send telemetry" ERROR lines on the terminal of a run that worked.
+EPHEMERAL_SERVER = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": 90,
+    "PREFECT_SERVER_ANALYTICS_ENABLED": False,
+}
 STYLES = {"new": "green", "duplicate": "cyan", "in-progress-elsewhere": "yellow",
           "lease-lost": "yellow", "stopped": "yellow", "failed": "bold red"}
 
 
-def _ephemeral_timeout() -> AbstractContextManager[Any]:
-    """Without PREFECT_API_URL Prefect starts a local server; on a busy machine that takes more
-    than its default 20 s, so allow 90 s unless the user chose a value. The environment covers
-    threads that start without Prefect's settings context; the context covers this one."""
-    if os.environ.get(EPHEMERAL_TIMEOUT):
+def _ephemeral_server() -> AbstractContextManager[Any]:
+    """Apply EPHEMERAL_SERVER where the user set nothing: in the environment, which covers the
+    server's process and threads that start without Prefect's settings context, and in the
+    settings context, which covers this thread."""
+    chosen = {name: value for name, value in EPHEMERAL_SERVER.items() if not os.environ.get(name)}
+    if not chosen:
         return nullcontext()
-    os.environ[EPHEMERAL_TIMEOUT] = str(MIN_EPHEMERAL_TIMEOUT)
-    from prefect.settings import (
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        temporary_settings,
-    )
+    for name, value in chosen.items():
+        os.environ[name] = str(value).lower()
+    import prefect.settings
 
-    return temporary_settings(updates={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS:
-                                       MIN_EPHEMERAL_TIMEOUT})
+    return prefect.settings.temporary_settings(
+        updates={getattr(prefect.settings, name): value for name, value in chosen.items()})
 
 
 @app.command("run")
@@ -59,7 +65,7 @@ def run(
         ledger.migrate()
     finally:
         ledger.close()
-    with _ephemeral_timeout():
+    with _ephemeral_server():
         from flows.pipeline import run_job
 
         state = asyncio.run(run_job(job=job, subjects=subject or None, period=period,

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from flows.cli.app import app
 from flows.cli.ledger_commands import fail, open_ledger, print_json
+from flows.cli.tables import FOLD, Col, print_table, short_id
 
 if TYPE_CHECKING:
     from flows.outcomes import TickReport
@@ -84,12 +85,12 @@ def run(
         raise typer.Exit(1)
 
 
+# The job and period are in the title; a narrow console loses the counts before anything else.
+TICK_COLUMNS = [Col("subject", fold=FOLD), Col("outcome"), Col("run id"), Col("attempts", drop=1),
+                Col("outbox rows", drop=2), Col("error", fold=FOLD, optional=True)]
+
+
 def _print(report: TickReport) -> None:
-    console = Console()
-    table = Table("subject", "outcome", "run id", "attempts", "outbox rows", "error",
-                  title=report.summary())
-    for s in report.subjects:
-        style = STYLES[s.outcome]
-        table.add_row(s.subject, f"[{style}]{s.outcome}[/]", s.run_id[:12], str(s.attempts),
-                      str(s.outbox_rows), s.error or "")
-    console.print(table)
+    print_table(Console(), TICK_COLUMNS, [
+        [s.subject, Text(s.outcome, style=STYLES[s.outcome]), short_id(s.run_id), str(s.attempts),
+         str(s.outbox_rows), s.error or ""] for s in report.subjects], title=report.summary())

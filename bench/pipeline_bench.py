@@ -60,6 +60,9 @@ def _prefect_environment() -> None:
     # Prefect reads its settings when first imported: set them before any import of it.
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="runledger-bench-prefect-"))
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    # The temporary server's telemetry would phone home and take turns at its SQLite database
+    # with the task runs being measured.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 

@@ -5,6 +5,7 @@ modules behind them are private (an import-linter contract in ``make lint`` keep
 
 from store.database import create_database_if_missing
 from store.errors import (
+    AmbiguousId,
     DeliveryLeaseLost,
     InvalidInput,
     InvalidTransition,
@@ -26,7 +27,7 @@ from store.runs import Claim, Completion, FinishedRun, Registration
 from store.settings import LedgerSettings
 
 __all__ = [
-    "MESSAGE_STATUSES", "RUN_STATUSES", "Claim", "Completion", "DeliveryLeaseLost",
+    "MESSAGE_STATUSES", "RUN_STATUSES", "AmbiguousId", "Claim", "Completion", "DeliveryLeaseLost",
     "FinishedRun", "InvalidInput", "InvalidTransition", "LeaseLost", "Ledger", "LedgerBusy",
     "LedgerSettings", "MessageClaim", "MessageNotFound", "OutboxMessage", "Period",
     "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity",

@@ -46,6 +46,10 @@ class MessageNotFound(RunledgerError, LookupError):
     """No outbox message has that id."""
 
 
+class AmbiguousId(InvalidInput, LookupError):
+    """The id prefix matches more than one row; give more of its characters."""
+
+
 class LeaseLost(RunledgerError):
     """The lease moved to another owner (the fence changed); this write changed nothing."""
 

@@ -11,6 +11,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy.engine import Engine
 
+from store import ids
 from store import outbox as ob
 from store import runs as rn
 from store.database import Busy, Database, SQLiteSynchronous
@@ -190,6 +191,10 @@ class Ledger:
         """The Run with this id; ``RunNotFound`` if there is none."""
         return self._read(rn.require_run, run_id)
 
+    def resolve_run_id(self, prefix: str) -> str:
+        """The id of the one Run whose id starts with ``prefix`` (see ``ids.resolve_run_id``)."""
+        return self._read(ids.resolve_run_id, prefix)
+
     def get_many(self, run_ids: Sequence[str]) -> dict[str, Run]:
         """The Runs among ``run_ids`` that exist, by id."""
         return self._read(rn.get_runs, run_ids)
@@ -249,6 +254,10 @@ class Ledger:
     def message(self, message_id: str) -> QueuedMessage | None:
         """The outbox message with this id, if any."""
         return self._read(ob.get_message, message_id)
+
+    def resolve_message_id(self, prefix: str) -> str:
+        """The id of the one outbox message whose id starts with ``prefix``."""
+        return self._read(ids.resolve_message_id, prefix)
 
     def messages(
         self, *, status: str | None = None, run_id: str | None = None, limit: int = 100

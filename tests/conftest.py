@@ -21,10 +21,12 @@ import sqlalchemy as sa
 from store import Ledger
 
 # Prefect reads its settings when first imported: give the whole session a throwaway home
-# (never the developer's ~/.prefect) and a start-up timeout that a busy machine can meet.
+# (never the developer's ~/.prefect), servers that do not phone home, and a start-up timeout
+# that a busy machine can meet.
 PREFECT_HOME = tempfile.mkdtemp(prefix="runledger-prefect-home-")
 atexit.register(shutil.rmtree, PREFECT_HOME, True)
 os.environ["PREFECT_HOME"] = PREFECT_HOME
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 
 ADMIN_URL = os.environ.get(

@@ -61,10 +61,13 @@ def deliver(
 
 
 @outbox_app.command("requeue")
-def outbox_requeue(message_id: str = typer.Argument(..., help="The outbox message id (its key).")) -> None:
+def outbox_requeue(message_id: str = typer.Argument(
+        ..., help="The outbox message id (its key), or a unique prefix of it (4+ characters).")
+) -> None:
     """Make a retry, uncertain or dead message due now; it is resent with the same key."""
     ledger = open_ledger()
     try:
+        message_id = ledger.resolve_message_id(message_id)
         before = ledger.message(message_id)
         message = ledger.requeue_message(message_id)
     except RunledgerError as exc:
@@ -80,14 +83,18 @@ def outbox_requeue(message_id: str = typer.Argument(..., help="The outbox messag
 
 @outbox_app.command("show")
 def outbox_show(
-    message_id: str = typer.Argument(..., help="The outbox message id (its key)."),
+    message_id: str = typer.Argument(
+        ..., help="The outbox message id (its key), or a unique prefix of it (4+ characters)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show one outbox message and every delivery attempt."""
     ledger = open_ledger()
     try:
+        message_id = ledger.resolve_message_id(message_id)
         message = ledger.message(message_id)
         attempts = ledger.delivery_attempts(message_id)
+    except RunledgerError as exc:
+        raise fail(exc) from exc
     finally:
         ledger.close()
     if message is None:

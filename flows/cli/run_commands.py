@@ -9,34 +9,41 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from flows.cli.app import app
 from flows.cli.ledger_commands import fail, open_ledger, print_json
+from flows.cli.tables import FOLD, Col, print_table, short_id
 
 if TYPE_CHECKING:
     from flows.outcomes import TickReport
 
-EPHEMERAL_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
-MIN_EPHEMERAL_TIMEOUT = 90
+# Prefect's temporary server (no PREFECT_API_URL): the settings runledger gives it unless the
+# user chose a value. On a busy machine it takes more than its default 20 s to start. Its
+# analytics would phone home from machines that may have no internet, and its telemetry
+# heartbeat competes for its SQLite database: "database is locked" tracebacks and "Failed to
+# send telemetry" ERROR lines on the terminal of a run that worked.
+EPHEMERAL_SERVER = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": 90,
+    "PREFECT_SERVER_ANALYTICS_ENABLED": False,
+}
 STYLES = {"new": "green", "duplicate": "cyan", "in-progress-elsewhere": "yellow",
           "lease-lost": "yellow", "stopped": "yellow", "failed": "bold red"}
 
 
-def _ephemeral_timeout() -> AbstractContextManager[Any]:
-    """Without PREFECT_API_URL Prefect starts a local server; on a busy machine that takes more
-    than its default 20 s, so allow 90 s unless the user chose a value. The environment covers
-    threads that start without Prefect's settings context; the context covers this one."""
-    if os.environ.get(EPHEMERAL_TIMEOUT):
+def _ephemeral_server() -> AbstractContextManager[Any]:
+    """Apply EPHEMERAL_SERVER where the user set nothing: in the environment, which covers the
+    server's process and threads that start without Prefect's settings context, and in the
+    settings context, which covers this thread."""
+    chosen = {name: value for name, value in EPHEMERAL_SERVER.items() if not os.environ.get(name)}
+    if not chosen:
         return nullcontext()
-    os.environ[EPHEMERAL_TIMEOUT] = str(MIN_EPHEMERAL_TIMEOUT)
-    from prefect.settings import (
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        temporary_settings,
-    )
+    for name, value in chosen.items():
+        os.environ[name] = str(value).lower()
+    import prefect.settings
 
-    return temporary_settings(updates={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS:
-                                       MIN_EPHEMERAL_TIMEOUT})
+    return prefect.settings.temporary_settings(
+        updates={getattr(prefect.settings, name): value for name, value in chosen.items()})
 
 
 @app.command("run")
@@ -59,7 +66,7 @@ def run(
         ledger.migrate()
     finally:
         ledger.close()
-    with _ephemeral_timeout():
+    with _ephemeral_server():
         from flows.pipeline import run_job
 
         state = asyncio.run(run_job(job=job, subjects=subject or None, period=period,
@@ -78,12 +85,12 @@ def run(
         raise typer.Exit(1)
 
 
+# The job and period are in the title; a narrow console loses the counts before anything else.
+TICK_COLUMNS = [Col("subject", fold=FOLD), Col("outcome"), Col("run id"), Col("attempts", drop=1),
+                Col("outbox rows", drop=2), Col("error", fold=FOLD, optional=True)]
+
+
 def _print(report: TickReport) -> None:
-    console = Console()
-    table = Table("subject", "outcome", "run id", "attempts", "outbox rows", "error",
-                  title=report.summary())
-    for s in report.subjects:
-        style = STYLES[s.outcome]
-        table.add_row(s.subject, f"[{style}]{s.outcome}[/]", s.run_id[:12], str(s.attempts),
-                      str(s.outbox_rows), s.error or "")
-    console.print(table)
+    print_table(Console(), TICK_COLUMNS, [
+        [s.subject, Text(s.outcome, style=STYLES[s.outcome]), short_id(s.run_id), str(s.attempts),
+         str(s.outbox_rows), s.error or ""] for s in report.subjects], title=report.summary())

@@ -3,7 +3,7 @@ receiver did with it. Configuration problems are raised as ``MailConfigurationEr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
@@ -26,7 +26,7 @@ class SendOutcome:
     ``unreachable`` says the transport could not reach the receiver at all (end the pass)."""
 
     kind: OutcomeKind
-    reply: Reply = Reply()  # frozen: one shared empty reply is safe
+    reply: Reply = field(default_factory=Reply)
     error: str | None = None
     retry_after: float | None = None
     unreachable: bool = False

@@ -5,6 +5,22 @@
 -- The database clock, which every lease and due time is judged by.
 SELECT statement_timestamp() AS now;
 
+-- name: find_run_ids
+-- The first Run ids in the range a prefix spans, and how many there are.
+-- parameters: low, high, param_1
+SELECT runs.run_id AS id, count(*) OVER () AS matches 
+FROM runs 
+WHERE runs.run_id BETWEEN %s::VARCHAR AND %s::VARCHAR ORDER BY runs.run_id 
+ LIMIT %s::INTEGER;
+
+-- name: find_message_ids
+-- The first outbox message ids in the range a prefix spans, and how many there are.
+-- parameters: low, high, param_1
+SELECT outbox.message_id AS id, count(*) OVER () AS matches 
+FROM outbox 
+WHERE outbox.message_id BETWEEN %s::VARCHAR AND %s::VARCHAR ORDER BY outbox.message_id 
+ LIMIT %s::INTEGER;
+
 -- name: claim_messages
 -- Lease the due messages, skipping rows another dispatcher has locked (PostgreSQL: due and taken
 -- in one statement); each claim bumps the fence and counts the attempt.

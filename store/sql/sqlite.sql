@@ -10,6 +10,22 @@ BEGIN IMMEDIATE;
 -- The database clock, which every lease and due time is judged by.
 SELECT (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS now;
 
+-- name: find_run_ids
+-- The first Run ids in the range a prefix spans, and how many there are.
+-- parameters: low, high, param_1, param_2
+SELECT runs.run_id AS id, count(*) OVER () AS matches 
+FROM runs 
+WHERE runs.run_id BETWEEN ? AND ? ORDER BY runs.run_id
+ LIMIT ? OFFSET ?;
+
+-- name: find_message_ids
+-- The first outbox message ids in the range a prefix spans, and how many there are.
+-- parameters: low, high, param_1, param_2
+SELECT outbox.message_id AS id, count(*) OVER () AS matches 
+FROM outbox 
+WHERE outbox.message_id BETWEEN ? AND ? ORDER BY outbox.message_id
+ LIMIT ? OFFSET ?;
+
 -- name: due_messages
 -- The due messages (or ones whose delivery lease expired) in claim order, optionally of one
 -- channel.

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli.app import app
-from store import Ledger, OutboxMessage, RunIdentity
+from flows.cli import app
+from flows.jobs import get_job
+from store import Ledger, OutboxMessage, Run, RunIdentity
 from store.errors import LedgerError
 
 PERIOD = datetime(2026, 11, 29, 23, tzinfo=UTC)
@@ -105,3 +106,94 @@ def test_demo_completes_a_run_once_and_returns_the_duplicate(cli: CliRunner, db_
         assert run.status == "completed" and len(ledger.messages(run_id=run.run_id)) == 1
     finally:
         ledger.close()
+
+
+def at_80_columns(cli: CliRunner, *args: str) -> Any:
+    return cli.invoke(app, list(args), catch_exceptions=False, env={"COLUMNS": "80"})
+
+
+def reference_run(ledger: Ledger, day: str = "2026-12-01", subject: str = "acme") -> Run:
+    """A pending Run of the registered competitor-summary job for ``day`` in its timezone."""
+    job = get_job("competitor-summary")
+    return ledger.register(job.identity(subject, job.parse_period(day)))
+
+
+def test_runs_list_at_80_columns_shows_the_job_the_period_label_and_a_short_id_whole(
+        cli: CliRunner, ledger: Ledger) -> None:
+    """Each Run is one line with its 12-character id, the whole job name and the period as the
+    user types it (the date in the job's timezone), nothing cut with an ellipsis."""
+    runs = [reference_run(ledger, "2026-12-01"), reference_run(ledger, "2026-11-20", "globex")]
+    result = at_80_columns(cli, "runs", "list")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    for run, day in zip(runs, ["2026-12-01", "2026-11-20"], strict=True):
+        row = next(line for line in lines if run.run_id[:12] in line)
+        assert "competitor-summary" in row and day in row and run.run_id[:13] not in row
+    assert all(len(line) <= 80 and "…" not in line for line in lines)
+
+
+def test_runs_list_json_keeps_the_utc_period_start_and_adds_the_label(
+        cli: CliRunner, ledger: Ledger) -> None:
+    """--json has period_start in UTC as before, and `period` as the job's label; a job this
+    installation does not know is labelled in UTC."""
+    run = reference_run(ledger)
+    unknown = completed_run(ledger)
+    listed = {r["run_id"]: r for r in json.loads(invoke(cli, "runs", "list", "--json").output)}
+    start = run.period_start.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    assert (listed[run.run_id]["period_start"], listed[run.run_id]["period"]) == (
+        start, "2026-12-01")
+    assert listed[unknown]["period"] == "2026-11-29T23:00+00:00"
+    assert "output" not in listed[unknown] and "raw_input" not in listed[unknown]
+
+
+def test_runs_show_and_requeue_take_a_unique_prefix_of_the_run_id(
+        cli: CliRunner, ledger: Ledger) -> None:
+    """`runs show` finds the Run by its short id and labels its period; `runs requeue` by a
+    prefix requeues that Run."""
+    run_id = completed_run(ledger)
+    shown = at_80_columns(cli, "runs", "show", run_id[:12])
+    assert shown.exit_code == 0, shown.output
+    assert f"run id {run_id}" in shown.output and "digest / team-a / 2026-11-29T23:00" in shown.output
+    assert "ana@example.com" in shown.output
+    assert all(len(line) <= 80 and "…" not in line for line in shown.output.splitlines())
+    assert json.loads(invoke(cli, "runs", "show", run_id[:6], "--json").output)["run"][
+        "run_id"] == run_id
+    failed = ledger.register(RunIdentity("digest", "team-b", PERIOD, "v1")).run_id
+    claim = ledger.claim(failed, "worker-1:101", 60)
+    assert claim is not None
+    ledger.fail(claim, "bad input", retryable=False)
+    requeued = invoke(cli, "runs", "requeue", failed[:8])
+    assert requeued.exit_code == 0 and f"run {failed} is pending" in requeued.output
+
+
+def test_a_prefix_too_short_or_shared_is_a_one_line_error(cli: CliRunner, ledger: Ledger) -> None:
+    """Three characters, or a prefix two Runs share, exits 1 saying what to give instead."""
+    by_prefix: dict[str, str] = {}
+    for n in range(100_000):
+        run_id = RunIdentity("digest", f"team-{n}", PERIOD, "v1").run_id
+        if run_id[:4] in by_prefix:
+            ledger.register(RunIdentity("digest", by_prefix[run_id[:4]], PERIOD, "v1"))
+            ledger.register(RunIdentity("digest", f"team-{n}", PERIOD, "v1"))
+            break
+        by_prefix[run_id[:4]] = f"team-{n}"
+    short = invoke(cli, "runs", "show", run_id[:3])
+    shared = invoke(cli, "runs", "show", run_id[:4])
+    assert short.exit_code == shared.exit_code == 1
+    assert "too short: give at least 4" in short.output
+    assert "2 runs start with it" in shared.output and "give more of its" in shared.output
+    assert "Traceback" not in short.output + shared.output
+
+
+def test_outbox_list_at_80_columns_and_outbox_show_by_a_short_id(
+        cli: CliRunner, ledger: Ledger) -> None:
+    """`outbox list` fits 80 columns with the short id and the whole recipient; `--run` and
+    `outbox show` take the short ids it prints."""
+    run_id = completed_run(ledger)
+    [message] = ledger.messages(run_id=run_id)
+    listed = at_80_columns(cli, "outbox", "list", "--run", run_id[:12])
+    assert listed.exit_code == 0, listed.output
+    row = next(line for line in listed.output.splitlines() if message.message_id[:12] in line)
+    assert "ana@example.com" in row and "pending" in row
+    assert all(len(line) <= 80 and "…" not in line for line in listed.output.splitlines())
+    shown = json.loads(invoke(cli, "outbox", "show", message.message_id[:12], "--json").output)
+    assert shown["message"]["message_id"] == message.message_id

@@ -40,12 +40,18 @@ def test_runledger_run_prints_each_subjects_outcome_as_json(env: Env) -> None:
     assert again["subjects"][0]["run_id"] == report["subjects"][1]["run_id"]
 
 
-def test_runledger_run_prints_a_table_of_outcomes(env: Env) -> None:
-    """Without --json each subject is a row with its outcome and short Run id."""
-    result = CliRunner().invoke(app, ["run", "daily-credit", "--period", "2026-01-05"])
+def test_runledger_run_prints_a_table_of_outcomes_that_fits_80_columns(env: Env) -> None:
+    """Without --json each subject is a row with its outcome and short Run id, at 80 columns
+    on one line each and nothing cut with an ellipsis."""
+    result = CliRunner().invoke(app, ["run", "daily-credit", "--period", "2026-01-05"],
+                                env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert "daily-credit/2026-01-05: 2 new" in result.stdout
-    assert "account-1" in result.stdout and "new" in result.stdout
+    lines = result.stdout.splitlines()
+    for run in env.ledger.runs(job="daily-credit"):
+        row = next(line for line in lines if run.run_id[:12] in line)
+        assert run.subject in row and "new" in row
+    assert all(len(line) <= 80 and "…" not in line for line in lines)
 
 
 def test_runledger_run_names_bad_input_and_exits_1(env: Env) -> None:

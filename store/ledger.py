@@ -9,12 +9,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+import sqlalchemy as sa
+from sqlalchemy import MetaData
 from sqlalchemy.engine import Engine
 
 from store import ids
 from store import outbox as ob
 from store import runs as rn
 from store.database import Busy, Database, SQLiteSynchronous
+from store.driver_errors import domain_errors
 from store.errors import IdentityRace, InvalidInput
 from store.faults import fault_point
 from store.identity import RunIdentity
@@ -103,6 +106,18 @@ class Ledger:
         with self.engine.begin() as conn:
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
+
+    def create_tables(self, tables: MetaData) -> None:
+        """Create a job's own business tables that are missing (not the ledger's: Alembic owns
+        those); safe when many processes do it at once."""
+        def create() -> None:
+            tables.create_all(self.engine, checkfirst=True)
+
+        with domain_errors(self.database.busy.postgres_lock_timeout_ms):
+            try:
+                create()
+            except (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.OperationalError):
+                create()  # another process created one between our check and our CREATE
 
     # --- Runs -----------------------------------------------------------------------------
 

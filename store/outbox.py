@@ -256,7 +256,7 @@ def _message(row: dict[str, Any]) -> QueuedMessage:
     return QueuedMessage.model_validate(row)
 
 
-def _lease_lost(claim: MessageClaim) -> DeliveryLeaseLost:
+def _delivery_lease_lost(claim: MessageClaim) -> DeliveryLeaseLost:
     return DeliveryLeaseLost(
         f"message {claim.message_id}: delivery fence {claim.fence} of {claim.owner} is no "
         "longer current; its outcome was not recorded"
@@ -313,7 +313,7 @@ def _record_outcome(conn: Connection, claim: MessageClaim, outcome: str, reply: 
     matched = _RECORD.first(conn, **{**_holder_params(claim), **attempt}, last_error=error,
                             delay=None if delay is None else check_seconds(delay, "delay"))
     if matched is None:
-        raise _lease_lost(claim)
+        raise _delivery_lease_lost(claim)
     if not one_statement_writes(conn):
         _RECORD_ATTEMPT.rows(conn, **attempt)
 

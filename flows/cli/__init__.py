@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from rich.console import Console
+from rich.markup import escape
+
 import flows.cli.delivery_commands  # noqa: F401  (registers deliver, outbox requeue|show, sink)
 from flows.cli import (
     demo,  # noqa: F401  (registers demo)
@@ -10,7 +13,14 @@ from flows.cli import (
     stack_commands,  # noqa: F401  (registers serve, stack up|automations)
 )
 from flows.cli.app import app
+from store import RunledgerError
 
 
 def main() -> None:
-    app()
+    """The `runledger` command: a runledger error no command caught (a ledger without its
+    schema, an unreachable database) is one line on stderr and exit status 1, not a traceback."""
+    try:
+        app()
+    except RunledgerError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+        raise SystemExit(1) from None

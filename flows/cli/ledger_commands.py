@@ -84,10 +84,19 @@ def _check_choice(value: str | None, allowed: tuple[str, ...], what: str) -> Non
 
 @db_app.command("upgrade")
 def db_upgrade(revision: str = typer.Argument("head", help="Alembic revision to upgrade to.")) -> None:
-    """Create or migrate the ledger schema (Alembic upgrade)."""
+    """Create or migrate the ledger schema (Alembic upgrade) and create the registered jobs'
+    own business tables that are missing. Run it before the workers of a new version start."""
+    from flows.jobs import upgrade_ledger
+
     ledger = open_ledger()
-    ledger.migrate(revision)
-    console.print(f"ledger schema at {revision} ({ledger.dialect})")
+    try:
+        with_tables = upgrade_ledger(ledger, revision)
+    except RunledgerError as exc:
+        raise fail(exc) from exc
+    finally:
+        ledger.close()
+    tables = f"; tables of {', '.join(with_tables)}" if with_tables else ""
+    console.print(f"ledger schema at {revision} ({ledger.dialect}){tables}")
 
 
 @runs_app.command("list")

@@ -60,10 +60,13 @@ def run(
     """Run one tick of JOB now through the run-job flow and print each subject's outcome.
 
     Uses the Prefect server at PREFECT_API_URL, or a temporary local one. The ledger schema
-    is created or migrated first (RUNLEDGER_DATABASE_URL)."""
+    and the jobs' own tables are created or migrated first (RUNLEDGER_DATABASE_URL), as by
+    `runledger db upgrade`."""
+    from flows.jobs import upgrade_ledger
+
     ledger = open_ledger()
     try:
-        ledger.migrate()
+        upgrade_ledger(ledger)
     finally:
         ledger.close()
     with _ephemeral_server():

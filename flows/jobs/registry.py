@@ -13,6 +13,7 @@ from types import ModuleType
 
 from flows.jobs.errors import InvalidJob, UnknownJob
 from flows.jobs.job import Job
+from store import Ledger
 
 ENTRY_POINT_GROUP = "runledger.jobs"
 PACKAGE = "flows.jobs"
@@ -101,3 +102,15 @@ def get_job(name: str) -> Job:
         raise UnknownJob(
             f"unknown job {name!r}; registered jobs: {', '.join(jobs) or '(none)'}"
         ) from None
+
+
+def upgrade_ledger(ledger: Ledger, revision: str = "head") -> list[str]:
+    """Bring the ledger schema to ``revision`` and create the missing business tables of every
+    registered job (the step a deployment runs before its workers, as ``runledger db
+    upgrade``); returns the names of the jobs that have tables."""
+    ledger.migrate(revision)
+    with_tables = {name: job.tables for name, job in registered_jobs().items()
+                   if job.tables is not None}
+    for tables in with_tables.values():
+        ledger.create_tables(tables)
+    return list(with_tables)

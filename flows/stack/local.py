@@ -25,6 +25,7 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterNam
 from prefect.client.schemas.objects import FlowRun
 
 from deployments.project import PROJECT_ROOT
+from flows.jobs import upgrade_ledger
 from flows.mail.sink import free_port
 from flows.stack import commands
 from flows.stack.automations import HEARTBEAT_SECONDS, install_crash_detector
@@ -202,7 +203,7 @@ class LocalStack:
     def _migrate(self) -> None:
         ledger = Ledger.connect(self.ledger_url)
         try:
-            ledger.migrate()
+            upgrade_ledger(ledger)
         finally:
             ledger.close()
         self.say(f"ledger migrated: {self._shown_ledger()}")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
+from delivery_support import RUNLEDGER
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -37,10 +41,11 @@ def completed_run(ledger: Ledger, subject: str = "team-a") -> str:
     return run.run_id
 
 
-def test_db_upgrade_migrates_an_empty_database(
+def test_db_upgrade_migrates_an_empty_database_and_creates_the_jobs_tables(
     empty_db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`runledger db upgrade` creates the schema on a database that has none."""
+    """`runledger db upgrade` creates the schema on a database that has none, and the tables
+    of the jobs that have their own (daily-credit's credits), which no flow run creates."""
     monkeypatch.setenv("RUNLEDGER_DATABASE_URL", empty_db_url)
     ledger = Ledger.connect(empty_db_url)
     try:
@@ -48,9 +53,21 @@ def test_db_upgrade_migrates_an_empty_database(
             ledger.runs()
         result = invoke(CliRunner(), "db", "upgrade")
         assert result.exit_code == 0 and "ledger schema at head" in result.output
+        assert "tables of daily-credit" in result.output
         assert ledger.runs() == []
+        assert "credits" in sa.inspect(ledger.engine).get_table_names()
     finally:
         ledger.close()
+
+
+def test_a_command_on_a_ledger_without_its_schema_says_how_to_create_it(
+        empty_db_url: str) -> None:
+    """The installed `runledger` prints one line naming `runledger db upgrade`, exit 1, no
+    traceback."""
+    done = subprocess.run([*RUNLEDGER, "runs", "list"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "RUNLEDGER_DATABASE_URL": empty_db_url})
+    assert done.returncode == 1
+    assert "runledger db upgrade" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_runs_list_json_shows_runs_filtered_by_job_and_status(cli: CliRunner, ledger: Ledger) -> None:

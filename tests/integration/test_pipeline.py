@@ -39,9 +39,11 @@ from prefect.states import Scheduled, State
 from prefect.utilities.collections import visit_collection
 
 from flows.model import OfflineModel
+from flows.monitoring import label_flow_run
 from flows.outcomes import TickReport
-from flows.pipeline import Tick, _label_flow_run, register_and_claim, run_job
+from flows.pipeline import register_and_claim, run_job
 from flows.settings import RunledgerSettings
+from flows.tick import Tick
 from store import Registration, Run
 
 # Behaviour that does not depend on the ledger's dialect runs on the production one only.
@@ -252,7 +254,7 @@ def test_a_refused_naming_call_is_logged_and_leaves_the_flow_run_completed(
             # In an event loop of its own: the flow run's client, bound to this loop and to the
             # real server, would otherwise be reused whatever the API URL says.
             with temporary_settings({PREFECT_API_URL: f"{refusing.origin}/api"}):
-                await asyncio.to_thread(asyncio.run, _label_flow_run("probe/2026-01-05", None))
+                await asyncio.to_thread(asyncio.run, label_flow_run("probe/2026-01-05", None))
             return "tick done"
 
         state = asyncio.run(labelled(return_state=True))

@@ -24,8 +24,9 @@ from pipeline_support import (
 from flows.jobs import Candidate
 from flows.lease_keeper import LeaseKeeper
 from flows.model import CallLog, OfflineModel
-from flows.pipeline import Held, Tick, persist_output
+from flows.pipeline import persist_output
 from flows.settings import RunledgerSettings
+from flows.tick import Held, Tick
 
 PERIOD = "2026-01-05"
 

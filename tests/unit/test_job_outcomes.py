@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 from flows.jobs import TransientError, ValidationFailed, is_transient
 from flows.model import ModelRejected, ModelUnavailable
 from flows.outcomes import SubjectOutcome, TickReport
-from flows.pipeline import Persisted
+from flows.tick import Persisted
 from store import InvalidInput, LedgerBusy, Period, Run
 
 PERIOD = Period(datetime(2026, 1, 5, tzinfo=UTC), datetime(2026, 1, 6, tzinfo=UTC), "UTC")

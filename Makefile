@@ -18,7 +18,7 @@ run: setup
 
 lint: setup
 	$(UV) run ruff check store flows deployments tests bench
-	$(UV) run mypy store
+	$(UV) run mypy store flows deployments
 
 test: lint
 	$(UV) run pytest -q

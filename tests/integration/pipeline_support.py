@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loopback import Answer, LoopbackServer, Request, json_answer
 from prefect.states import State
 
 from flows.jobs import Candidate, Job, register
@@ -30,6 +29,7 @@ from flows.model import CallLog, Model
 from flows.outcomes import TickReport
 from flows.pipeline import run_job
 from store import Ledger, OutboxMessage, Period, Run
+from tests.integration.loopback import Answer, LoopbackServer, Request, json_answer
 
 RUNLEDGER = [sys.executable, "-c", "from flows.cli import main; main()"]
 SUMMARY = "competitor-summary"

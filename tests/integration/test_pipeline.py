@@ -16,19 +16,6 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
-from loopback import Answer, LoopbackServer, Request, json_answer
-from pipeline_support import (
-    ACME,
-    SUMMARY,
-    Env,
-    ModelServer,
-    Reply,
-    outbox_recipients,
-    outcomes,
-    pipeline_env,
-    probe_job,
-    wait_until,
-)
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -45,6 +32,19 @@ from flows.pipeline import register_and_claim, run_job
 from flows.settings import RunledgerSettings
 from flows.tick import Tick
 from store import Registration, Run
+from tests.integration.loopback import Answer, LoopbackServer, Request, json_answer
+from tests.integration.pipeline_support import (
+    ACME,
+    SUMMARY,
+    Env,
+    ModelServer,
+    Reply,
+    outbox_recipients,
+    outcomes,
+    pipeline_env,
+    probe_job,
+    wait_until,
+)
 
 # Behaviour that does not depend on the ledger's dialect runs on the production one only.
 postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)

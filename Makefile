@@ -16,9 +16,13 @@ setup:
 run: setup
 	$(UV) run runledger stack up $(ARGS)
 
+# Style, strict types, the import contracts (pyproject's [tool.importlinter]) and the committed
+# SQL of every named statement (store/sql/*.sql; `python -m store.sql --write` rewrites them).
 lint: setup
 	$(UV) run ruff check store flows deployments tests bench
-	$(UV) run mypy store
+	$(UV) run mypy store flows deployments
+	$(UV) run lint-imports --no-cache
+	$(UV) run python -m store.sql
 
 test: lint
 	$(UV) run pytest -q

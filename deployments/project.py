@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from prefect.schedules import Cron, Interval, Schedule
 
 from store import InvalidInput

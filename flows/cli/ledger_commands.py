@@ -40,7 +40,7 @@ def open_ledger() -> Ledger:
     return Ledger.connect()
 
 
-def fail(error: Exception) -> typer.Exit:
+def fail(error: BaseException) -> typer.Exit:
     """Print a domain error in one clear line and exit 1 (no traceback for expected errors)."""
     Console(stderr=True).print(f"[bold red]error:[/] {error}")
     return typer.Exit(1)

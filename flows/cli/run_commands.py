@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Coroutine
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -16,6 +17,8 @@ from flows.cli.ledger_commands import fail, open_ledger, print_json
 from flows.cli.tables import FOLD, Col, print_table, short_id
 
 if TYPE_CHECKING:
+    from prefect import State
+
     from flows.outcomes import TickReport
 
 # Prefect's temporary server (no PREFECT_API_URL): the settings runledger gives it unless the
@@ -72,8 +75,10 @@ def run(
     with _ephemeral_server():
         from flows.pipeline import run_job
 
-        state = asyncio.run(run_job(job=job, subjects=subject or None, period=period,
-                                    return_state=True))
+        # Prefect types a flow call as an Awaitable (it is a coroutine) and, for a flow that
+        # returns a State, its final state as State[State]: it ends in the State returned.
+        state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", run_job(
+            job=job, subjects=subject or None, period=period, return_state=True)))
     from flows.outcomes import TickReport
 
     value = state.result(raise_on_failure=False)

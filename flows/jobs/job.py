@@ -66,7 +66,8 @@ class Job:
         effect: ``effect(session, output)``, business rows committed with the completion.
         params: ``params(subject, period) -> dict``, what shapes the Run besides its identity
             (e.g. the recipients); the same Run with other params is a conflict.
-        tables: metadata of the business tables ``effect`` writes (created on first use).
+        tables: metadata of the business tables ``effect`` writes (``runledger db upgrade``
+            creates them).
         missed_runs: what a scheduler should do about periods that never ran: ``skip`` them,
             run only the ``latest``, or ``catch-up`` every one (see ``missed_periods``).
         lease_seconds: how long a claim lasts without renewal (RUNLEDGER_LEASE_SECONDS wins).

@@ -17,7 +17,6 @@ from flows.mail.transport import OutcomeKind, SendOutcome
 from flows.retry_after import retry_after_seconds
 from store import Reply
 
-PAYLOAD_MISMATCH = "invalid_idempotent_request"
 STILL_IN_FLIGHT = "concurrent_idempotent_requests"
 # Failures where the request certainly never reached the provider.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
@@ -114,6 +113,7 @@ class ProviderTransport:
                 f"{self.settings.url} refused the API key ({status} {reply.text}); check "
                 "RUNLEDGER_PROVIDER_API_KEY"
             )
+        # Still in flight: try again later; invalid_idempotent_request (another payload): never.
         if status == 409:
             kind = OutcomeKind.TRANSIENT if name == STILL_IN_FLIGHT else OutcomeKind.PERMANENT
             return SendOutcome(kind, reply, retry_after=wait)

@@ -139,14 +139,6 @@ class SinkHandler:
         if maildir is not None:
             maildir.mkdir(parents=True, exist_ok=True)
 
-    def add_fault(self, fault: Fault) -> None:
-        with self._lock:
-            self._faults.append(fault)
-
-    def clear_faults(self) -> None:
-        with self._lock:
-            self._faults.clear()
-
     def _take(self, stage: str, recipients: Iterable[str]) -> Fault | None:
         wanted = {r.lower() for r in recipients}
         with self._lock:
@@ -300,9 +292,6 @@ class Sink:
     @property
     def messages(self) -> list[Received]:
         return list(self.handler.messages)
-
-    def add_fault(self, fault: Fault) -> None:
-        self.handler.add_fault(fault)
 
     def wait_for(self, received: int, timeout: float = 10.0) -> bool:
         """Wait until at least ``received`` messages were accepted."""

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
-from stack_support import AcceptanceStack, acceptance_stack
+
+from tests.acceptance.stack_support import AcceptanceStack, acceptance_stack
 
 
 @pytest.fixture(scope="session")

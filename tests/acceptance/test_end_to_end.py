@@ -21,16 +21,16 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.schedules import IntervalSchedule
 from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
-from stack_support import (
-    AcceptanceStack,
-    in_seconds,
-    wait_until,
-)
 
 from deployments.project import load_deployments
 from flows.jobs import get_job
 from flows.jobs.competitor_summary import subscribers, workspaces
 from store import Run
+from tests.acceptance.stack_support import (
+    AcceptanceStack,
+    in_seconds,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(900)]
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stack_support import wait_until
 
 from deployments.project import load_deployments
 from flows.jobs.competitor_summary import subscribers, workspaces
 from flows.mail.sink import free_port
 from flows.stack import commands
 from flows.stack.processes import Supervisor
+from tests.acceptance.stack_support import wait_until
 
 # A child that starts a grandchild in a session of its own (as Prefect's process worker starts
 # flow runs), prints the grandchild's pid, and waits.

@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loopback import Answer, LoopbackServer, Request, json_answer
 from prefect.states import State
 
-from flows.jobs import Candidate, Job, register
+from flows.jobs import Candidate, Job, register, upgrade_ledger
 from flows.jobs.competitor_summary import SAMPLE_DATA
 from flows.jobs.competitor_summary import job as competitor_summary
 from flows.model import CallLog, Model
 from flows.outcomes import TickReport
 from flows.pipeline import run_job
 from store import Ledger, OutboxMessage, Period, Run
+from tests.integration.loopback import Answer, LoopbackServer, Request, json_answer
 
 RUNLEDGER = [sys.executable, "-c", "from flows.cli import main; main()"]
 SUMMARY = "competitor-summary"
@@ -223,8 +223,10 @@ class Env:
 
 @contextmanager
 def pipeline_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
-    """A fresh ledger, a copy of the sample data, a model call log and fast retries."""
+    """A fresh ledger with the jobs' own tables (as `runledger db upgrade` makes them), a copy
+    of the sample data, a model call log and fast retries."""
     ledger = Ledger.connect(db_url)
+    upgrade_ledger(ledger)
     env = Env(ledger, tmp_path / "calls.jsonl", copy_sample_data(tmp_path / "source"),
               monkeypatch)
     monkeypatch.setenv("RUNLEDGER_DATABASE_URL", db_url)

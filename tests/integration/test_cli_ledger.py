@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from delivery_support import RUNLEDGER
 from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.jobs import get_job
 from store import Ledger, OutboxMessage, Run, RunIdentity
 from store.errors import LedgerError
+from tests.integration.delivery_support import RUNLEDGER
 
 PERIOD = datetime(2026, 11, 29, 23, tzinfo=UTC)
 

@@ -7,11 +7,11 @@ import os
 import threading
 
 import pytest
-from delivery_support import dispatcher, queue, statuses
 
 from flows.delivery.report import DeliveryReport
 from flows.mail.sink import Sink
 from store import Ledger
+from tests.integration.delivery_support import dispatcher, queue, statuses
 
 MESSAGES = 2000 if os.environ.get("RUNLEDGER_FULL") == "1" else 500
 

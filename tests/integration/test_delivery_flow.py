@@ -8,11 +8,11 @@ import time
 from typing import Any
 
 import pytest
-from delivery_support import SENDER, queue
 
 from flows.delivery.flow import ARTIFACT_KEY, deliver_outbox
 from flows.mail.sink import Fault, Sink
 from store import Ledger
+from tests.integration.delivery_support import SENDER, queue
 
 
 async def artifacts_and_events(flow_run_id: str) -> tuple[list[Any], list[Any]]:

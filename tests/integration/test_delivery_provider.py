@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from delivery_support import deliver, queue, statuses
-from loopback import Answer, LoopbackServer, Request, json_answer
 
 from flows.delivery.policy import RetryPolicy
 from flows.mail.errors import MailConfigurationError
@@ -22,6 +20,8 @@ from flows.mail.letter import message_id_for
 from flows.mail.provider import ProviderTransport
 from flows.mail.settings import ProviderSettings
 from store import Ledger
+from tests.integration.delivery_support import deliver, queue, statuses
+from tests.integration.loopback import Answer, LoopbackServer, Request, json_answer
 
 API_KEY = "re_test_key"
 

@@ -8,7 +8,6 @@ import json
 import time
 
 import pytest
-from delivery_support import cli_env, deliver, queue, statuses
 from typer.testing import CliRunner, Result
 
 from flows.cli import app
@@ -18,6 +17,7 @@ from flows.mail.letter import KEY_HEADER, message_id_for
 from flows.mail.settings import TlsMode
 from flows.mail.sink import Fault, Sink, free_port
 from store import Ledger
+from tests.integration.delivery_support import cli_env, deliver, queue, statuses
 
 
 def headers_of(sink: Sink) -> list[tuple[str | None, str]]:

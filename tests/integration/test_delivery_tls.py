@@ -13,12 +13,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from delivery_support import deliver, queue, statuses
 
 from flows.mail.errors import MailConfigurationError
 from flows.mail.settings import TlsMode
 from flows.mail.sink import Sink
 from store import Ledger
+from tests.integration.delivery_support import deliver, queue, statuses
 
 
 def _name(common: str) -> x509.Name:

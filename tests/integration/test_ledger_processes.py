@@ -24,6 +24,7 @@ from sqlmodel import Session
 
 from store import Claim, Completion, Ledger, OutboxMessage, RunIdentity
 from store.faults import ENV as FAULTS_ENV
+from tests.integration.ledger_support import wait_for_db_clock
 
 PROCESSES = 8
 DRILL_ROUNDS = 20  # seed 004's full drill: with the processes kept across rounds it is fast
@@ -173,13 +174,6 @@ def spawn(target: Callable[..., None], *args: Any) -> tuple[Any, Connection]:
 def receive(conn: Connection) -> Any:
     assert conn.poll(120), "the child process reported nothing"
     return conn.recv()
-
-
-def wait_for_db_clock(ledger: Ledger, instant: datetime) -> None:
-    deadline = time.monotonic() + 30
-    while ledger.database.now() <= instant:
-        assert time.monotonic() < deadline, "the database clock did not advance"
-        time.sleep(0.05)
 
 
 def with_balance(url: str) -> Ledger:
@@ -351,7 +345,7 @@ def test_a_crash_right_after_the_completion_commit_is_retried_without_new_outbox
         claim: Claim = receive(conn)
         process.join(120)
         assert process.exitcode == -signal.SIGKILL
-        with pytest.raises(EOFError):  # it never reported returning from complete_run
+        with pytest.raises(EOFError):  # it never reported returning from complete
             conn.recv()
         stored = ledger.get(run.run_id)
         assert (stored.status, stored.output) == ("completed", {"summary": "first"})

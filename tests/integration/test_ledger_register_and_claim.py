@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from test_ledger_runs import snapshot, wait_for_db_clock
 
 from store import InvalidInput, LeaseLost, Ledger, OutboxMessage, RunConflict, RunIdentity
+from tests.integration.ledger_support import snapshot, wait_for_db_clock
 
 PERIOD = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)
 LONG = timedelta(minutes=15)

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from delivery_support import queue
-from sql_trace import sent_statements
 from sqlmodel import Session
 
 from store import Claim, Ledger, OutboxMessage, Reply, RunIdentity
 from store import outbox as ob
 from store import runs as rn
 from store.statement import Transition
+from tests.integration.delivery_support import queue
+from tests.integration.sql_trace import sent_statements
 
 PERIOD = datetime(2026, 1, 5, 9, tzinfo=UTC)
 BUSINESS = sa.MetaData()

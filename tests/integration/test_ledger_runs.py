@@ -3,7 +3,6 @@ clock, completion with its outbox rows, failures, and bad input that writes noth
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,7 +25,8 @@ from store import (
 )
 from store.dialect import db_now
 from store.errors import InvalidMessage, OutputTooLarge
-from store.models import UTCDateTime, attempts_table, outbox_table, runs_table
+from store.models import UTCDateTime, runs_table
+from tests.integration.ledger_support import snapshot, wait_for_db_clock
 
 PERIOD = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)
 LONG = timedelta(minutes=15)
@@ -40,23 +40,6 @@ def identity(subject: str = "team-a", period: datetime = PERIOD) -> RunIdentity:
 
 def digest(recipients: list[str] = RECIPIENTS) -> list[OutboxMessage]:
     return [OutboxMessage(r, "Daily digest", "3 new items") for r in recipients]
-
-
-def snapshot(ledger: Ledger) -> dict[str, list[dict[str, Any]]]:
-    """Every row of the ledger's Run tables, to prove a refused call wrote nothing."""
-    with ledger.engine.connect() as conn:
-        return {
-            table.name: [dict(r._mapping) for r in conn.execute(sa.select(table).order_by(*table.primary_key))]
-            for table in (runs_table, attempts_table, outbox_table)
-        }
-
-
-def wait_for_db_clock(ledger: Ledger, instant: datetime) -> None:
-    """Sleep until the DATABASE clock has passed ``instant`` (lease expiry is judged by it)."""
-    deadline = time.monotonic() + 30
-    while ledger.database.now() <= instant:
-        assert time.monotonic() < deadline, "the database clock did not advance"
-        time.sleep(0.05)
 
 
 def claimed(ledger: Ledger, run: Run, owner: str = "worker-1:101", lease: timedelta = LONG) -> Claim:

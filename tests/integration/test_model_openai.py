@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pipeline_support import ModelServer, Reply
 from pydantic import SecretStr
 
 from flows.model import (
@@ -20,6 +19,7 @@ from flows.model import (
     model_from_settings,
 )
 from flows.settings import RunledgerSettings
+from tests.integration.pipeline_support import ModelServer, Reply
 
 KEY = "sk-test-secret-123"
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import time
 
-from delivery_support import queue
-
 from store import Ledger, Reply
+from tests.integration.delivery_support import queue
 
 
 def test_marking_a_group_sent_records_each_attempt(ledger: Ledger) -> None:

@@ -16,8 +16,24 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
-from loopback import Answer, LoopbackServer, Request, json_answer
-from pipeline_support import (
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+from prefect.flow_engine import run_flow
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.states import Scheduled, State
+from prefect.utilities.collections import visit_collection
+
+from flows.model import OfflineModel
+from flows.monitoring import label_flow_run
+from flows.outcomes import TickReport
+from flows.pipeline import register_and_claim, run_job
+from flows.settings import RunledgerSettings
+from flows.tick import Tick
+from store import Registration, Run
+from tests.integration.loopback import Answer, LoopbackServer, Request, json_answer
+from tests.integration.pipeline_support import (
     ACME,
     SUMMARY,
     Env,
@@ -29,21 +45,7 @@ from pipeline_support import (
     probe_job,
     wait_until,
 )
-from prefect import flow
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
-from prefect.flow_engine import run_flow
-from prefect.settings import PREFECT_API_URL, temporary_settings
-from prefect.states import Scheduled, State
-from prefect.utilities.collections import visit_collection
-from sql_trace import sent_statements
-
-from flows.model import OfflineModel
-from flows.outcomes import TickReport
-from flows.pipeline import Tick, _label_flow_run, register_and_claim, run_job
-from flows.settings import RunledgerSettings
-from store import Registration, Run
+from tests.integration.sql_trace import sent_statements
 
 # Behaviour that does not depend on the ledger's dialect runs on the production one only.
 postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -253,7 +255,7 @@ def test_a_refused_naming_call_is_logged_and_leaves_the_flow_run_completed(
             # In an event loop of its own: the flow run's client, bound to this loop and to the
             # real server, would otherwise be reused whatever the API URL says.
             with temporary_settings({PREFECT_API_URL: f"{refusing.origin}/api"}):
-                await asyncio.to_thread(asyncio.run, _label_flow_run("probe/2026-01-05", None))
+                await asyncio.to_thread(asyncio.run, label_flow_run("probe/2026-01-05", None))
             return "tick done"
 
         state = asyncio.run(labelled(return_state=True))

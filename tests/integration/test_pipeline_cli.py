@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pipeline_support import Env, Worker, pipeline_env, wait_until
 from typer.testing import CliRunner
 
 from flows.cli import app
+from tests.integration.pipeline_support import Env, Worker, pipeline_env, wait_until
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 

@@ -8,7 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pipeline_support import (
+
+from flows.jobs import Candidate
+from flows.lease_keeper import LeaseKeeper
+from flows.model import CallLog, OfflineModel
+from flows.pipeline import persist_output
+from flows.settings import RunledgerSettings
+from flows.tick import Held, Tick
+from tests.integration.pipeline_support import (
     ACME,
     SUMMARY,
     Env,
@@ -20,12 +27,6 @@ from pipeline_support import (
     probe_job,
     wait_until,
 )
-
-from flows.jobs import Candidate
-from flows.lease_keeper import LeaseKeeper
-from flows.model import CallLog, OfflineModel
-from flows.pipeline import Held, Tick, persist_output
-from flows.settings import RunledgerSettings
 
 PERIOD = "2026-01-05"
 

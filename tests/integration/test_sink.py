@@ -14,11 +14,11 @@ from pathlib import Path
 
 import aiosmtplib
 import pytest
-from delivery_support import RUNLEDGER, cli_env
 
 from flows.mail.letter import Letter
 from flows.mail.sink import STATS_FILE, Fault, Sink, free_port
 from store import InvalidInput
+from tests.integration.delivery_support import RUNLEDGER, cli_env
 
 
 def letter(key: str, recipient: str = "ana@example.com") -> bytes:

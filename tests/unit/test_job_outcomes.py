@@ -12,7 +12,7 @@ from prefect.utilities.collections import visit_collection
 from flows.jobs import TransientError, ValidationFailed, is_transient
 from flows.model import ModelRejected, ModelUnavailable
 from flows.outcomes import SubjectOutcome, TickReport
-from flows.pipeline import Persisted
+from flows.tick import Persisted
 from store import InvalidInput, LedgerBusy, Period, Run
 from store.errors import LedgerError, LedgerUnavailable
 

@@ -1,0 +1,49 @@
+"""A flow run's stop: set once when it is cancelled or times out, so that the subjects of its
+tick start no more stages and those still queued are released for a later run."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from flows.jobs import TransientError
+
+
+class FlowRunStopped(TransientError):
+    """The flow run was cancelled or timed out before this subject reached a stage: its Run is
+    released (pending) for a later run instead of spending a model call nobody waits for."""
+
+
+class Stop:
+    """Set once when the flow run is cancelled or times out. The tick's thread cannot be
+    interrupted, so its subjects look here before each stage that costs, and whoever waits for
+    them registers what to drop at once (``on_set``): subjects still queued behind a slow stage
+    must be released before the worker's grace period ends in SIGKILL."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the stop is set (now, if it already is); it must not block."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+
+def stopped_before(stage: str) -> FlowRunStopped:
+    return FlowRunStopped(f"the flow run was cancelled or timed out before {stage}; "
+                          "the Run is released for a later run")

@@ -1,0 +1,71 @@
+"""What the stages of one tick share: the tick itself, a claimed subject's hold on its Run, and
+the Run the persist stage completed."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from flows.jobs import Job
+from flows.lease_keeper import LeaseKeeper
+from flows.model import CallLog, Model
+from flows.outcomes import SubjectOutcome, emit_outcome
+from flows.settings import RunledgerSettings
+from flows.stop import Stop, stopped_before
+from store import Claim, Ledger, Period, Run
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Everything the stages of one flow run share."""
+
+    job: Job
+    period: Period
+    ledger: Ledger
+    model: Model
+    call_log: CallLog | None
+    settings: RunledgerSettings
+    flow_run_id: str
+    stop: Stop = field(default_factory=Stop)
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.settings.lease_seconds or self.job.lease_seconds
+
+    def owner(self, task_run_id: str) -> str:
+        """A unique owner per attempt: owner equality lets a claim be taken again."""
+        return f"{socket.gethostname()}:{os.getpid()}:{self.flow_run_id}/{task_run_id}"
+
+    def check_running(self, stage: str) -> None:
+        """Raise FlowRunStopped if the flow run stopped before ``stage``."""
+        if self.stop.is_set():
+            raise stopped_before(stage)
+
+    def emit(self, outcome: SubjectOutcome) -> SubjectOutcome:
+        emit_outcome(self.job.name, self.job.version, self.period, outcome)
+        return outcome
+
+
+@dataclass(frozen=True)
+class Held:
+    """A claimed subject's hold on its Run, which every stage of that subject presents: the
+    tick, the claim and the keeper renewing its lease."""
+
+    tick: Tick
+    claim: Claim
+    keeper: LeaseKeeper
+
+
+class Persisted:
+    """The Run this attempt completed, and how many outbox rows it queued.
+
+    A plain class, not a dataclass: Prefect walks a task's return value (dataclasses and
+    pydantic models field by field) looking for futures, and the Run carries its raw input
+    and output; it leaves other objects alone."""
+
+    __slots__ = ("outbox_rows", "run")
+
+    def __init__(self, run: Run, outbox_rows: int) -> None:
+        self.run = run
+        self.outbox_rows = outbox_rows

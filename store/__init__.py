@@ -5,16 +5,11 @@ modules behind them are private (an import-linter contract in ``make lint`` keep
 
 from store.database import create_database_if_missing
 from store.errors import (
-    AmbiguousId,
     DeliveryLeaseLost,
     InvalidInput,
-    InvalidTransition,
     LeaseLost,
-    LedgerBusy,
-    MessageNotFound,
     RunConflict,
     RunledgerError,
-    RunNotFound,
 )
 from store.faults import fault_point
 from store.identity import RunIdentity, params_fingerprint
@@ -22,15 +17,15 @@ from store.ledger import Ledger
 from store.message import OutboxMessage, normalize_address
 from store.models import MESSAGE_STATUSES, RUN_STATUSES, QueuedMessage, Run
 from store.outbox import MessageClaim, Reply
-from store.period import Period, validate_cadence, zone
+from store.period import Period
 from store.runs import Claim, Completion, FinishedRun, Registration
 from store.settings import LedgerSettings
 
 __all__ = [
-    "MESSAGE_STATUSES", "RUN_STATUSES", "AmbiguousId", "Claim", "Completion", "DeliveryLeaseLost",
-    "FinishedRun", "InvalidInput", "InvalidTransition", "LeaseLost", "Ledger", "LedgerBusy",
-    "LedgerSettings", "MessageClaim", "MessageNotFound", "OutboxMessage", "Period",
+    "MESSAGE_STATUSES", "RUN_STATUSES", "Claim", "Completion", "DeliveryLeaseLost",
+    "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
+    "LedgerSettings", "MessageClaim", "OutboxMessage", "Period",
     "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity",
-    "RunNotFound", "RunledgerError", "create_database_if_missing", "fault_point",
-    "normalize_address", "params_fingerprint", "validate_cadence", "zone",
+    "RunledgerError", "create_database_if_missing", "fault_point",
+    "normalize_address", "params_fingerprint",
 ]

@@ -90,6 +90,12 @@ class Period:
         if self.end <= self.start:
             raise InvalidPeriod(f"period end {self.end} must be after start {self.start}")
 
+    @staticmethod
+    def check_cadence(cadence: str, timezone: str) -> None:
+        """Refuse (``InvalidPeriod``) a cadence or timezone that cannot make periods."""
+        validate_cadence(cadence)
+        zone(timezone)
+
     @classmethod
     def containing(cls, nominal: datetime, cadence: str, timezone: str) -> Period:
         """The period of ``cadence`` in ``timezone`` that contains the nominal instant."""

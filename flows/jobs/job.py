@@ -17,7 +17,7 @@ from sqlalchemy import MetaData
 from sqlmodel import Session
 
 from flows.jobs.errors import InvalidJob, UnknownSubject
-from store import OutboxMessage, Period, RunIdentity, validate_cadence, zone
+from store import OutboxMessage, Period, RunIdentity
 
 if TYPE_CHECKING:
     from flows.model import Model
@@ -97,8 +97,7 @@ class Job:
             )
         if not isinstance(self.version, str) or not self.version.strip():
             raise InvalidJob(f"job {self.name}: version must be a non-empty string")
-        validate_cadence(self.cadence)
-        zone(self.timezone)
+        Period.check_cadence(self.cadence, self.timezone)
         if self.missed_runs not in get_args(MissedRunPolicy):
             raise InvalidJob(f"job {self.name}: missed_runs must be one of "
                              f"{', '.join(get_args(MissedRunPolicy))}, got {self.missed_runs!r}")

@@ -15,8 +15,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from store import LedgerBusy, OutboxMessage, RunIdentity, RunledgerError
+from store import OutboxMessage, RunIdentity, RunledgerError
 from store.database import Busy, Database
+from store.errors import LedgerBusy
 from store.ledger import Ledger
 
 IDENTITY = RunIdentity("digest", "team-a", datetime(2026, 11, 29, tzinfo=UTC), "v1")

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Connection
 
-from store import LedgerBusy
 from store.database import IDLE_PING_SECONDS, KEPT_CONNECTIONS
+from store.errors import LedgerBusy
 from store.ledger import Ledger
 
 

@@ -9,15 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from store import (
-    AmbiguousId,
-    InvalidInput,
-    Ledger,
-    MessageNotFound,
-    OutboxMessage,
-    RunIdentity,
-    RunNotFound,
-)
+from store import InvalidInput, Ledger, OutboxMessage, RunIdentity
+from store.errors import AmbiguousId, MessageNotFound, RunNotFound
 from store.identity import message_key
 
 PERIOD = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)

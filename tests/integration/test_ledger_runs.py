@@ -14,17 +14,15 @@ from store import (
     Claim,
     FinishedRun,
     InvalidInput,
-    InvalidTransition,
     LeaseLost,
     Ledger,
     OutboxMessage,
     Run,
     RunConflict,
     RunIdentity,
-    RunNotFound,
 )
 from store.dialect import db_now
-from store.errors import InvalidMessage, OutputTooLarge
+from store.errors import InvalidMessage, InvalidTransition, OutputTooLarge, RunNotFound
 from store.models import UTCDateTime, runs_table
 from tests.integration.ledger_support import snapshot, wait_for_db_clock
 

@@ -23,15 +23,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from store import (
-    Claim,
-    InvalidTransition,
-    LeaseLost,
-    Ledger,
-    OutboxMessage,
-    RunConflict,
-    RunIdentity,
-)
+from store import Claim, LeaseLost, Ledger, OutboxMessage, RunConflict, RunIdentity
+from store.errors import InvalidTransition
 from store.models import runs_table
 
 OWNERS = ("worker-1:101", "worker-2:202", "worker-3:303")

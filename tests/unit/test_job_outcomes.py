@@ -13,8 +13,8 @@ from flows.jobs import TransientError, ValidationFailed, is_transient
 from flows.model import ModelRejected, ModelUnavailable
 from flows.outcomes import SubjectOutcome, TickReport
 from flows.tick import Persisted
-from store import InvalidInput, LedgerBusy, Period, Run
-from store.errors import LedgerError, LedgerUnavailable
+from store import InvalidInput, Period, Run
+from store.errors import LedgerBusy, LedgerError, LedgerUnavailable
 
 PERIOD = Period(datetime(2026, 1, 5, tzinfo=UTC), datetime(2026, 1, 6, tzinfo=UTC), "UTC")
 

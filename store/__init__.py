@@ -15,7 +15,8 @@ from store.faults import fault_point
 from store.identity import RunIdentity, params_fingerprint
 from store.ledger import Ledger
 from store.message import OutboxMessage, normalize_address
-from store.models import MESSAGE_STATUSES, RUN_STATUSES, QueuedMessage, Run
+from store.models import MESSAGE_STATUSES, RUN_STATUSES, Occurrence, QueuedMessage, Run
+from store.occurrences import RunState
 from store.outbox import MessageClaim, Reply
 from store.period import Period
 from store.runs import Claim, Completion, FinishedRun, Registration
@@ -24,8 +25,8 @@ from store.settings import LedgerSettings
 __all__ = [
     "MESSAGE_STATUSES", "RUN_STATUSES", "Claim", "Completion", "DeliveryLeaseLost",
     "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
-    "LedgerSettings", "MessageClaim", "OutboxMessage", "Period",
-    "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity",
+    "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "Period",
+    "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity", "RunState",
     "RunledgerError", "create_database_if_missing", "fault_point",
     "normalize_address", "params_fingerprint",
 ]

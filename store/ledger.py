@@ -14,6 +14,7 @@ from sqlalchemy import MetaData
 from sqlalchemy.engine import Engine
 
 from store import ids
+from store import occurrences as oc
 from store import outbox as ob
 from store import runs as rn
 from store.database import Busy, Database, SQLiteSynchronous
@@ -22,7 +23,7 @@ from store.errors import IdentityRace, InvalidInput
 from store.faults import fault_point
 from store.identity import RunIdentity
 from store.message import OutboxMessage
-from store.models import Attempt, DeliveryAttempt, QueuedMessage, Run
+from store.models import Attempt, DeliveryAttempt, Occurrence, QueuedMessage, Run
 from store.settings import LedgerSettings
 from store.statement import Transition
 
@@ -225,6 +226,46 @@ class Ledger:
     def attempts(self, run_id: str) -> list[Attempt]:
         """A Run's Attempts, oldest first."""
         return self._read(rn.list_attempts, run_id)
+
+    # --- What a job owes -----------------------------------------------------------------
+
+    def owe(self, job: str, owed_from: dict[str, datetime]) -> dict[str, datetime]:
+        """Record from which period ``job`` owes each subject not recorded yet; every recorded
+        subject of the job with its period (see ``owe_txn``)."""
+        return self._write(oc.owe_txn, job, owed_from)
+
+    def skip(self, skipped: Sequence[tuple[RunIdentity, str]]) -> list[str]:
+        """Record occurrences skipped by the missed-run policy, with their reasons (never one
+        that has a Run); the run ids newly skipped."""
+        return self._write(oc.skip_txn, skipped)
+
+    def unskip(self, run_ids: Sequence[str]) -> list[str]:
+        """Clear the skip of occurrences an operator runs on purpose; the run ids cleared."""
+        return self._write(oc.unskip_txn, run_ids)
+
+    def mark_overdue(self, identities: Sequence[RunIdentity]) -> list[str]:
+        """Report occurrences overdue once each; the run ids reported by this call."""
+        return self._write(oc.mark_overdue_txn, identities)
+
+    def mark_recovered(self, job: str) -> list[Occurrence]:
+        """Report once each overdue occurrence of ``job`` whose Run completed since."""
+        return self._write(oc.mark_recovered_txn, job)
+
+    def give_up(self, run: oc.RunState, max_attempts: int) -> bool:
+        """Fail a stranded Run past ``max_attempts`` for good (see ``give_up_txn``)."""
+        return self._write(oc.give_up_txn, run, max_attempts)
+
+    def run_states(self, job: str, since: datetime) -> list[oc.RunState]:
+        """Where each Run of ``job`` from period ``since`` on stands, oldest first."""
+        return self._read(oc.run_states, job, since)
+
+    def occurrences(self, job: str, since: datetime) -> list[Occurrence]:
+        """The recorded occurrences (skips, alerts) of ``job`` from period ``since`` on."""
+        return self._read(oc.list_occurrences, job, since)
+
+    def now(self) -> datetime:
+        """The database clock, which leases and due times are judged by."""
+        return self.database.now()
 
     # --- Outbox ---------------------------------------------------------------------------
 

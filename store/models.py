@@ -186,10 +186,45 @@ class DeliveryAttempt(SQLModel, table=True):
     provider_message_id: str | None = Field(default=None, max_length=300)
 
 
+class Obligation(SQLModel, table=True):
+    """What a job owes for one subject: every period from ``owed_from`` on (recorded the first
+    time the job runs or is reconciled with the subject; a subject added later is owed from
+    then, never before)."""
+
+    __tablename__ = "obligations"
+
+    job: str = Field(primary_key=True, max_length=MAX_CHARS["job"])
+    subject: str = Field(primary_key=True, max_length=MAX_CHARS["subject"])
+    owed_from: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
+    created_at: datetime | None = _ts(nullable=False)
+
+
+class Occurrence(SQLModel, table=True):
+    """The decisions and alerts about one owed (subject, period) of a job version, keyed like
+    its Run (which may not exist): skipped by the missed-run policy, reported overdue, recovered."""
+
+    __tablename__ = "occurrences"
+    __table_args__ = (sa.Index("ix_occurrences_job_period", "job", "period_start"),)
+
+    run_id: str = Field(primary_key=True, max_length=64)
+    job: str = Field(max_length=MAX_CHARS["job"])
+    subject: str = Field(max_length=MAX_CHARS["subject"])
+    period_start: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
+    version: str = Field(max_length=MAX_CHARS["version"])
+    skipped_at: datetime | None = _ts()
+    skip_reason: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    overdue_at: datetime | None = _ts()
+    recovered_at: datetime | None = _ts()
+    created_at: datetime | None = _ts(nullable=False)
+    updated_at: datetime | None = _ts(nullable=False)
+
+
 runs_table: sa.Table = Run.__table__  # type: ignore[attr-defined]
 attempts_table: sa.Table = Attempt.__table__  # type: ignore[attr-defined]
 outbox_table: sa.Table = QueuedMessage.__table__  # type: ignore[attr-defined]
 delivery_attempts_table: sa.Table = DeliveryAttempt.__table__  # type: ignore[attr-defined]
+obligations_table: sa.Table = Obligation.__table__  # type: ignore[attr-defined]
+occurrences_table: sa.Table = Occurrence.__table__  # type: ignore[attr-defined]
 
 # Table models are built with model_construct when read back (no re-validation); SQLAlchemy
 # must have configured their mappers before such an instance's attributes are used.

@@ -21,86 +21,6 @@ FROM outbox
 WHERE outbox.message_id BETWEEN %s::VARCHAR AND %s::VARCHAR ORDER BY outbox.message_id 
  LIMIT %s::INTEGER;
 
--- name: claim_messages
--- Lease the due messages, skipping rows another dispatcher has locked (PostgreSQL: due and taken
--- in one statement); each claim bumps the fence and counts the attempt.
--- parameters: status_1, channel, channel, limit, status, attempts_1, fence_1, owner, lease
-WITH due AS 
-(SELECT outbox.message_id AS message_id, outbox.status AS status 
-FROM outbox 
-WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_attempt_at <= statement_timestamp() AND (outbox.status != %s::VARCHAR OR outbox.lease_expires_at <= statement_timestamp()) AND (CAST(%s::VARCHAR AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(%s::VARCHAR AS VARCHAR(32))) ORDER BY outbox.next_attempt_at, outbox.message_id 
- LIMIT %s::INTEGER FOR UPDATE SKIP LOCKED)
- UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts + %s::INTEGER), fence=(outbox.fence + %s::INTEGER), lease_owner=%s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), claimed_at=statement_timestamp(), updated_at=statement_timestamp() FROM due WHERE outbox.message_id = due.message_id RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, due.status AS previous_status;
-
--- name: record_delivery_outcome
--- sending -> retry, uncertain or dead, with the error and when it is due again (database clock, or
--- never); only the current delivery-lease holder can (PostgreSQL: with its delivery attempt row in
--- the same statement).
--- parameters: outcome, delay, delay, last_error, message_id, fence, owner, status_1, message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id
-WITH updated AS 
-(UPDATE outbox SET status=%s::VARCHAR, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=CASE WHEN (CAST(%s AS FLOAT) IS NULL) THEN NULL ELSE (statement_timestamp() + make_interval(secs => %s)) END, last_error=%s::VARCHAR, updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND outbox.fence = %s::INTEGER AND outbox.lease_owner = %s::VARCHAR AND outbox.status = %s::VARCHAR RETURNING outbox.message_id), 
-recorded AS 
-(INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id, finished_at) SELECT %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::TIMESTAMP WITH TIME ZONE AS anon_4, %s::VARCHAR AS anon_5, %s::INTEGER AS anon_6, %s::VARCHAR AS anon_7, %s::VARCHAR AS anon_8, statement_timestamp() AS db_now_1 
-WHERE EXISTS (SELECT updated.message_id 
-FROM updated))
- SELECT updated.message_id 
-FROM updated;
-
--- name: mark_sent
--- sending -> sent for the given messages, each only by its current delivery-lease holder
--- (PostgreSQL: with their delivery attempt rows in the same statement).
--- parameters: sent, param_2, status_1, param_3, param_1
-WITH given AS 
-(SELECT given.message_id AS message_id, given.fence AS fence, given.owner AS owner, given.reply_code AS reply_code, given.reply_text AS reply_text, given.provider_message_id AS provider_message_id 
-FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64), fence INTEGER, owner VARCHAR(300), reply_code INTEGER, reply_text TEXT, provider_message_id VARCHAR(300))), 
-updated AS 
-(UPDATE outbox SET status=%s::VARCHAR, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=NULL, last_error=NULL, provider_message_id=given.provider_message_id, updated_at=statement_timestamp(), sent_at=statement_timestamp() FROM given WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || %s::VARCHAR) = %s::VARCHAR AND outbox.message_id = ANY (array((SELECT given.message_id 
-FROM given))) RETURNING outbox.message_id, outbox.attempts, outbox.claimed_at, given.owner, given.reply_code, given.reply_text, given.provider_message_id), 
-recorded AS 
-(INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id, finished_at) SELECT updated.message_id AS message_id, updated.attempts AS attempts, updated.owner AS owner, updated.claimed_at AS claimed_at, %s::VARCHAR AS anon_1, updated.reply_code AS reply_code, updated.reply_text AS reply_text, updated.provider_message_id AS provider_message_id, statement_timestamp() AS db_now_1 
-FROM updated)
- SELECT updated.message_id 
-FROM updated;
-
--- name: release_message
--- A claimed message never handed to a transport returns to the status it was claimed from, due
--- now, and its try is not counted; only its lease holder can.
--- parameters: status, attempts_1, message_id, fence, owner, status_1
-UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts - %s::INTEGER), lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=statement_timestamp(), updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND outbox.fence = %s::INTEGER AND outbox.lease_owner = %s::VARCHAR AND outbox.status = %s::VARCHAR;
-
--- name: requeue_message
--- Operator action: a retry, uncertain or dead message is due now, with the same key; no other
--- status can be requeued.
--- parameters: status, message_id, status_1, status_2, status_3
-UPDATE outbox SET status=%s::VARCHAR, next_attempt_at=statement_timestamp(), updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR) RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at;
-
--- name: get_message
--- An outbox message by id.
--- parameters: message_id
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
-FROM outbox 
-WHERE outbox.message_id = %s::VARCHAR;
-
--- name: list_messages
--- Outbox messages, oldest first, optionally of one status and one Run.
--- parameters: status, status, run_id, run_id, limit
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
-FROM outbox 
-WHERE (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR outbox.status = CAST(%s::VARCHAR AS VARCHAR(16))) AND (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id 
- LIMIT %s::INTEGER;
-
--- name: list_delivery_attempts
--- A message's delivery attempts in order.
--- parameters: message_id
-SELECT delivery_attempts.id, delivery_attempts.message_id, delivery_attempts.attempt, delivery_attempts.owner, delivery_attempts.started_at, delivery_attempts.finished_at, delivery_attempts.outcome, delivery_attempts.reply_code, delivery_attempts.reply_text, delivery_attempts.provider_message_id 
-FROM delivery_attempts 
-WHERE delivery_attempts.message_id = %s::VARCHAR ORDER BY delivery_attempts.attempt;
-
--- name: count_messages
--- Outbox messages per status.
-SELECT outbox.status, count(*) AS messages 
-FROM outbox GROUP BY outbox.status;
-
 -- name: get_run
 -- A Run by id.
 -- parameters: run_id
@@ -250,3 +170,156 @@ WHERE (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR 
 SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error 
 FROM attempts 
 WHERE attempts.run_id = %s::VARCHAR ORDER BY attempts.fence;
+
+-- name: owe_subjects
+-- Record from which period a job owes each given subject, once: a subject already recorded keeps
+-- its first value.
+-- parameters: owed
+INSERT INTO obligations (job, subject, owed_from, created_at) SELECT given.job, given.subject, given.owed_from, statement_timestamp() AS db_now_1 
+FROM (SELECT given.job AS job, given.subject AS subject, given.owed_from AS owed_from 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200), subject VARCHAR(500), owed_from TIMESTAMP WITH TIME ZONE)) AS given 
+WHERE true ON CONFLICT DO NOTHING;
+
+-- name: read_obligations
+-- The subjects a job owes and the period each is owed from.
+-- parameters: job
+SELECT obligations.subject, obligations.owed_from 
+FROM obligations 
+WHERE obligations.job = %s::VARCHAR ORDER BY obligations.subject;
+
+-- name: skip_occurrences
+-- Record each given occurrence as skipped by the missed-run policy, with its reason, unless a Run
+-- of it exists (started occurrences are re-driven, never skipped) or it is skipped already.
+-- parameters: occurrences
+INSERT INTO occurrences (run_id, job, subject, period_start, version, skip_reason, skipped_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.skip_reason, statement_timestamp() AS db_now_1, statement_timestamp() AS db_now__1, statement_timestamp() AS db_now__2 
+FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.skip_reason AS skip_reason 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), skip_reason TEXT)) AS given 
+WHERE NOT (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = given.run_id)) ON CONFLICT (run_id) DO UPDATE SET skipped_at = excluded.skipped_at, skip_reason = excluded.skip_reason, updated_at = excluded.updated_at WHERE occurrences.skipped_at IS NULL RETURNING occurrences.run_id;
+
+-- name: unskip_occurrences
+-- An operator runs skipped occurrences on purpose: their skip is cleared (the reason stays until
+-- it runs).
+-- parameters: ids
+UPDATE occurrences SET skipped_at=NULL, updated_at=statement_timestamp() WHERE occurrences.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND occurrences.skipped_at IS NOT NULL RETURNING occurrences.run_id;
+
+-- name: mark_overdue
+-- Report each given occurrence overdue once: not if its Run completed, it was skipped by policy or
+-- it was reported already.
+-- parameters: occurrences, status_1
+INSERT INTO occurrences (run_id, job, subject, period_start, version, overdue_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, statement_timestamp() AS db_now_1, statement_timestamp() AS db_now__1, statement_timestamp() AS db_now__2 
+FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100))) AS given 
+WHERE NOT (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = given.run_id AND runs.status = %s::VARCHAR)) ON CONFLICT (run_id) DO UPDATE SET overdue_at = excluded.overdue_at, updated_at = excluded.updated_at WHERE occurrences.overdue_at IS NULL AND occurrences.skipped_at IS NULL RETURNING occurrences.run_id;
+
+-- name: mark_recovered
+-- An overdue occurrence of the job whose Run has since completed is reported recovered, once.
+-- parameters: job, status_1
+UPDATE occurrences SET recovered_at=statement_timestamp(), updated_at=statement_timestamp() WHERE occurrences.job = %s::VARCHAR AND occurrences.overdue_at IS NOT NULL AND occurrences.recovered_at IS NULL AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = occurrences.run_id AND runs.status = %s::VARCHAR)) RETURNING occurrences.run_id, occurrences.job, occurrences.subject, occurrences.period_start, occurrences.version, occurrences.skipped_at, occurrences.skip_reason, occurrences.overdue_at, occurrences.recovered_at, occurrences.created_at, occurrences.updated_at;
+
+-- name: give_up_run
+-- A stranded Run (pending, or running on an expired lease) that used up its attempts fails for
+-- good, naming its last error; a live or finished Run is left alone.
+-- parameters: status, error, run_id, max_attempts, status_1, status_2
+UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, error=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.attempts >= %s::INTEGER AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR AND runs.lease_expires_at <= statement_timestamp()) RETURNING runs.run_id, runs.attempts;
+
+-- name: read_run_states
+-- Where each Run of a job stands from a period on (no documents), with whether its lease expired
+-- by the database clock.
+-- parameters: job, since
+SELECT runs.run_id, runs.subject, runs.period_start, runs.version, runs.status, runs.attempts, runs.updated_at, runs.error, coalesce(runs.lease_expires_at <= statement_timestamp(), false) AS lease_expired 
+FROM runs 
+WHERE runs.job = %s::VARCHAR AND runs.period_start >= %s::TIMESTAMP WITH TIME ZONE ORDER BY runs.period_start, runs.subject;
+
+-- name: read_occurrences
+-- The decisions and alerts about a job's occurrences from a period on.
+-- parameters: job, since
+SELECT occurrences.run_id, occurrences.job, occurrences.subject, occurrences.period_start, occurrences.version, occurrences.skipped_at, occurrences.skip_reason, occurrences.overdue_at, occurrences.recovered_at, occurrences.created_at, occurrences.updated_at 
+FROM occurrences 
+WHERE occurrences.job = %s::VARCHAR AND occurrences.period_start >= %s::TIMESTAMP WITH TIME ZONE ORDER BY occurrences.period_start, occurrences.subject;
+
+-- name: claim_messages
+-- Lease the due messages, skipping rows another dispatcher has locked (PostgreSQL: due and taken
+-- in one statement); each claim bumps the fence and counts the attempt.
+-- parameters: status_1, channel, channel, limit, status, attempts_1, fence_1, owner, lease
+WITH due AS 
+(SELECT outbox.message_id AS message_id, outbox.status AS status 
+FROM outbox 
+WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_attempt_at <= statement_timestamp() AND (outbox.status != %s::VARCHAR OR outbox.lease_expires_at <= statement_timestamp()) AND (CAST(%s::VARCHAR AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(%s::VARCHAR AS VARCHAR(32))) ORDER BY outbox.next_attempt_at, outbox.message_id 
+ LIMIT %s::INTEGER FOR UPDATE SKIP LOCKED)
+ UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts + %s::INTEGER), fence=(outbox.fence + %s::INTEGER), lease_owner=%s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), claimed_at=statement_timestamp(), updated_at=statement_timestamp() FROM due WHERE outbox.message_id = due.message_id RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, due.status AS previous_status;
+
+-- name: record_delivery_outcome
+-- sending -> retry, uncertain or dead, with the error and when it is due again (database clock, or
+-- never); only the current delivery-lease holder can (PostgreSQL: with its delivery attempt row in
+-- the same statement).
+-- parameters: outcome, delay, delay, last_error, message_id, fence, owner, status_1, message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id
+WITH updated AS 
+(UPDATE outbox SET status=%s::VARCHAR, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=CASE WHEN (CAST(%s AS FLOAT) IS NULL) THEN NULL ELSE (statement_timestamp() + make_interval(secs => %s)) END, last_error=%s::VARCHAR, updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND outbox.fence = %s::INTEGER AND outbox.lease_owner = %s::VARCHAR AND outbox.status = %s::VARCHAR RETURNING outbox.message_id), 
+recorded AS 
+(INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id, finished_at) SELECT %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::TIMESTAMP WITH TIME ZONE AS anon_4, %s::VARCHAR AS anon_5, %s::INTEGER AS anon_6, %s::VARCHAR AS anon_7, %s::VARCHAR AS anon_8, statement_timestamp() AS db_now_1 
+WHERE EXISTS (SELECT updated.message_id 
+FROM updated))
+ SELECT updated.message_id 
+FROM updated;
+
+-- name: mark_sent
+-- sending -> sent for the given messages, each only by its current delivery-lease holder
+-- (PostgreSQL: with their delivery attempt rows in the same statement).
+-- parameters: sent, param_2, status_1, param_3, param_1
+WITH given AS 
+(SELECT given.message_id AS message_id, given.fence AS fence, given.owner AS owner, given.reply_code AS reply_code, given.reply_text AS reply_text, given.provider_message_id AS provider_message_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64), fence INTEGER, owner VARCHAR(300), reply_code INTEGER, reply_text TEXT, provider_message_id VARCHAR(300))), 
+updated AS 
+(UPDATE outbox SET status=%s::VARCHAR, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=NULL, last_error=NULL, provider_message_id=given.provider_message_id, updated_at=statement_timestamp(), sent_at=statement_timestamp() FROM given WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || %s::VARCHAR) = %s::VARCHAR AND outbox.message_id = ANY (array((SELECT given.message_id 
+FROM given))) RETURNING outbox.message_id, outbox.attempts, outbox.claimed_at, given.owner, given.reply_code, given.reply_text, given.provider_message_id), 
+recorded AS 
+(INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id, finished_at) SELECT updated.message_id AS message_id, updated.attempts AS attempts, updated.owner AS owner, updated.claimed_at AS claimed_at, %s::VARCHAR AS anon_1, updated.reply_code AS reply_code, updated.reply_text AS reply_text, updated.provider_message_id AS provider_message_id, statement_timestamp() AS db_now_1 
+FROM updated)
+ SELECT updated.message_id 
+FROM updated;
+
+-- name: release_message
+-- A claimed message never handed to a transport returns to the status it was claimed from, due
+-- now, and its try is not counted; only its lease holder can.
+-- parameters: status, attempts_1, message_id, fence, owner, status_1
+UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts - %s::INTEGER), lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=statement_timestamp(), updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND outbox.fence = %s::INTEGER AND outbox.lease_owner = %s::VARCHAR AND outbox.status = %s::VARCHAR;
+
+-- name: requeue_message
+-- Operator action: a retry, uncertain or dead message is due now, with the same key; no other
+-- status can be requeued.
+-- parameters: status, message_id, status_1, status_2, status_3
+UPDATE outbox SET status=%s::VARCHAR, next_attempt_at=statement_timestamp(), updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR) RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at;
+
+-- name: get_message
+-- An outbox message by id.
+-- parameters: message_id
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+FROM outbox 
+WHERE outbox.message_id = %s::VARCHAR;
+
+-- name: list_messages
+-- Outbox messages, oldest first, optionally of one status and one Run.
+-- parameters: status, status, run_id, run_id, limit
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+FROM outbox 
+WHERE (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR outbox.status = CAST(%s::VARCHAR AS VARCHAR(16))) AND (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id 
+ LIMIT %s::INTEGER;
+
+-- name: list_delivery_attempts
+-- A message's delivery attempts in order.
+-- parameters: message_id
+SELECT delivery_attempts.id, delivery_attempts.message_id, delivery_attempts.attempt, delivery_attempts.owner, delivery_attempts.started_at, delivery_attempts.finished_at, delivery_attempts.outcome, delivery_attempts.reply_code, delivery_attempts.reply_text, delivery_attempts.provider_message_id 
+FROM delivery_attempts 
+WHERE delivery_attempts.message_id = %s::VARCHAR ORDER BY delivery_attempts.attempt;
+
+-- name: count_messages
+-- Outbox messages per status.
+SELECT outbox.status, count(*) AS messages 
+FROM outbox GROUP BY outbox.status;

@@ -26,89 +26,6 @@ FROM outbox
 WHERE outbox.message_id BETWEEN ? AND ? ORDER BY outbox.message_id
  LIMIT ? OFFSET ?;
 
--- name: due_messages
--- The due messages (or ones whose delivery lease expired) in claim order, optionally of one
--- channel.
--- parameters: status_1, channel, channel, limit, param_1
-SELECT outbox.message_id, outbox.status 
-FROM outbox 
-WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_attempt_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AND (outbox.status != ? OR outbox.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (CAST(? AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(? AS VARCHAR(32))) ORDER BY outbox.next_attempt_at, outbox.message_id
- LIMIT ? OFFSET ?;
-
--- name: claim_messages
--- Lease the due messages, skipping rows another dispatcher has locked (PostgreSQL: due and taken
--- in one statement); each claim bumps the fence and counts the attempt.
--- parameters: status, attempts_1, fence_1, owner, lease, json_extract_1, due
-UPDATE outbox SET status=?, attempts=(outbox.attempts + ?), fence=(outbox.fence + ?), lease_owner=?, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), claimed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id IN (SELECT json_extract(anon_1.value, ?) AS message_id 
-FROM json_each(?) AS anon_1) RETURNING message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
-
--- name: record_delivery_outcome
--- sending -> retry, uncertain or dead, with the error and when it is due again (database clock, or
--- never); only the current delivery-lease holder can (PostgreSQL: with its delivery attempt row in
--- the same statement).
--- parameters: outcome, delay, delay, last_error, message_id, fence, owner, status_1
-UPDATE outbox SET status=?, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=CASE WHEN (CAST(? AS FLOAT) IS NULL) THEN NULL ELSE (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') END, last_error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND outbox.fence = ? AND outbox.lease_owner = ? AND outbox.status = ? RETURNING message_id;
-
--- name: record_delivery_attempt
--- One delivery attempt row per try, unique per (message, attempt).
--- parameters: message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id
-INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, finished_at, outcome, reply_code, reply_text, provider_message_id) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), ?, ?, ?, ?);
-
--- name: record_sent_attempts
--- The delivery attempt rows of the given messages still held under their fence and owner, before
--- they are marked sent.
--- parameters: param_1, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, sent, status_1, param_2
-INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id, finished_at) SELECT outbox.message_id, outbox.attempts, given.owner, outbox.claimed_at, ? AS anon_1, given.reply_code, given.reply_text, given.provider_message_id, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1 
-FROM outbox, (SELECT json_extract(anon_2.value, ?) AS message_id, json_extract(anon_2.value, ?) AS fence, json_extract(anon_2.value, ?) AS owner, json_extract(anon_2.value, ?) AS reply_code, json_extract(anon_2.value, ?) AS reply_text, json_extract(anon_2.value, ?) AS provider_message_id 
-FROM json_each(?) AS anon_2) AS given 
-WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || ?) = ?;
-
--- name: mark_sent
--- sending -> sent for the given messages, each only by its current delivery-lease holder
--- (PostgreSQL: with their delivery attempt rows in the same statement).
--- parameters: status, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, sent, status_1, param_1
-UPDATE outbox SET status=?, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=NULL, last_error=NULL, provider_message_id=given.provider_message_id, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), sent_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') FROM (SELECT json_extract(anon_1.value, ?) AS message_id, json_extract(anon_1.value, ?) AS fence, json_extract(anon_1.value, ?) AS owner, json_extract(anon_1.value, ?) AS reply_code, json_extract(anon_1.value, ?) AS reply_text, json_extract(anon_1.value, ?) AS provider_message_id 
-FROM json_each(?) AS anon_1) AS given WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || ?) = ? RETURNING message_id;
-
--- name: release_message
--- A claimed message never handed to a transport returns to the status it was claimed from, due
--- now, and its try is not counted; only its lease holder can.
--- parameters: status, attempts_1, message_id, fence, owner, status_1
-UPDATE outbox SET status=?, attempts=(outbox.attempts - ?), lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND outbox.fence = ? AND outbox.lease_owner = ? AND outbox.status = ?;
-
--- name: requeue_message
--- Operator action: a retry, uncertain or dead message is due now, with the same key; no other
--- status can be requeued.
--- parameters: status, message_id, status_1, status_2, status_3
-UPDATE outbox SET status=?, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ?) RETURNING message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
-
--- name: get_message
--- An outbox message by id.
--- parameters: message_id
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
-FROM outbox 
-WHERE outbox.message_id = ?;
-
--- name: list_messages
--- Outbox messages, oldest first, optionally of one status and one Run.
--- parameters: status, status, run_id, run_id, limit, param_1
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
-FROM outbox 
-WHERE (CAST(? AS VARCHAR(16)) IS NULL OR outbox.status = CAST(? AS VARCHAR(16))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id
- LIMIT ? OFFSET ?;
-
--- name: list_delivery_attempts
--- A message's delivery attempts in order.
--- parameters: message_id
-SELECT delivery_attempts.id, delivery_attempts.message_id, delivery_attempts.attempt, delivery_attempts.owner, delivery_attempts.started_at, delivery_attempts.finished_at, delivery_attempts.outcome, delivery_attempts.reply_code, delivery_attempts.reply_text, delivery_attempts.provider_message_id 
-FROM delivery_attempts 
-WHERE delivery_attempts.message_id = ? ORDER BY delivery_attempts.attempt;
-
--- name: count_messages
--- Outbox messages per status.
-SELECT outbox.status, count(*) AS messages 
-FROM outbox GROUP BY outbox.status;
-
 -- name: get_run
 -- A Run by id.
 -- parameters: run_id
@@ -238,3 +155,159 @@ WHERE (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AN
 SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error 
 FROM attempts 
 WHERE attempts.run_id = ? ORDER BY attempts.fence;
+
+-- name: owe_subjects
+-- Record from which period a job owes each given subject, once: a subject already recorded keeps
+-- its first value.
+-- parameters: json_extract_1, json_extract_2, json_extract_3, owed
+INSERT INTO obligations (job, subject, owed_from, created_at) SELECT given.job, given.subject, given.owed_from, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1 
+FROM (SELECT json_extract(anon_1.value, ?) AS job, json_extract(anon_1.value, ?) AS subject, json_extract(anon_1.value, ?) AS owed_from 
+FROM json_each(?) AS anon_1) AS given 
+WHERE 1 = 1 ON CONFLICT DO NOTHING;
+
+-- name: read_obligations
+-- The subjects a job owes and the period each is owed from.
+-- parameters: job
+SELECT obligations.subject, obligations.owed_from 
+FROM obligations 
+WHERE obligations.job = ? ORDER BY obligations.subject;
+
+-- name: skip_occurrences
+-- Record each given occurrence as skipped by the missed-run policy, with its reason, unless a Run
+-- of it exists (started occurrences are re-driven, never skipped) or it is skipped already.
+-- parameters: json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, occurrences
+INSERT INTO occurrences (run_id, job, subject, period_start, version, skip_reason, skipped_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.skip_reason, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2 
+FROM (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS job, json_extract(anon_1.value, ?) AS subject, json_extract(anon_1.value, ?) AS period_start, json_extract(anon_1.value, ?) AS version, json_extract(anon_1.value, ?) AS skip_reason 
+FROM json_each(?) AS anon_1) AS given 
+WHERE NOT (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = given.run_id)) ON CONFLICT (run_id) DO UPDATE SET skipped_at = excluded.skipped_at, skip_reason = excluded.skip_reason, updated_at = excluded.updated_at WHERE occurrences.skipped_at IS NULL RETURNING run_id;
+
+-- name: unskip_occurrences
+-- An operator runs skipped occurrences on purpose: their skip is cleared (the reason stays until
+-- it runs).
+-- parameters: json_extract_1, ids
+UPDATE occurrences SET skipped_at=NULL, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE occurrences.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) AND occurrences.skipped_at IS NOT NULL RETURNING run_id;
+
+-- name: mark_overdue
+-- Report each given occurrence overdue once: not if its Run completed, it was skipped by policy or
+-- it was reported already.
+-- parameters: json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, occurrences, status_1
+INSERT INTO occurrences (run_id, job, subject, period_start, version, overdue_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2 
+FROM (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS job, json_extract(anon_1.value, ?) AS subject, json_extract(anon_1.value, ?) AS period_start, json_extract(anon_1.value, ?) AS version 
+FROM json_each(?) AS anon_1) AS given 
+WHERE NOT (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = given.run_id AND runs.status = ?)) ON CONFLICT (run_id) DO UPDATE SET overdue_at = excluded.overdue_at, updated_at = excluded.updated_at WHERE occurrences.overdue_at IS NULL AND occurrences.skipped_at IS NULL RETURNING run_id;
+
+-- name: mark_recovered
+-- An overdue occurrence of the job whose Run has since completed is reported recovered, once.
+-- parameters: job, status_1
+UPDATE occurrences SET recovered_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE occurrences.job = ? AND occurrences.overdue_at IS NOT NULL AND occurrences.recovered_at IS NULL AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = occurrences.run_id AND runs.status = ?)) RETURNING run_id, job, subject, period_start, version, skipped_at, skip_reason, overdue_at, recovered_at, created_at, updated_at;
+
+-- name: give_up_run
+-- A stranded Run (pending, or running on an expired lease) that used up its attempts fails for
+-- good, naming its last error; a live or finished Run is left alone.
+-- parameters: status, error, run_id, max_attempts, status_1, status_2
+UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.attempts >= ? AND (runs.status = ? OR runs.status = ? AND runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING run_id, attempts;
+
+-- name: read_run_states
+-- Where each Run of a job stands from a period on (no documents), with whether its lease expired
+-- by the database clock.
+-- parameters: job, since
+SELECT runs.run_id, runs.subject, runs.period_start, runs.version, runs.status, runs.attempts, runs.updated_at, runs.error, coalesce(runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), 0) AS lease_expired 
+FROM runs 
+WHERE runs.job = ? AND runs.period_start >= ? ORDER BY runs.period_start, runs.subject;
+
+-- name: read_occurrences
+-- The decisions and alerts about a job's occurrences from a period on.
+-- parameters: job, since
+SELECT occurrences.run_id, occurrences.job, occurrences.subject, occurrences.period_start, occurrences.version, occurrences.skipped_at, occurrences.skip_reason, occurrences.overdue_at, occurrences.recovered_at, occurrences.created_at, occurrences.updated_at 
+FROM occurrences 
+WHERE occurrences.job = ? AND occurrences.period_start >= ? ORDER BY occurrences.period_start, occurrences.subject;
+
+-- name: due_messages
+-- The due messages (or ones whose delivery lease expired) in claim order, optionally of one
+-- channel.
+-- parameters: status_1, channel, channel, limit, param_1
+SELECT outbox.message_id, outbox.status 
+FROM outbox 
+WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_attempt_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AND (outbox.status != ? OR outbox.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (CAST(? AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(? AS VARCHAR(32))) ORDER BY outbox.next_attempt_at, outbox.message_id
+ LIMIT ? OFFSET ?;
+
+-- name: claim_messages
+-- Lease the due messages, skipping rows another dispatcher has locked (PostgreSQL: due and taken
+-- in one statement); each claim bumps the fence and counts the attempt.
+-- parameters: status, attempts_1, fence_1, owner, lease, json_extract_1, due
+UPDATE outbox SET status=?, attempts=(outbox.attempts + ?), fence=(outbox.fence + ?), lease_owner=?, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), claimed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id IN (SELECT json_extract(anon_1.value, ?) AS message_id 
+FROM json_each(?) AS anon_1) RETURNING message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
+
+-- name: record_delivery_outcome
+-- sending -> retry, uncertain or dead, with the error and when it is due again (database clock, or
+-- never); only the current delivery-lease holder can (PostgreSQL: with its delivery attempt row in
+-- the same statement).
+-- parameters: outcome, delay, delay, last_error, message_id, fence, owner, status_1
+UPDATE outbox SET status=?, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=CASE WHEN (CAST(? AS FLOAT) IS NULL) THEN NULL ELSE (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') END, last_error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND outbox.fence = ? AND outbox.lease_owner = ? AND outbox.status = ? RETURNING message_id;
+
+-- name: record_delivery_attempt
+-- One delivery attempt row per try, unique per (message, attempt).
+-- parameters: message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id
+INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, finished_at, outcome, reply_code, reply_text, provider_message_id) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), ?, ?, ?, ?);
+
+-- name: record_sent_attempts
+-- The delivery attempt rows of the given messages still held under their fence and owner, before
+-- they are marked sent.
+-- parameters: param_1, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, sent, status_1, param_2
+INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id, finished_at) SELECT outbox.message_id, outbox.attempts, given.owner, outbox.claimed_at, ? AS anon_1, given.reply_code, given.reply_text, given.provider_message_id, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1 
+FROM outbox, (SELECT json_extract(anon_2.value, ?) AS message_id, json_extract(anon_2.value, ?) AS fence, json_extract(anon_2.value, ?) AS owner, json_extract(anon_2.value, ?) AS reply_code, json_extract(anon_2.value, ?) AS reply_text, json_extract(anon_2.value, ?) AS provider_message_id 
+FROM json_each(?) AS anon_2) AS given 
+WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || ?) = ?;
+
+-- name: mark_sent
+-- sending -> sent for the given messages, each only by its current delivery-lease holder
+-- (PostgreSQL: with their delivery attempt rows in the same statement).
+-- parameters: status, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, sent, status_1, param_1
+UPDATE outbox SET status=?, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=NULL, last_error=NULL, provider_message_id=given.provider_message_id, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), sent_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') FROM (SELECT json_extract(anon_1.value, ?) AS message_id, json_extract(anon_1.value, ?) AS fence, json_extract(anon_1.value, ?) AS owner, json_extract(anon_1.value, ?) AS reply_code, json_extract(anon_1.value, ?) AS reply_text, json_extract(anon_1.value, ?) AS provider_message_id 
+FROM json_each(?) AS anon_1) AS given WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || ?) = ? RETURNING message_id;
+
+-- name: release_message
+-- A claimed message never handed to a transport returns to the status it was claimed from, due
+-- now, and its try is not counted; only its lease holder can.
+-- parameters: status, attempts_1, message_id, fence, owner, status_1
+UPDATE outbox SET status=?, attempts=(outbox.attempts - ?), lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND outbox.fence = ? AND outbox.lease_owner = ? AND outbox.status = ?;
+
+-- name: requeue_message
+-- Operator action: a retry, uncertain or dead message is due now, with the same key; no other
+-- status can be requeued.
+-- parameters: status, message_id, status_1, status_2, status_3
+UPDATE outbox SET status=?, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ?) RETURNING message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
+
+-- name: get_message
+-- An outbox message by id.
+-- parameters: message_id
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+FROM outbox 
+WHERE outbox.message_id = ?;
+
+-- name: list_messages
+-- Outbox messages, oldest first, optionally of one status and one Run.
+-- parameters: status, status, run_id, run_id, limit, param_1
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+FROM outbox 
+WHERE (CAST(? AS VARCHAR(16)) IS NULL OR outbox.status = CAST(? AS VARCHAR(16))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id
+ LIMIT ? OFFSET ?;
+
+-- name: list_delivery_attempts
+-- A message's delivery attempts in order.
+-- parameters: message_id
+SELECT delivery_attempts.id, delivery_attempts.message_id, delivery_attempts.attempt, delivery_attempts.owner, delivery_attempts.started_at, delivery_attempts.finished_at, delivery_attempts.outcome, delivery_attempts.reply_code, delivery_attempts.reply_text, delivery_attempts.provider_message_id 
+FROM delivery_attempts 
+WHERE delivery_attempts.message_id = ? ORDER BY delivery_attempts.attempt;
+
+-- name: count_messages
+-- Outbox messages per status.
+SELECT outbox.status, count(*) AS messages 
+FROM outbox GROUP BY outbox.status;

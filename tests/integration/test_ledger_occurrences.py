@@ -1,0 +1,113 @@
+"""What a job owes and the decisions about it, on both ledgers: obligations keep their first
+period, a skip is recorded only for an occurrence nobody started, an overdue occurrence and its
+recovery are reported once each however many reconcilers ask, a stranded Run past its attempt
+cap fails for good."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+from store import Ledger, RunIdentity
+from store.occurrences import GAVE_UP
+
+DAY = datetime(2026, 1, 5, tzinfo=UTC)
+
+
+def identity(subject: str = "acme", day: int = 0) -> RunIdentity:
+    return RunIdentity("owed", subject, DAY + timedelta(days=day), "v1")
+
+
+def test_a_subject_is_owed_from_the_first_period_recorded_for_it(ledger: Ledger) -> None:
+    """A second owe with another period changes nothing for a known subject, adds a new one."""
+    assert ledger.owe("owed", {"acme": DAY}) == {"acme": DAY}
+    later = DAY + timedelta(days=3)
+    assert ledger.owe("owed", {"acme": later, "globex": later}) == {"acme": DAY, "globex": later}
+    assert ledger.owe("other", {}) == {}
+
+
+def test_only_an_occurrence_nobody_started_is_skipped_and_only_once(ledger: Ledger) -> None:
+    """A Run of the identity means it is re-driven, not skipped; a second skip is no news."""
+    started = identity("started")
+    ledger.register(started)
+    missed = identity("missed")
+    assert ledger.skip([(missed, "missed while nothing ran"), (started, "missed")]) == [
+        missed.run_id]
+    assert ledger.skip([(missed, "again")]) == []
+    [occurrence] = ledger.occurrences("owed", DAY)
+    assert (occurrence.run_id, occurrence.skip_reason) == (missed.run_id, "missed while nothing ran")
+    assert occurrence.skipped_at is not None
+    assert ledger.unskip([missed.run_id, started.run_id]) == [missed.run_id]
+    assert ledger.skip([(missed, "skipped again")]) == [missed.run_id]
+
+
+def test_an_overdue_occurrence_is_reported_once_and_recovered_once(ledger: Ledger) -> None:
+    """Overdue once (never for a completed or skipped one), recovered once after completion."""
+    late, done, skipped = identity("late"), identity("done"), identity("skipped")
+    claim = ledger.register_and_claim(done, owner="w:1", lease=60).claim
+    assert claim is not None
+    ledger.complete(claim, {"summary": "ok"})
+    ledger.skip([(skipped, "superseded by 2026-01-06")])
+    assert ledger.mark_overdue([late, done, skipped]) == [late.run_id]
+    assert ledger.mark_overdue([late]) == []
+    assert ledger.mark_recovered("owed") == []
+    claim = ledger.register_and_claim(late, owner="w:1", lease=60).claim
+    assert claim is not None
+    ledger.complete(claim, {"summary": "late"})
+    [recovered] = ledger.mark_recovered("owed")
+    assert recovered.run_id == late.run_id and recovered.recovered_at is not None
+    assert ledger.mark_recovered("owed") == []
+
+
+def test_two_reconcilers_at_once_report_each_overdue_occurrence_once(
+        ledger: Ledger, db_url: str) -> None:
+    """Eight threads, each with its own ledger connection, report the same 20 occurrences."""
+    late = [identity(f"s{i}") for i in range(20)]
+    barrier = threading.Barrier(8)
+    reported: list[str] = []
+    lock = threading.Lock()
+
+    def reconcile() -> None:
+        own = Ledger.connect(db_url)
+        try:
+            barrier.wait()
+            found = own.mark_overdue(late)
+            with lock:
+                reported.extend(found)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=reconcile) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(reported) == sorted(i.run_id for i in late)
+
+
+def test_a_stranded_run_past_its_attempt_cap_fails_for_good(ledger: Ledger) -> None:
+    """Pending after three released attempts: with a cap of 3 it fails naming its last error;
+    below the cap, or while another worker holds a live lease, nothing changes."""
+    stranded = identity("stranded")
+    for attempt in range(3):
+        claim = ledger.register_and_claim(stranded, owner=f"w:{attempt}", lease=60).claim
+        assert claim is not None
+        ledger.fail(claim, f"TimeoutError: try {attempt}", retryable=True)
+    [state] = ledger.run_states("owed", DAY)
+    assert state.stranded and state.attempts == 3 and not state.lease_expired
+    assert not ledger.give_up(state, max_attempts=4)
+    assert ledger.give_up(state, max_attempts=3)
+    run = ledger.get(stranded.run_id)
+    assert run.status == "failed"
+    assert run.error == GAVE_UP.format(attempts=3, error="TimeoutError: try 2")
+    assert not ledger.give_up(state, max_attempts=3)  # failed already: not again
+
+
+def test_a_live_lease_is_not_stranded_and_never_given_up(ledger: Ledger) -> None:
+    """A running Run on a lease that has not expired by the database clock is left alone."""
+    live = identity("live")
+    assert ledger.register_and_claim(live, owner="w:1", lease=600).claim is not None
+    [state] = ledger.run_states("owed", DAY)
+    assert state.status == "running" and not state.lease_expired and not state.stranded
+    assert not ledger.give_up(state, max_attempts=1)
+    assert ledger.get(live.run_id).status == "running"

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from prefect import State
 from prefect.events import emit_event
 from prefect.states import Cancelled, Completed, Failed
 
 from store import Period
+
+if TYPE_CHECKING:
+    from flows.jobs import Job
+    from flows.reconcile.plan import Owed
 
 # "stopped": the flow run was cancelled or timed out before the subject's next stage and its Run
 # was released; an event of its own, so that alerts on failures do not fire for a cancel.
@@ -142,18 +146,61 @@ class TickReport:
         }
 
 
+# What reconcile reports about an owed occurrence, and about a job as a whole.
+OCCURRENCE_EVENTS = {
+    "skipped": "runledger.run.skipped",
+    "overdue": "runledger.run.overdue",
+    "recovered": "runledger.run.recovered",
+    "gave-up": "runledger.run.gave-up",
+}
+JOB_EVENTS = {
+    "tick.completed": "runledger.tick.completed",
+    "reconcile.capped": "runledger.reconcile.capped",
+}
+
+
+def _run_resource(job: str, version: str, subject: str, period: Period,
+                  run_id: str) -> dict[str, str]:
+    return {
+        "prefect.resource.id": f"runledger.run.{run_id}",
+        "prefect.resource.name": f"{job}/{subject}/{period.label}",
+        "runledger.job": job,
+        "runledger.subject": subject,
+        "runledger.version": version,
+        "runledger.period": period.label,
+    }
+
+
+def emit_occurrence_event(kind: str, job: Job, owed: Owed | None = None, *, subject: str | None = None,
+                          period: Period | None = None, run_id: str | None = None,
+                          **payload: Any) -> None:
+    """A Prefect event about one owed occurrence (``owed``, or its subject, period and run id),
+    with its Run's resource id even when no Run exists yet."""
+    if owed is not None:
+        subject, period, run_id = owed.subject, owed.period, owed.identity.run_id
+    assert subject is not None and period is not None and run_id is not None
+    emit_event(event=OCCURRENCE_EVENTS[kind],
+               resource=_run_resource(job.name, job.version, subject, period, run_id),
+               related=[_job_resource(job)], payload=payload)
+
+
+def _job_resource(job: Job) -> dict[str, str]:
+    return {"prefect.resource.id": f"runledger.job.{job.name}", "prefect.resource.role": "job",
+            "prefect.resource.name": job.name}
+
+
+def emit_job_event(kind: str, job: Job, **payload: Any) -> None:
+    """A Prefect event about a job as a whole (``runledger.job.<name>`` is its resource)."""
+    resource = {**_job_resource(job), "runledger.job": job.name, "runledger.version": job.version}
+    resource.pop("prefect.resource.role")
+    emit_event(event=JOB_EVENTS[kind], resource=resource, payload=payload)
+
+
 def emit_outcome(job: str, version: str, period: Period, outcome: SubjectOutcome) -> None:
     """A Prefect event for a ledger transition (or a refusal), with the Run as the resource."""
     emit_event(
         event=EVENTS[outcome.outcome],
-        resource={
-            "prefect.resource.id": f"runledger.run.{outcome.run_id}",
-            "prefect.resource.name": f"{job}/{outcome.subject}/{period.label}",
-            "runledger.job": job,
-            "runledger.subject": outcome.subject,
-            "runledger.version": version,
-            "runledger.period": period.label,
-        },
+        resource=_run_resource(job, version, outcome.subject, period, outcome.run_id),
         payload={"attempts": outcome.attempts, "outbox_rows": outcome.outbox_rows,
                  "error": outcome.error},
     )

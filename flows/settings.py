@@ -40,6 +40,15 @@ class RunledgerSettings(BaseSettings):
     retry_delay_seconds: float = Field(
         default=2.0, ge=0, description="First retry delay; doubles on each retry, with jitter."
     )
+    reconcile_concurrency: int = Field(
+        default=2, ge=1, description="Periods a reconcile pass runs at once (run-job subflows).")
+    reconcile_cap: int = Field(
+        default=1_000, ge=1, description="Owed occurrences one reconcile pass looks at per job.")
+    reconcile_backoff_seconds: float = Field(
+        default=60.0, ge=0, description="Wait before re-driving a stranded Run after its first "
+                                        "attempt; doubles per attempt.")
+    reconcile_max_backoff_seconds: float = Field(
+        default=3600.0, ge=0, description="Longest wait between re-drives of a stranded Run.")
     max_retry_after_seconds: float = Field(
         default=60.0, ge=0, description="Longest wait honoured from a Retry-After answer."
     )

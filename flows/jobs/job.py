@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, get_args
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import MetaData
 from sqlmodel import Session
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
 
 MissedRunPolicy = Literal["skip", "latest", "catch-up"]
 DEFAULT_LEASE_SECONDS = 900.0
+DEFAULT_GRACE = timedelta(hours=1)
+DEFAULT_CATCH_UP_WINDOW = timedelta(days=7)
+DEFAULT_MAX_ATTEMPTS = 5
 _NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
 
@@ -68,8 +72,20 @@ class Job:
             (e.g. the recipients); the same Run with other params is a conflict.
         tables: metadata of the business tables ``effect`` writes (``runledger db upgrade``
             creates them).
-        missed_runs: what a scheduler should do about periods that never ran: ``skip`` them,
-            run only the ``latest``, or ``catch-up`` every one (see ``missed_periods``).
+        missed_runs: what reconcile does about an owed occurrence nobody started by its due
+            time plus ``max_lateness``, and what a scheduled flow run that starts that late does:
+            ``skip`` it (recorded as skipped), run only the ``latest`` owed period (older ones
+            are skipped as superseded), or ``catch-up`` every one, oldest first.
+        start: the first period the job owes (an aware datetime inside it); default: the
+            period in which reconcile first sees the job. A subject added later is owed from
+            the period in which reconcile first sees it.
+        due: when in its period an occurrence is due, from the period's start: the time of the
+            deployment's scheduled slot (a test checks that they agree).
+        grace: how long after its due time an unfinished occurrence is reported overdue.
+        max_lateness: how late after its due time an occurrence may still start on its own
+            schedule before the missed-run policy decides (default: ``grace``).
+        catch_up_window: how far back reconcile looks for owed occurrences.
+        max_attempts: claims a Run may take before reconcile gives up on it (``failed``).
         lease_seconds: how long a claim lasts without renewal (RUNLEDGER_LEASE_SECONDS wins).
     """
 
@@ -86,6 +102,12 @@ class Job:
     params: Params | None = None
     tables: MetaData | None = None
     missed_runs: MissedRunPolicy = "skip"
+    start: datetime | None = None
+    due: timedelta = timedelta(0)
+    grace: timedelta = DEFAULT_GRACE
+    max_lateness: timedelta | None = None
+    catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     description: str = ""
 
@@ -103,6 +125,21 @@ class Job:
                              f"{', '.join(get_args(MissedRunPolicy))}, got {self.missed_runs!r}")
         if not self.lease_seconds > 0:
             raise InvalidJob(f"job {self.name}: lease_seconds must be positive")
+        if self.start is not None and (not isinstance(self.start, datetime)
+                                       or self.start.tzinfo is None):
+            raise InvalidJob(f"job {self.name}: start must be a timezone-aware datetime, "
+                             f"got {self.start!r}")
+        for name in ("due", "grace", "max_lateness", "catch_up_window"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, timedelta) or value < timedelta(0)):
+                raise InvalidJob(f"job {self.name}: {name} must be a timedelta of 0 or more, "
+                                 f"got {value!r}")
+        if not self.catch_up_window > timedelta(0):
+            raise InvalidJob(f"job {self.name}: catch_up_window must be positive")
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
+                or self.max_attempts < 1:
+            raise InvalidJob(f"job {self.name}: max_attempts must be a positive integer, "
+                             f"got {self.max_attempts!r}")
         for stage in ("collect", "transform", "validate", "messages"):
             if not callable(getattr(self, stage)):
                 raise InvalidJob(f"job {self.name}: {stage} must be a function")
@@ -141,13 +178,20 @@ class Job:
     def run_params(self, subject: str, period: Period) -> dict[str, Any]:
         return self.params(subject, period) if self.params is not None else {}
 
-    def missed_periods(self, last_run: Period, now: datetime) -> list[Period]:
-        """The periods after ``last_run`` that ended before ``now``, as ``missed_runs`` wants."""
-        if self.missed_runs == "skip":
-            return []
-        missed: list[Period] = []
-        current = self.period_at(last_run.end)
-        while current.end <= now:
-            missed.append(current)
-            current = self.period_at(current.end)
-        return missed[-1:] if self.missed_runs == "latest" else missed
+    @property
+    def lateness_allowed(self) -> timedelta:
+        """How late an occurrence may start on its own schedule (``max_lateness`` or ``grace``)."""
+        return self.grace if self.max_lateness is None else self.max_lateness
+
+    def due_at(self, period: Period) -> datetime:
+        """When the occurrence of ``period`` is due: its scheduled slot, ``due`` after the
+        period's start on the wall clock of the job's timezone (07:00 stays 07:00 across DST)."""
+        local = period.start.astimezone(ZoneInfo(self.timezone))
+        return (local + self.due).astimezone(UTC)
+
+    def latest_due_period(self, now: datetime) -> Period:
+        """The most recent period whose occurrence is due at ``now``."""
+        period = self.period_at(now)
+        while self.due_at(period) > now:
+            period = self.period_at(period.start - timedelta(microseconds=1))
+        return period

@@ -114,16 +114,3 @@ def test_run_params_default_to_none() -> None:
     """A job without params registers its Runs with empty params."""
     job = make()
     assert job.run_params("acme", job.parse_period("2026-01-05")) == {}
-
-
-@pytest.mark.parametrize(("policy", "expected"), [
-    ("skip", []),
-    ("latest", ["2026-01-08"]),
-    ("catch-up", ["2026-01-06", "2026-01-07", "2026-01-08"]),
-])
-def test_missed_periods_follow_the_jobs_policy(policy: str, expected: list[str]) -> None:
-    """After the 5th ran, on the 9th at noon the 6th to 8th are missed; the policy picks."""
-    job = make(missed_runs=policy)
-    missed = job.missed_periods(job.parse_period("2026-01-05"),
-                                datetime(2026, 1, 9, 12, tzinfo=UTC))
-    assert [p.label for p in missed] == expected

@@ -19,25 +19,32 @@ if TYPE_CHECKING:
 
 # "stopped": the flow run was cancelled or timed out before the subject's next stage and its Run
 # was released; an event of its own, so that alerts on failures do not fire for a cancel.
-Outcome = Literal["new", "duplicate", "in-progress-elsewhere", "lease-lost", "stopped", "failed"]
+# "skipped": a scheduled flow run that started later than the job allows, whose missed-run
+# policy says not to run it (the occurrence is recorded skipped).
+Outcome = Literal["new", "duplicate", "in-progress-elsewhere", "lease-lost", "stopped", "skipped",
+                  "failed"]
 OUTCOMES: tuple[Outcome, ...] = ("new", "duplicate", "in-progress-elsewhere", "lease-lost",
-                                 "stopped", "failed")
+                                 "stopped", "skipped", "failed")
 EVENTS: dict[Outcome, str] = {
     "new": "runledger.run.completed",
     "duplicate": "runledger.run.duplicate",
     "in-progress-elsewhere": "runledger.run.in-progress-elsewhere",
     "lease-lost": "runledger.run.lease-lost",
     "stopped": "runledger.run.stopped",
+    "skipped": "runledger.run.skipped",
     "failed": "runledger.run.failed",
 }
+NO_SUBJECTS = "NoSubjects"
 # The outcomes that name a tick's flow run when any subject has them, strongest first.
-DECIDING: tuple[Outcome, ...] = ("failed", "stopped", "lease-lost", "in-progress-elsewhere")
+DECIDING: tuple[Outcome, ...] = ("failed", "stopped", "lease-lost", "in-progress-elsewhere",
+                                 "skipped")
 STATE_NAMES: dict[Outcome, str] = {
     "new": "Completed",
     "duplicate": "Duplicate",
     "in-progress-elsewhere": "InProgressElsewhere",
     "lease-lost": "LeaseLost",
     "stopped": "Cancelled",
+    "skipped": "Skipped",
     "failed": "Failed",
 }
 
@@ -101,13 +108,22 @@ class TickReport:
         return "new"
 
     def state_name(self) -> str:
-        return STATE_NAMES[self.deciding_outcome()]
+        return STATE_NAMES[self.deciding_outcome()] if self.subjects else NO_SUBJECTS
+
+    def completed_every_subject(self) -> bool:
+        """Every subject of the tick has a completed Run (new now, or before)."""
+        return bool(self.subjects) and all(s.outcome in ("new", "duplicate")
+                                           for s in self.subjects)
 
     def final_state(self) -> State[Any]:
         """The flow run's state; its message names the subjects behind it (up to five) and
         why: the error, or who holds the lease and until when."""
         outcome = self.deciding_outcome()
         message = self.summary()
+        if not self.subjects:  # a job that lists nobody owes nothing: not a healthy tick
+            return Completed(name=NO_SUBJECTS, data=self, message=(
+                f"{self.name}: the job listed no subjects, so nothing ran; check where its "
+                "subjects come from"))
         if outcome in DECIDING:
             behind = [s for s in self.subjects if s.outcome == outcome and s.error]
             if behind:

@@ -47,9 +47,10 @@ from flows.jobs import Candidate, Job, TransientError, get_job, is_transient
 from flows.lease_keeper import LeaseKeeper
 from flows.model import CallLog, LoggedModel, model_from_settings
 from flows.monitoring import label_flow_run, publish_artifact, wait_for_tick_artifact
-from flows.outcomes import Outcome, SubjectOutcome, TickReport
+from flows.outcomes import Outcome, SubjectOutcome, TickReport, emit_job_event
 from flows.settings import RunledgerSettings
 from flows.stages import STAGE_OPTIONS, lease_lost_state, lost_state, stage_value, with_retries
+from flows.stale import skip_tick, stale_reason
 from flows.stop import FlowRunStopped, Stop, stopped_before
 from flows.tick import Held, Persisted, Tick
 from store import (
@@ -102,7 +103,8 @@ async def run_job(job: str, subjects: list[str] | None = None,
     stop = Stop()
     try:
         report = await asyncio.to_thread(run_ledgered_tick, definition, the_period, identities,
-                                         settings, flow_run_id, stop)
+                                         settings, flow_run_id, stop,
+                                         None if period else scheduled_start())
     except BaseException:
         # Cancelled or timed out: the thread runs on (asyncio cannot stop it), but its subjects
         # start no more stages; asyncio.run waits for it before the process ends.
@@ -111,6 +113,8 @@ async def run_job(job: str, subjects: list[str] | None = None,
         raise
     await labelling
     publish_artifact(flow_run_id, f"{definition.name}-tick", report)
+    if report.completed_every_subject() and len(identities) == len(definition.subject_names()):
+        emit_job_event("tick.completed", definition, period=the_period.label)
     logger.info(report.summary())
     return report.final_state()
 
@@ -120,14 +124,21 @@ def nominal_period(job: Job, period: str | None) -> Period:
     start time (the same on every retry of this flow run)."""
     if period is not None and period.strip():
         return job.parse_period(period)
-    scheduled = current_flow_run.scheduled_start_time
-    return job.period_at(datetime.fromtimestamp(scheduled.timestamp(), UTC))
+    return job.period_at(scheduled_start())
+
+
+def scheduled_start() -> datetime:
+    """This flow run's expected start: its slot for a scheduled run (kept across retries), its
+    creation for one made by hand."""
+    return datetime.fromtimestamp(current_flow_run.scheduled_start_time.timestamp(), UTC)
 
 
 def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentity],
                       settings: RunledgerSettings, flow_run_id: str,
-                      stop: Stop) -> TickReport:
-    """The tick's blocking part, in a thread of its own: ledger, model and stage task runs."""
+                      stop: Stop, expected_start: datetime | None = None) -> TickReport:
+    """The tick's blocking part, in a thread of its own: ledger, model and stage task runs. A
+    tick of no explicit period, expected at ``expected_start``, that starts too late may be
+    skipped by its job's missed-run policy (``stale_reason``)."""
     # One sync Prefect client for every task run of the tick: a sync task run inside an async
     # flow run otherwise opens a client of its own (about 20 ms of TLS set-up each).
     with SyncClientContext.get_or_create():
@@ -137,6 +148,10 @@ def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentit
             tick = Tick(job, period, ledger, model,
                         CallLog(settings.model_call_log) if settings.model_call_log else None,
                         settings, flow_run_id, stop)
+            stale = (None if expected_start is None
+                     else stale_reason(job, period, expected_start, ledger.now()))
+            if stale is not None:
+                return skip_tick(tick, identities, stale)
             return run_tick(tick, identities)
         finally:
             model.close()

@@ -9,6 +9,7 @@ folder. What collect gathered is stored once per Run: a retry summarizes the sam
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -150,5 +151,8 @@ job = Job(
     validate=validate,
     messages=messages,
     params=params,
+    # A summary three days late helps nobody: after an outage only the latest day runs.
+    missed_runs="latest",
+    due=timedelta(hours=7),  # deployments/prefect.yaml: 07:00 in the job's timezone
     description="Daily competitor summary per workspace, emailed to its subscribers.",
 )

@@ -6,7 +6,7 @@ Run completed and credits nothing more. No model is called."""
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -98,5 +98,8 @@ job = Job(
     effect=effect,
     params=params,
     tables=CreditTables.metadata,
+    # Money: every day owed is credited, however long nothing ran (seed 001).
+    missed_runs="catch-up",
+    due=timedelta(minutes=5),  # deployments/prefect.yaml: 00:05 in the job's timezone
     description="Credit each account a fixed number of units once a day (seed 003).",
 )

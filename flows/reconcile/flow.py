@@ -91,11 +91,11 @@ def prepare(ledger: Ledger, job: Job, now: datetime | None = None, *, dry_run: b
     start = first_owed(job, now, known)
     new = {s: start for s in job.subject_names() if s not in known}
     owed_from = ledger.owe(job.name, new) if new and not dry_run else {**new, **known}
-    owed, capped = owed_occurrences(job, owed_from, now, cap)
+    owed = owed_occurrences(job, owed_from, now)
     since = window_start(job, now)
     runs = {r.run_id: r for r in ledger.run_states(job.name, since)}
     occurrences = {o.run_id: o for o in ledger.occurrences(job.name, since)}
-    return plan(job, owed, capped, runs, occurrences, now, backoff=backoff,
+    return plan(job, owed, runs, occurrences, now, cap=cap, backoff=backoff,
                 max_backoff=max_backoff)
 
 
@@ -163,16 +163,17 @@ async def drive(done: JobReconciled, concurrency: int) -> None:
     await asyncio.gather(*(one(label, steps) for label, steps in by_period.items()))
 
 
-async def reconcile_jobs(jobs: list[Job], *, dry_run: bool = False,
+async def reconcile_jobs(jobs: list[Job], *, dry_run: bool = False, now: datetime | None = None,
                          settings: RunledgerSettings | None = None) -> list[JobReconciled]:
-    """One pass over ``jobs``: plan, decide and (unless ``dry_run``) drive each in turn."""
+    """One pass over ``jobs`` at ``now`` (default: the database clock, read per job): plan,
+    decide and (unless ``dry_run``) drive each in turn."""
     settings = settings or RunledgerSettings()
     ledger = Ledger.connect()
     try:
         results = []
         for job in jobs:
             planned = await asyncio.to_thread(
-                prepare, ledger, job, dry_run=dry_run, cap=settings.reconcile_cap,
+                prepare, ledger, job, now, dry_run=dry_run, cap=settings.reconcile_cap,
                 backoff=timedelta(seconds=settings.reconcile_backoff_seconds),
                 max_backoff=timedelta(seconds=settings.reconcile_max_backoff_seconds))
             if dry_run:

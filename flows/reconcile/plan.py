@@ -16,7 +16,7 @@ from typing import Literal
 from flows.jobs import Job
 from store import Occurrence, Period, RunIdentity, RunState
 
-DEFAULT_CAP = 1_000  # occurrences one pass looks at per job, oldest first
+DEFAULT_CAP = 1_000  # occurrences one pass acts on per job (runs, re-drives, skips), oldest first
 
 State = Literal["completed", "skipped", "failed", "running", "stranded", "missed", "upcoming"]
 Action = Literal["none", "run", "redrive", "wait", "skip", "give-up"]
@@ -87,19 +87,17 @@ def _periods(job: Job, since: datetime, now: datetime) -> list[Period]:
     return periods
 
 
-def owed_occurrences(job: Job, owed_from: Mapping[str, datetime], now: datetime,
-                     cap: int = DEFAULT_CAP) -> tuple[list[Owed], int]:
+def owed_occurrences(job: Job, owed_from: Mapping[str, datetime], now: datetime) -> list[Owed]:
     """The occurrences due by ``now`` in the window, for the job's current subjects from the
-    period each is owed from, oldest first; at most ``cap``, with the number left out."""
+    period each is owed from, oldest first."""
     since = window_start(job, now)
     subjects = [s for s in job.subject_names() if s in owed_from]
     if not subjects:
-        return [], 0
+        return []
     earliest = max(since, min(owed_from[s] for s in subjects))
-    owed = [Owed(subject, period, job.identity(subject, period), job.due_at(period))
+    return [Owed(subject, period, job.identity(subject, period), job.due_at(period))
             for period in _periods(job, earliest, now)
             for subject in subjects if period.start >= owed_from[subject]]
-    return owed[:cap], max(0, len(owed) - cap)
 
 
 def redrive_delay(attempts: int, base: timedelta, ceiling: timedelta) -> timedelta:
@@ -118,22 +116,29 @@ def _latest_by_subject(owed: Iterable[Owed]) -> dict[str, Period]:
     return latest
 
 
-def plan(job: Job, owed: list[Owed], capped: int, runs: Mapping[str, RunState],
-         occurrences: Mapping[str, Occurrence], now: datetime, *,
+def plan(job: Job, owed: list[Owed], runs: Mapping[str, RunState],
+         occurrences: Mapping[str, Occurrence], now: datetime, *, cap: int = DEFAULT_CAP,
          backoff: timedelta = timedelta(minutes=1),
          max_backoff: timedelta = timedelta(hours=1)) -> Plan:
     """Decide each owed occurrence: completed, skipped and failed ones are left as they are
     (a failure is never retried here); a live Run is left to its holder; a stranded Run is
     re-driven after its backoff, or given up past ``max_attempts``; one nobody started is left
     to the scheduler until its due time plus ``max_lateness``, then the missed-run policy
-    decides. Any not completed or skipped by its due time plus ``grace`` is overdue."""
+    decides. Any not completed or skipped by its due time plus ``grace`` is overdue. Only the
+    ``cap`` oldest occurrences with something to do are acted on; the rest wait a pass."""
     latest = _latest_by_subject(owed)
     steps: list[Step] = []
+    acting = capped = 0
     for o in owed:
         run = runs.get(o.identity.run_id)
         occurrence = occurrences.get(o.identity.run_id)
         state, action, reason = _decide(job, o, run, occurrence, latest[o.subject], now,
                                         backoff, max_backoff)
+        if action not in ("none", "wait"):
+            acting += 1
+            if acting > cap:
+                capped += 1
+                action, reason = "wait", f"left for the next pass (cap of {cap}); {reason}"
         late = now >= o.due_at + job.grace and state not in ("completed", "skipped")
         steps.append(Step(o, state, action, reason, late, run))
     return Plan(job, now, window_start(job, now), steps, capped)
@@ -147,14 +152,14 @@ def _decide(job: Job, o: Owed, run: RunState | None, occurrence: Occurrence | No
     if occurrence is not None and occurrence.skipped_at is not None:
         return "skipped", "none", occurrence.skip_reason or "skipped"
     if now < o.due_at + job.lateness_allowed:
-        return "upcoming", "none", "not started yet; its schedule may still run it"
+        return "upcoming", "none", "due; its schedule may still run it"
     if job.missed_runs == "catch-up":
-        return "missed", "run", "missed: the catch-up policy runs it"
+        return "missed", "run", "missed; policy catch-up"
     if job.missed_runs == "latest" and o.period.start == latest.start:
-        return "missed", "run", "missed: the latest owed period runs"
+        return "missed", "run", "missed; policy latest: the latest due period"
     if job.missed_runs == "latest":
         return "missed", "skip", f"superseded by {latest.label}"
-    return "missed", "skip", "missed while nothing ran (policy skip)"
+    return "missed", "skip", "missed while nothing ran; policy skip"
 
 
 def _decide_started(job: Job, run: RunState, now: datetime, backoff: timedelta,

@@ -97,10 +97,11 @@ def probe_job(
     effect: Callable[..., None] | None = None,
     tables: Any = None,
     on_collect: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> Probe:
     """A probe job: collect records the subject (then calls ``on_collect`` with it, if given);
     transform raises ``transform_errors`` in turn (if any), then asks the model; one email
-    per recipient."""
+    per recipient. ``options`` are further Job fields (missed_runs, start, due, grace...)."""
     collects: list[str] = []
     transforms: list[str] = []
     errors = list(transform_errors)
@@ -131,7 +132,7 @@ def probe_job(
         name=f"probe-{uuid.uuid4().hex[:10]}", version="1", cadence="daily", timezone="UTC",
         subjects=list(subjects), collect=collect, transform=transform, validate=validate,
         messages=messages, params=lambda s, p: {"recipients": sorted(recipients)},
-        effect=effect, tables=tables,
+        effect=effect, tables=tables, **options,
     )
     register(job)
     return Probe(job, collects, transforms)

@@ -37,15 +37,18 @@ def test_every_shipped_job_has_exactly_one_deployment() -> None:
 
 @pytest.mark.parametrize("spec", JOB_SPECS, ids=lambda s: s.name)
 def test_a_job_schedule_fires_once_per_period_in_the_jobs_timezone(spec) -> None:  # type: ignore[no-untyped-def]
-    """The cron runs in the job's own timezone and its consecutive slots fall in consecutive
-    periods of the job's cadence, so no tick skips or repeats a period."""
+    """The cron runs in the job's own timezone, its consecutive slots fall in consecutive
+    periods of the job's cadence, so no tick skips or repeats a period, and each slot is the
+    job's due time for its period, so reconcile and the schedule agree on what is late."""
     job = registered_jobs()[spec.parameters["job"]]
     [schedule] = spec.schedules
     assert schedule.cron is not None and schedule.timezone == job.timezone
     start = datetime(2026, 3, 20, tzinfo=ZoneInfo(job.timezone))  # spans a DST change
     slots = croniter(schedule.cron, start)
-    periods = [job.period_at(slots.get_next(datetime).astimezone(UTC)) for _ in range(30)]
+    fired = [slots.get_next(datetime).astimezone(UTC) for _ in range(30)]
+    periods = [job.period_at(slot) for slot in fired]
     assert all(a.end == b.start for a, b in pairwise(periods))
+    assert [job.due_at(p) for p in periods] == fired
 
 
 def test_every_schedule_has_a_unique_slug_and_a_timezone() -> None:

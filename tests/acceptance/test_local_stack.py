@@ -173,7 +173,7 @@ def test_stack_up_serves_every_deployment_and_stops_cleanly_on_ctrl_c(
     stop_with_ctrl_c(process, folder)
 
 
-@pytest.mark.slow
+@pytest.mark.drill
 @pytest.mark.skipif(not FULL, reason="full `make run` drill (about 80 s): RUNLEDGER_FULL=1")
 @pytest.mark.parametrize("stack_up", [True], indirect=True, ids=["kickoff"])
 def test_stack_up_runs_the_reference_job_delivers_mail_and_stops_cleanly_on_ctrl_c(

@@ -92,6 +92,7 @@ def test_children_are_terminated_when_the_stack_process_itself_is_killed(
     assert alive(child)
     process.kill()
     process.wait()
+    process.stdout.close()
     wait_until(lambda: not alive(child), 10, "the orphaned child to exit")
 
 
@@ -118,6 +119,7 @@ def stack_up(tmp_path: Path, request: pytest.FixtureRequest
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        process.stdout.close()
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -3,7 +3,7 @@
 PY ?= python3
 UV := $(shell command -v uv 2>/dev/null || echo "$(PY) -m uv")
 
-.PHONY: setup run test lint bench
+.PHONY: setup run test test-fast lint bench
 # Bytecode compiled once at install: where PYTHONDONTWRITEBYTECODE is set, every process (each
 # Prefect server, worker and CLI run of the suite) would otherwise compile Prefect from source.
 setup:
@@ -26,6 +26,10 @@ lint: setup
 
 test: lint
 	$(UV) run pytest -q
+
+# The inner loop (about three minutes): unit tests and the SQLite half of integration.
+test-fast: setup
+	$(UV) run pytest -q -m "(unit or integration) and not postgres"
 
 bench: setup
 	$(UV) run python bench/ledger_bench.py

@@ -34,6 +34,24 @@ ADMIN_URL = os.environ.get(
 )
 REQUIRE_POSTGRES = os.environ.get("RUNLEDGER_REQUIRE_POSTGRES") == "1"
 DIALECTS = ["sqlite", "postgres"]
+TESTS = Path(__file__).parent
+LAYERS = ("unit", "integration", "acceptance")
+DIALECT_FIXTURES = ("db_url", "empty_db_url")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its layer (its folder under tests/), and with ``postgres`` when it
+    uses the PostgreSQL server: through ``postgres_databases``, or a dialect fixture's
+    ``postgres`` parameter (given by the fixture or by an indirect parametrize)."""
+    for item in items:
+        layer = item.path.relative_to(TESTS).parts[0]
+        if layer in LAYERS:
+            item.add_marker(layer)
+        callspec: Any = getattr(item, "callspec", None)
+        params: dict[str, Any] = callspec.params if callspec is not None else {}
+        if "postgres_databases" in getattr(item, "fixturenames", ()) or any(
+                params.get(name) == "postgres" for name in DIALECT_FIXTURES):
+            item.add_marker(pytest.mark.postgres)
 
 
 def _admin() -> sa.Engine:

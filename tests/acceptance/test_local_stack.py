@@ -92,6 +92,7 @@ def test_children_are_terminated_when_the_stack_process_itself_is_killed(
     assert alive(child)
     process.kill()
     process.wait()
+    process.stdout.close()
     wait_until(lambda: not alive(child), 10, "the orphaned child to exit")
 
 
@@ -118,6 +119,7 @@ def stack_up(tmp_path: Path, request: pytest.FixtureRequest
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        process.stdout.close()
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -173,7 +175,7 @@ def test_stack_up_serves_every_deployment_and_stops_cleanly_on_ctrl_c(
     stop_with_ctrl_c(process, folder)
 
 
-@pytest.mark.slow
+@pytest.mark.drill
 @pytest.mark.skipif(not FULL, reason="full `make run` drill (about 80 s): RUNLEDGER_FULL=1")
 @pytest.mark.parametrize("stack_up", [True], indirect=True, ids=["kickoff"])
 def test_stack_up_runs_the_reference_job_delivers_mail_and_stops_cleanly_on_ctrl_c(

@@ -96,6 +96,12 @@ class Ledger:
     def close(self) -> None:
         self.database.dispose()
 
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def migrate(self, revision: str = "head") -> None:
         """Bring the schema to ``revision`` with Alembic (safe to call from many processes)."""
         # Alembic is imported here: workers that never migrate do not pay for it at start-up.

@@ -105,14 +105,17 @@ class PostgresDatabases:
 
 @pytest.fixture(scope="session")
 def postgres_databases() -> Iterator[PostgresDatabases]:
+    probe = _admin()
     try:
-        with _admin().connect() as conn:
+        with probe.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
     except sa.exc.OperationalError as exc:
         message = f"PostgreSQL is not reachable at {ADMIN_URL}: {exc.orig}"
         if REQUIRE_POSTGRES:
             pytest.fail(message + " (RUNLEDGER_REQUIRE_POSTGRES=1: these tests must run)")
         pytest.skip(message)
+    finally:
+        probe.dispose()
     databases = PostgresDatabases()
     yield databases
     databases.close()

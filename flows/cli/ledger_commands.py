@@ -36,7 +36,7 @@ OUTBOX_COLUMNS = [Col("message id"), Col("run id", drop=1), Col("recipient", fol
 
 
 def open_ledger() -> Ledger:
-    """The ledger at $RUNLEDGER_DATABASE_URL (default ./runledger.db)."""
+    """The ledger at $RUNLEDGER_DATABASE_URL (default ./runledger.db); close it (``with``)."""
     return Ledger.connect()
 
 
@@ -108,7 +108,8 @@ def runs_list(
 ) -> None:
     """List logical runs, newest period first."""
     _check_choice(status, RUN_STATUSES, "--status")
-    runs = open_ledger().runs(job=job, status=status, limit=limit)
+    with open_ledger() as ledger:
+        runs = ledger.runs(job=job, status=status, limit=limit)
     if as_json:
         print_json([_run_json(r, exclude={"raw_input", "output"}) for r in runs])
         return
@@ -123,13 +124,13 @@ def runs_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show one Run with its attempts and outbox rows."""
-    ledger = open_ledger()
-    try:
-        run = ledger.get(ledger.resolve_run_id(run_id))
-    except RunledgerError as exc:
-        raise fail(exc) from exc
-    attempts = ledger.attempts(run.run_id)
-    messages = ledger.messages(run_id=run.run_id, limit=10_000)
+    with open_ledger() as ledger:
+        try:
+            run = ledger.get(ledger.resolve_run_id(run_id))
+        except RunledgerError as exc:
+            raise fail(exc) from exc
+        attempts = ledger.attempts(run.run_id)
+        messages = ledger.messages(run_id=run.run_id, limit=10_000)
     if as_json:
         print_json({
             "run": _run_json(run),
@@ -155,11 +156,11 @@ def runs_show(
 def runs_requeue(run_id: str = typer.Argument(
         ..., help="A failed Run's id, or a unique prefix of it (4+ characters).")) -> None:
     """Put a failed Run back to pending so the next flow run retries it."""
-    ledger = open_ledger()
-    try:
-        run = ledger.requeue_run(ledger.resolve_run_id(run_id))
-    except RunledgerError as exc:
-        raise fail(exc) from exc
+    with open_ledger() as ledger:
+        try:
+            run = ledger.requeue_run(ledger.resolve_run_id(run_id))
+        except RunledgerError as exc:
+            raise fail(exc) from exc
     console.print(f"run {run.run_id} is {run.status}")
 
 
@@ -173,12 +174,12 @@ def outbox_list(
 ) -> None:
     """List outbox messages (oldest first)."""
     _check_choice(status, MESSAGE_STATUSES, "--status")
-    ledger = open_ledger()
-    try:
-        run = None if run_id is None else ledger.resolve_run_id(run_id)
-    except RunledgerError as exc:
-        raise fail(exc) from exc
-    messages = ledger.messages(status=status, run_id=run, limit=limit)
+    with open_ledger() as ledger:
+        try:
+            run = None if run_id is None else ledger.resolve_run_id(run_id)
+        except RunledgerError as exc:
+            raise fail(exc) from exc
+        messages = ledger.messages(status=status, run_id=run, limit=limit)
     if as_json:
         print_json([m.model_dump(mode="json", exclude={"body"}) for m in messages])
         return

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from flows.cli.app import app
+from flows.cli.app import api_refused, app
 from flows.stack.auth import StackAuth
 from flows.stack.automations import HEARTBEAT_SECONDS, install_crash_detector
 from flows.stack.local import StackConfig, up
@@ -81,6 +81,13 @@ def stack_automations(
     if not url:
         Console(stderr=True).print("[bold red]error:[/] set PREFECT_API_URL to your server's API")
         raise typer.Exit(1)
-    with client(url) as api:
-        install_crash_detector(api, within)
+    try:
+        with client(url) as api:
+            install_crash_detector(api, within)
+    except Exception as exc:
+        refused = api_refused(exc)
+        if refused is None:
+            raise
+        Console(stderr=True).print(f"[bold red]error:[/] {refused}")
+        raise typer.Exit(1) from None
     console.print(f"installed the crash detector on {url} (within {within:.0f} s)")

@@ -82,13 +82,17 @@ def _calendar_edges(cadence: str, timezone: str, near: str) -> Iterator[None]:
     would start or end outside years 1 to 9999, or a cron schedule that never fires there."""
     try:
         yield
-    except OverflowError as exc:
+    except InvalidPeriod:
+        raise
+    except CroniterError as exc:
+        raise InvalidPeriod(f"cron cadence {cadence!r} does not fire near {near}") from exc
+    except (OverflowError, ValueError) as exc:
+        # datetime, dateutil and croniter say "date value out of range", "year 0 is out of
+        # range": the cadence was checked already, only the calendar's edge is left.
         raise InvalidPeriod(
             f"no period of cadence {cadence!r} in {timezone} contains {near}: it would begin or end "
             "outside the years 1 to 9999"
         ) from exc
-    except CroniterError as exc:
-        raise InvalidPeriod(f"cron cadence {cadence!r} does not fire near {near}") from exc
 
 
 def _local_midnight(day: date, tz: ZoneInfo) -> datetime:

@@ -114,3 +114,9 @@ def test_a_period_parameter_that_is_not_a_string_is_an_invalid_period() -> None:
     """Found by fuzzing: ``period=20260105`` (a JSON number) raised AttributeError."""
     with pytest.raises(InvalidPeriod, match="period must be a non-empty string such as 2026-11-29"):
         nominal_period(get_job("competitor-summary"), 20260105)  # type: ignore[arg-type]
+
+
+def test_a_cron_period_near_year_1_is_an_invalid_period() -> None:
+    """Found by fuzzing: a leap-day cron near year 4 made dateutil raise ValueError (year 0)."""
+    with pytest.raises(InvalidPeriod, match="outside the years 1 to 9999"):
+        Period.containing(datetime(4, 1, 1, tzinfo=UTC), "0 0 29 2 *", "UTC")

@@ -121,8 +121,9 @@ async def run_job(job: str, subjects: list[str] | None = None,
 
 def nominal_period(job: Job, period: str | None) -> Period:
     """The explicit ``period`` if given, else the period containing the flow run's expected
-    start time (the same on every retry of this flow run)."""
-    if period is not None and period.strip():
+    start time (the same on every retry of this flow run). A ``period`` that is not a string
+    (the API accepts any JSON value) is refused by ``parse_period`` as InvalidPeriod."""
+    if period is not None and (not isinstance(period, str) or period.strip()):
         return job.parse_period(period)
     return job.period_at(scheduled_start())
 

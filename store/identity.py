@@ -26,6 +26,16 @@ def require_aware(
     return value.astimezone(UTC)
 
 
+def has_surrogate(value: str) -> bool:
+    """True if ``value`` holds a lone surrogate code point: it has no UTF-8 form, so no
+    database, hash or email can take it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _field(value: str, name: str) -> str:
     if not isinstance(value, str):
         raise InvalidIdentity(f"{name} must be a string, got {type(value).__name__}")
@@ -34,6 +44,9 @@ def _field(value: str, name: str) -> str:
         raise InvalidIdentity(f"{name} must not be empty")
     if SEPARATOR in stripped or any(c in stripped for c in "\r\n\0"):
         raise InvalidIdentity(f"{name} must not contain {SEPARATOR!r}, CR, LF or NUL: {value!r}")
+    if has_surrogate(stripped):
+        raise InvalidIdentity(f"{name} must be valid Unicode text (it holds a lone surrogate "
+                              f"code point): {value!r}")
     if len(stripped) > MAX_CHARS[name]:
         raise InvalidIdentity(f"{name} is longer than {MAX_CHARS[name]} characters")
     return stripped
@@ -85,9 +98,14 @@ def canonical_json(value: Any, what: str = "value") -> str:
                           allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{what} must be JSON-serializable: {exc}") from exc
+    except RecursionError as exc:
+        raise InvalidInput(f"{what} is nested too deeply to store") from exc
     # PostgreSQL's jsonb cannot store NUL; refuse it on both dialects alike.
     if "\\u0000" in text and _has_nul(value):
         raise InvalidInput(f"{what} must not contain NUL characters")
+    if has_surrogate(text):
+        raise InvalidInput(f"{what} must be valid Unicode text: a string in it holds a lone "
+                           "surrogate code point")
     return text
 
 

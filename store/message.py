@@ -10,6 +10,7 @@ from typing import Any
 from email_validator import EmailNotValidError, validate_email
 
 from store.errors import InvalidMessage
+from store.identity import has_surrogate
 
 CHANNELS = ("email",)
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -40,6 +41,9 @@ def check_header_value(value: str, what: str) -> str:
         )
     if _ENCODED_WORD.search(value):
         raise InvalidMessage(f"{what} must not contain an RFC 2047 encoded word (=?...?=): {value!r}")
+    if has_surrogate(value):
+        raise InvalidMessage(f"{what} must be valid Unicode text (it holds a lone surrogate code "
+                             f"point): {value!r}")
     return value
 
 
@@ -86,6 +90,14 @@ class OutboxMessage:
             raise InvalidMessage(f"body must be a string, got {type(self.body).__name__}")
         if "\0" in self.body:
             raise InvalidMessage("body must not contain NUL")
+        if has_surrogate(self.body):
+            raise InvalidMessage("body must be valid Unicode text (it holds a lone surrogate "
+                                 "code point)")
+        if not isinstance(self.headers, dict):
+            raise InvalidMessage(f"headers must be a dict of header name to value, got "
+                                 f"{type(self.headers).__name__}")
+        # A copy: the caller's dict may change after validation (or be shared by messages).
+        object.__setattr__(self, "headers", dict(self.headers))
         for name, value in self.headers.items():
             if not isinstance(name, str) or not _HEADER_NAME.match(name):
                 raise InvalidMessage(f"header name {name!r} is not a valid RFC 5322 field name")

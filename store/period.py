@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from store.errors import InvalidPeriod
 from store.identity import require_aware
@@ -21,10 +22,15 @@ _MAX_CRON_STEPS = 10_000
 
 def zone(name: str) -> ZoneInfo:
     """The IANA timezone called ``name``; an unknown name is an error, never UTC by default."""
+    if not isinstance(name, str):
+        raise InvalidPeriod(f"timezone must be an IANA name such as Europe/Paris, got "
+                            f"{type(name).__name__}")
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise InvalidPeriod(f"unknown IANA timezone {name!r}") from exc
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        # OSError: a name too long for a file name of the tz database.
+        shown = name if len(name) <= 100 else name[:100] + "..."
+        raise InvalidPeriod(f"unknown IANA timezone {shown!r}") from exc
 
 
 def validate_cadence(cadence: str) -> str:
@@ -70,6 +76,25 @@ def _cron_scan(
     raise InvalidPeriod(f"cron cadence {cadence!r} does not fire near {origin.isoformat()}")
 
 
+@contextmanager
+def _calendar_edges(cadence: str, timezone: str, near: str) -> Iterator[None]:
+    """Turn the arithmetic errors of a period that cannot exist into InvalidPeriod: one that
+    would start or end outside years 1 to 9999, or a cron schedule that never fires there."""
+    try:
+        yield
+    except InvalidPeriod:
+        raise
+    except CroniterError as exc:
+        raise InvalidPeriod(f"cron cadence {cadence!r} does not fire near {near}") from exc
+    except (OverflowError, ValueError) as exc:
+        # datetime, dateutil and croniter say "date value out of range", "year 0 is out of
+        # range": the cadence was checked already, only the calendar's edge is left.
+        raise InvalidPeriod(
+            f"no period of cadence {cadence!r} in {timezone} contains {near}: it would begin or end "
+            "outside the years 1 to 9999"
+        ) from exc
+
+
 def _local_midnight(day: date, tz: ZoneInfo) -> datetime:
     # A zone may skip local midnight (DST at 00:00); round-tripping through UTC lands on the
     # first instant that exists that day.
@@ -100,8 +125,13 @@ class Period:
     def containing(cls, nominal: datetime, cadence: str, timezone: str) -> Period:
         """The period of ``cadence`` in ``timezone`` that contains the nominal instant."""
         tz = zone(timezone)
-        local = require_aware(nominal, "nominal time", InvalidPeriod).astimezone(tz)
+        nominal = require_aware(nominal, "nominal time", InvalidPeriod)
         cadence = validate_cadence(cadence)
+        with _calendar_edges(cadence, timezone, nominal.isoformat()):
+            return cls._containing(nominal.astimezone(tz), cadence, tz, timezone)
+
+    @classmethod
+    def _containing(cls, local: datetime, cadence: str, tz: ZoneInfo, timezone: str) -> Period:
         if cadence == "hourly":
             # Truncating keeps `fold`, so the repeated fall-back hour gives two distinct periods.
             start = local.replace(minute=0, second=0, microsecond=0)
@@ -133,10 +163,12 @@ class Period:
         if not isinstance(text, str) or not text.strip():
             raise InvalidPeriod("period must be a non-empty string such as 2026-11-29")
         value = text.strip()
+        tz = zone(timezone)
         try:
             if len(value) == 10:
                 day = date.fromisoformat(value)
-                nominal = _local_midnight(day, zone(timezone))
+                with _calendar_edges(cadence, timezone, value):
+                    nominal = _local_midnight(day, tz)
             else:
                 nominal = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError as exc:
@@ -150,10 +182,10 @@ class Period:
                 "or give a date (YYYY-MM-DD) in the job's timezone"
             )
         period = cls.containing(nominal, cadence, timezone)
-        if len(value) == 10 and period.start < nominal and period.end.astimezone(
-            zone(timezone)
-        ).date() == nominal.date():
-            period = cls.containing(period.end, cadence, timezone)
+        with _calendar_edges(cadence, timezone, value):
+            if len(value) == 10 and period.start < nominal and \
+                    period.end.astimezone(tz).date() == nominal.date():
+                period = cls.containing(period.end, cadence, timezone)
         return period
 
     @property

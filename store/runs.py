@@ -121,10 +121,11 @@ def json_document(value: Any, what: str, max_bytes: int) -> dict[str, Any]:
 
 
 def error_text(error: str) -> str:
-    """A failure's error as storable text: required, and NUL (refused by PostgreSQL) escaped."""
+    """A failure's error as storable text: required; NUL (refused by PostgreSQL) and lone
+    surrogates (no UTF-8 form) escaped, so that any exception's message can be recorded."""
     if not isinstance(error, str) or not error.strip():
         raise InvalidInput("error must be a non-empty string describing the failure")
-    return error.replace("\0", "\\0")
+    return error.replace("\0", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def check_owner(owner: str) -> str:

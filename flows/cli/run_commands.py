@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from flows.cli.app import app
+from flows.cli.app import api_refused, app
 from flows.cli.ledger_commands import fail, open_ledger, print_json
 from flows.cli.tables import FOLD, Col, print_table, short_id
 
@@ -81,8 +81,14 @@ def run(
 
         # Prefect types a flow call as an Awaitable (it is a coroutine) and, for a flow that
         # returns a State, its final state as State[State]: it ends in the State returned.
-        state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", run_job(
-            job=job, subjects=subject or None, period=period, return_state=True)))
+        try:
+            state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", run_job(
+                job=job, subjects=subject or None, period=period, return_state=True)))
+        except Exception as exc:
+            refused = api_refused(exc)
+            if refused is None:
+                raise
+            raise fail(RuntimeError(refused)) from None
     from flows.outcomes import TickReport
 
     value = state.result(raise_on_failure=False)

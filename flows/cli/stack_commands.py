@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from flows.cli.app import app
+from flows.cli.app import api_refused, app
+from flows.stack.auth import StackAuth
 from flows.stack.automations import HEARTBEAT_SECONDS, install_crash_detector
 from flows.stack.local import StackConfig, up
 from flows.stack.prefect_server import client
@@ -38,7 +40,11 @@ def serve(
 def stack_up(
     home: Annotated[Path, typer.Option(
         "--home", help="Folder for Prefect's files, logs and the mail folder.")] = Path(".runledger"),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address of the Prefect server."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host",
+        help="Address of the Prefect server. Anything but loopback needs "
+             "PREFECT_SERVER_API_AUTH_STRING=user:password (docs/security.md); the SMTP sink "
+             "always listens on 127.0.0.1."),
     port: int = typer.Option(4200, "--port", min=1, max=65535, help="Port of the Prefect UI/API."),
     workers: int = typer.Option(
         0, "--workers", min=0,
@@ -51,9 +57,10 @@ def stack_up(
         help="Prefect's database (postgresql+asyncpg://...); default SQLite in --home."),
 ) -> None:
     """Start the whole local stack and run it until Ctrl-C, which stops everything."""
-    config = StackConfig(home=home.resolve(), host=host, port=port, workers=workers, pool=pool,
-                         kickoff=kickoff, prefect_database_url=prefect_db)
     try:
+        config = StackConfig(home=home.resolve(), host=host, port=port, workers=workers,
+                             pool=pool, kickoff=kickoff, prefect_database_url=prefect_db,
+                             auth=StackAuth.from_env(os.environ))
         up(config, say=typer.echo)
     except RunledgerError as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}")
@@ -74,6 +81,13 @@ def stack_automations(
     if not url:
         Console(stderr=True).print("[bold red]error:[/] set PREFECT_API_URL to your server's API")
         raise typer.Exit(1)
-    with client(url) as api:
-        install_crash_detector(api, within)
+    try:
+        with client(url) as api:
+            install_crash_detector(api, within)
+    except Exception as exc:
+        refused = api_refused(exc)
+        if refused is None:
+            raise
+        Console(stderr=True).print(f"[bold red]error:[/] {refused}")
+        raise typer.Exit(1) from None
     console.print(f"installed the crash detector on {url} (within {within:.0f} s)")

@@ -163,7 +163,16 @@ class Job:
         known = self.subject_names()
         if not requested:
             return known
-        wanted = list(dict.fromkeys(s.strip() if isinstance(s, str) else s for s in requested))
+        if isinstance(requested, str) or not isinstance(requested, list | tuple):
+            raise UnknownSubject(f"job {self.name}: subjects must be a list of subject names, "
+                                 f"got {type(requested).__name__}; known subjects: "
+                                 f"{', '.join(known) or '(none)'}")
+        bad = [s for s in requested if not isinstance(s, str)]
+        if bad:
+            raise UnknownSubject(f"job {self.name}: a subject must be a string, got "
+                                 f"{', '.join(sorted({type(s).__name__ for s in bad}))}; known "
+                                 f"subjects: {', '.join(known) or '(none)'}")
+        wanted = list(dict.fromkeys(s.strip() for s in requested))
         unknown = sorted(set(wanted) - set(known), key=wanted.index)
         if unknown:
             raise UnknownSubject(

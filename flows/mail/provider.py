@@ -18,6 +18,7 @@ from flows.retry_after import retry_after_seconds
 from store import Reply
 
 STILL_IN_FLIGHT = "concurrent_idempotent_requests"
+MAX_MESSAGE_ID_CHARS = 300  # the ledger's provider_message_id columns
 # Failures where the request certainly never reached the provider.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
@@ -31,16 +32,36 @@ def retry_after(headers: httpx.Headers) -> float | None:
     return None
 
 
+def _text(value: Any, limit: int = 300) -> str:
+    """Provider text as the ledger can store it: NUL escaped (PostgreSQL refuses it in text),
+    lone surrogates replaced, at most ``limit`` characters."""
+    text = str(value)[:limit].replace("\0", "\\0")
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _message_id(body: Any) -> str | None:
+    """The provider's id of the accepted email if it is a usable one: a string or a number,
+    1 to 300 printable characters (the ledger's column); anything else is dropped, since the
+    send itself succeeded and must still be recorded."""
+    found = body.get("id") if isinstance(body, dict) else None
+    if isinstance(found, bool) or not isinstance(found, str | int):
+        return None
+    text = str(found)
+    if not 0 < len(text) <= MAX_MESSAGE_ID_CHARS or not text.isprintable() or text != _text(text):
+        return None
+    return text
+
+
 def _error(response: httpx.Response) -> tuple[str | None, str]:
     """The provider's error name and message (Resend: ``{"name": ..., "message": ...}``)."""
     try:
         body: Any = response.json()
     except ValueError:
-        return None, response.text[:300]
+        return None, _text(response.text)
     if not isinstance(body, dict):
-        return None, str(body)[:300]
+        return None, _text(body)
     name = body.get("name")
-    return (str(name) if name else None), str(body.get("message") or body)[:300]
+    return (_text(name, 100) if name else None), _text(body.get("message") or body)
 
 
 class ProviderTransport:
@@ -102,9 +123,8 @@ class ProviderTransport:
                 body: Any = response.json()
             except ValueError:
                 body = {}
-            message_id = body.get("id") if isinstance(body, dict) else None
             return SendOutcome(OutcomeKind.SENT, Reply(code=status, text="accepted",
-                                                       provider_message_id=message_id))
+                                                       provider_message_id=_message_id(body)))
         name, message = _error(response)
         reply = Reply(code=status, text=f"{name}: {message}" if name else message)
         wait = retry_after(response.headers)

@@ -28,6 +28,7 @@ from deployments.project import PROJECT_ROOT
 from flows.jobs import upgrade_ledger
 from flows.mail.sink import free_port
 from flows.stack import commands
+from flows.stack.auth import NO_AUTH, StackAuth, is_loopback
 from flows.stack.automations import HEARTBEAT_SECONDS, install_crash_detector
 from flows.stack.prefect_server import (
     PREFECT_DB_ENV,
@@ -44,6 +45,7 @@ from store import Ledger, LedgerSettings, RunledgerError, create_database_if_mis
 REFERENCE_DEPLOYMENT = "competitor-summary"
 DELIVERY_DEPLOYMENT = "deliver-outbox"
 DEFAULT_SENDER = "runledger@example.org"
+SINK_HOST = "127.0.0.1"
 Say = Callable[[str], None]
 
 
@@ -59,6 +61,7 @@ class StackConfig:
     kickoff: bool = True
     crash_after_seconds: float = 3 * HEARTBEAT_SECONDS
     prefect_database_url: str | None = None
+    auth: StackAuth = NO_AUTH
 
     @property
     def mail_dir(self) -> Path:
@@ -101,8 +104,9 @@ def prefect_database_for(ledger_url: str, explicit: str | None) -> str | None:
 
 def flow_env(base: Mapping[str, str], config: StackConfig, ledger_url: str,
              smtp_port: int) -> dict[str, str]:
-    """The environment of every process that runs flows (serve or workers)."""
-    env = dict(base)
+    """The environment of every process that runs flows (serve or workers), and of `prefect
+    deploy`: clients of the stack's server, with its auth string if it has one."""
+    env = config.auth.client_env(base)
     env.update({
         "PREFECT_API_URL": config.api,
         "PREFECT_HOME": str(config.prefect_home),
@@ -125,9 +129,10 @@ def deployment_ids(api: SyncPrefectClient, names: list[str]) -> dict[str, UUID]:
     return {d.name: d.id for d in found}
 
 
-def wait_for_deployments(url: str, names: list[str], timeout: float) -> dict[str, UUID]:
+def wait_for_deployments(url: str, names: list[str], timeout: float,
+                         auth: StackAuth = NO_AUTH) -> dict[str, UUID]:
     deadline = time.monotonic() + timeout
-    with client(url) as api:
+    with client(url, auth.value) as api:
         while True:
             ids = deployment_ids(api, names)
             if len(ids) == len(names):
@@ -140,9 +145,10 @@ def wait_for_deployments(url: str, names: list[str], timeout: float) -> dict[str
 
 
 def run_and_wait(url: str, deployment_id: UUID, timeout: float,
-                 parameters: dict[str, Any] | None = None) -> FlowRun:
+                 parameters: dict[str, Any] | None = None,
+                 auth: StackAuth = NO_AUTH) -> FlowRun:
     """Create a flow run of the deployment (the UI's "Run") and wait until it is final."""
-    with client(url) as api:
+    with client(url, auth.value) as api:
         run = api.create_flow_run_from_deployment(deployment_id, parameters=parameters or {})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -184,6 +190,8 @@ class LocalStack:
 
     def start(self) -> None:
         config = self.config
+        # Before anything starts: an exposed API without authentication is refused.
+        config.auth.check(config.host)
         if not port_is_free(config.host, config.port):
             raise StackError(f"port {config.port} on {config.host} is in use (another Prefect "
                              f"server?); choose another with --port")
@@ -191,9 +199,10 @@ class LocalStack:
             folder.mkdir(parents=True, exist_ok=True)
         self._migrate()
         self._start_server()
-        smtp_port = free_port(config.host)
-        self.supervisor.start("sink", commands.sink_argv("127.0.0.1", smtp_port, config.mail_dir),
-                              dict(os.environ))
+        # The sink has no authentication and no TLS: it listens on loopback whatever --host is.
+        smtp_port = free_port(SINK_HOST)
+        self.supervisor.start("sink", commands.sink_argv(SINK_HOST, smtp_port, config.mail_dir),
+                              NO_AUTH.client_env(os.environ))
         env = flow_env(os.environ, config, self.ledger_url, smtp_port)
         if config.workers:
             self._start_workers(env)
@@ -213,7 +222,7 @@ class LocalStack:
         database = prefect_database_for(self.ledger_url, config.prefect_database_url)
         if database and not config.prefect_database_url:
             self._create_prefect_database(database)
-        env = server_env(os.environ, config.prefect_home, database)
+        env = config.auth.server_env(server_env(os.environ, config.prefect_home, database))
         self.say(f"starting the Prefect server on {ui_url(config.host, config.port)} "
                  f"({'PostgreSQL' if database else 'SQLite in ' + str(config.prefect_home)})")
         server = self.supervisor.start(
@@ -226,7 +235,7 @@ class LocalStack:
                                  f"{sa.engine.make_url(database).database}, or set "
                                  f"{PREFECT_DB_ENV}") from None
             raise
-        with client(config.api) as api:
+        with client(config.api, config.auth.value) as api:
             install_crash_detector(api, config.crash_after_seconds)
 
     def _create_prefect_database(self, url: str) -> None:
@@ -241,7 +250,7 @@ class LocalStack:
 
     def _start_workers(self, env: dict[str, str]) -> None:
         config = self.config
-        with client(config.api) as api:
+        with client(config.api, config.auth.value) as api:
             ensure_pool(api, config.pool)
         self.say(f"applying deployments/prefect.yaml to work pool {config.pool}")
         done = subprocess.run(commands.deploy_argv(pool=config.pool), env=env, cwd=PROJECT_ROOT,
@@ -255,10 +264,11 @@ class LocalStack:
     def kickoff(self, timeout: float = 300.0) -> None:
         """One run of the reference job, then one delivery pass, each waited for."""
         names = [REFERENCE_DEPLOYMENT, DELIVERY_DEPLOYMENT]
-        ids = wait_for_deployments(self.config.api, names, timeout=120)
+        auth = self.config.auth
+        ids = wait_for_deployments(self.config.api, names, timeout=120, auth=auth)
         for name in names:
             self.say(f"running {name} now ...")
-            run = run_and_wait(self.config.api, ids[name], timeout)
+            run = run_and_wait(self.config.api, ids[name], timeout, auth=auth)
             state = run.state
             self.say(f"  flow run {run.name}: {state.name if state else '?'}"
                      f"{' - ' + state.message if state and state.message else ''}")
@@ -281,8 +291,22 @@ class LocalStack:
             f"{ledger_hint}runledger outbox list",
             f"  running      {mode}",
             f"  logs         {config.log_dir}",
+            *self._auth_lines(),
             "Ctrl-C stops everything.",
         ])
+
+    def _auth_lines(self) -> list[str]:
+        """What a teammate needs to use the API (never the password itself)."""
+        config = self.config
+        if not config.auth.configured:
+            return ["  API auth     none (loopback only; docs/security.md to share the stack)"]
+        lines = [f"  API auth     basic, {config.auth.shown}: clients set PREFECT_API_URL="
+                 f"{config.api} and PREFECT_API_AUTH_STRING to the same user:password"]
+        if not is_loopback(config.host):
+            lines.append("  warning      the API is plain HTTP: off this host the password "
+                         "crosses the network in clear; put a TLS proxy in front "
+                         "(docs/security.md)")
+        return lines
 
     def _shown_ledger(self) -> str:
         return sa.engine.make_url(self.ledger_url).render_as_string(hide_password=True)
@@ -309,6 +333,7 @@ class LocalStack:
 
 def up(config: StackConfig, say: Say = print) -> None:
     """Start the stack, kick it off, print where to look, and run until Ctrl-C."""
+    config.auth.check(config.host)  # before any folder, process or port is touched
     stack = LocalStack(config, say)
     with _stop_on_signals():
         try:

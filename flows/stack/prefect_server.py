@@ -57,6 +57,9 @@ def wait_until_healthy(url: str, server: Child, timeout: float = 120.0) -> None:
                      f"{server.log_tail()}")
 
 
-def client(url: str) -> SyncPrefectClient:
-    """A synchronous Prefect client for the server at ``url`` (use it as a context manager)."""
-    return SyncPrefectClient(api=url)
+def client(url: str, auth_string: str | None = None) -> SyncPrefectClient:
+    """A synchronous Prefect client for the server at ``url`` (use it as a context manager),
+    authenticated with ``auth_string`` or else PREFECT_API_AUTH_STRING, when either is set."""
+    from prefect.settings import PREFECT_API_AUTH_STRING
+
+    return SyncPrefectClient(api=url, auth_string=auth_string or PREFECT_API_AUTH_STRING.value())

@@ -46,7 +46,12 @@ from flows.findings import (
 from flows.jobs import Candidate, Job, TransientError, get_job, is_transient
 from flows.lease_keeper import LeaseKeeper
 from flows.model import CallLog, LoggedModel, model_from_settings
-from flows.monitoring import label_flow_run, publish_artifact, wait_for_tick_artifact
+from flows.monitoring import (
+    label_flow_run,
+    publish_artifact,
+    tick_artifact_key,
+    wait_for_tick_artifact,
+)
 from flows.outcomes import Outcome, SubjectOutcome, TickReport
 from flows.settings import RunledgerSettings
 from flows.stages import STAGE_OPTIONS, lease_lost_state, lost_state, stage_value, with_retries
@@ -110,7 +115,7 @@ async def run_job(job: str, subjects: list[str] | None = None,
         await asyncio.gather(labelling, return_exceptions=True)  # the tick's error is the news
         raise
     await labelling
-    publish_artifact(flow_run_id, f"{definition.name}-tick", report)
+    publish_artifact(flow_run_id, tick_artifact_key(definition.name), report)
     logger.info(report.summary())
     return report.final_state()
 

@@ -3,7 +3,7 @@
 PY ?= python3
 UV := $(shell command -v uv 2>/dev/null || echo "$(PY) -m uv")
 
-.PHONY: setup run test lint docs bench
+.PHONY: setup run test lint docs bench screenshots
 # Bytecode compiled once at install: where PYTHONDONTWRITEBYTECODE is set, every process (each
 # Prefect server, worker and CLI run of the suite) would otherwise compile Prefect from source.
 setup:
@@ -21,7 +21,7 @@ run: setup
 lint: setup
 	$(UV) run ruff check store flows deployments tests bench docs
 	$(UV) run mypy store flows deployments
-	$(UV) run mypy --strict docs/gen_reference.py docs/hooks.py
+	$(UV) run mypy --strict docs/gen_reference.py docs/hooks.py docs/screenshots.py
 	$(UV) run lint-imports --no-cache
 	$(UV) run python -m store.sql
 
@@ -35,3 +35,8 @@ test: lint docs
 
 bench: setup
 	$(UV) run python bench/ledger_bench.py
+
+# Retake the Prefect UI pictures in docs/images/ from a local stack of their own (needs Debian's
+# chromium: apt-get install -y chromium); look at each before committing them.
+screenshots: setup
+	$(UV) run python docs/screenshots.py

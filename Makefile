@@ -3,7 +3,7 @@
 PY ?= python3
 UV := $(shell command -v uv 2>/dev/null || echo "$(PY) -m uv")
 
-.PHONY: setup run test test-fast lint bench
+.PHONY: setup run test test-fast lint docs bench screenshots
 # Bytecode compiled once at install: where PYTHONDONTWRITEBYTECODE is set, every process (each
 # Prefect server, worker and CLI run of the suite) would otherwise compile Prefect from source.
 setup:
@@ -19,12 +19,18 @@ run: setup
 # Style, strict types, the import contracts (pyproject's [tool.importlinter]) and the committed
 # SQL of every named statement (store/sql/*.sql; `python -m store.sql --write` rewrites them).
 lint: setup
-	$(UV) run ruff check store flows deployments tests bench
+	$(UV) run ruff check store flows deployments tests bench docs
 	$(UV) run mypy store flows deployments
+	$(UV) run mypy --strict docs/gen_reference.py docs/hooks.py docs/screenshots.py
 	$(UV) run lint-imports --no-cache
 	$(UV) run python -m store.sql
 
-test: lint
+# The documentation site, built strictly (a broken link, a missing page or a settings field
+# without a description fails); the reference pages are generated from the code by docs/hooks.py.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --quiet --site-dir site
+
+test: lint docs
 	$(UV) run pytest -q
 
 # The inner loop (about three minutes): unit tests and the SQLite half of integration.
@@ -33,3 +39,8 @@ test-fast: setup
 
 bench: setup
 	$(UV) run python bench/ledger_bench.py
+
+# Retake the Prefect UI pictures in docs/images/ from a local stack of their own (needs Debian's
+# chromium: apt-get install -y chromium); look at each before committing them.
+screenshots: setup
+	$(UV) run python docs/screenshots.py

@@ -24,6 +24,11 @@ ARTIFACT_WAIT_SECONDS = 60.0
 _artifacts: dict[str, asyncio.Task[None]] = {}
 
 
+def tick_artifact_key(job: str) -> str:
+    """The key of a job's tick artifact, one per flow run of ``run-job``."""
+    return f"{job}-tick"
+
+
 async def label_flow_run(name: str, job: Job | None) -> None:
     """Name the flow run ``{job}/{period}`` and tag it with the job and its version, in one API
     call; not its task runs: a tagged task run asks the server for tag concurrency slots, one

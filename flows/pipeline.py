@@ -46,7 +46,12 @@ from flows.findings import (
 from flows.jobs import Candidate, Job, TransientError, get_job, is_transient
 from flows.lease_keeper import LeaseKeeper
 from flows.model import CallLog, LoggedModel, model_from_settings
-from flows.monitoring import label_flow_run, publish_artifact, wait_for_tick_artifact
+from flows.monitoring import (
+    label_flow_run,
+    publish_artifact,
+    tick_artifact_key,
+    wait_for_tick_artifact,
+)
 from flows.outcomes import Outcome, SubjectOutcome, TickReport, emit_job_event
 from flows.settings import RunledgerSettings
 from flows.stages import STAGE_OPTIONS, lease_lost_state, lost_state, stage_value, with_retries
@@ -112,7 +117,7 @@ async def run_job(job: str, subjects: list[str] | None = None,
         await asyncio.gather(labelling, return_exceptions=True)  # the tick's error is the news
         raise
     await labelling
-    publish_artifact(flow_run_id, f"{definition.name}-tick", report)
+    publish_artifact(flow_run_id, tick_artifact_key(definition.name), report)
     if report.completed_every_subject() and len(identities) == len(definition.subject_names()):
         emit_job_event("tick.completed", definition, period=the_period.label)
     logger.info(report.summary())

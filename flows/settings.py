@@ -21,16 +21,29 @@ class RunledgerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RUNLEDGER_", extra="ignore",
                                       protected_namespaces=())
 
-    model: Literal["offline", "openai"] = "offline"
-    model_base_url: str | None = None
-    model_name: str | None = None
-    model_api_key: SecretStr | None = None
+    model: Literal["offline", "openai"] = Field(
+        default="offline",
+        description="``offline``: an extractive summarizer, no network; ``openai``: an "
+                    "OpenAI-compatible chat-completions endpoint (vLLM, Ollama, ...).")
+    model_base_url: str | None = Field(
+        default=None, description="Base URL of the OpenAI-compatible API, e.g. "
+                                  "``http://localhost:11434/v1`` (needed with ``openai``).")
+    model_name: str | None = Field(
+        default=None, description="Model name sent to that API, e.g. ``llama3.2`` (needed "
+                                  "with ``openai``).")
+    model_api_key: SecretStr | None = Field(
+        default=None, description="API key sent as a bearer token; never logged.")
     model_api_key_block: str | None = Field(
         default=None, description="Name of a Prefect Secret block holding the API key."
     )
-    model_timeout_seconds: float = Field(default=60.0, gt=0)
-    model_call_log: Path | None = None
-    offline_model_delay_seconds: float = Field(default=0.0, ge=0)
+    model_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="Seconds to wait for one model answer.")
+    model_call_log: Path | None = Field(
+        default=None, description="Diagnostics: every model call appends one JSON line to "
+                                  "this file.")
+    offline_model_delay_seconds: float = Field(
+        default=0.0, ge=0, description="Diagnostics: the offline model sleeps this long on "
+                                       "each call.")
 
     lease_seconds: float | None = Field(
         default=None, gt=0, description="Overrides every job's lease duration (default 900 s)."

@@ -34,7 +34,7 @@ READ_ONLY = "runledger_read_only"
 # SQLite's WAL commit modes: "full" syncs the WAL before a commit returns, "normal" only at
 # checkpoints: a power cut or OS crash (not a process crash) can then roll back the last
 # commits. "normal" by default, the mode SQLite advises for WAL: "full" halves the ledger's
-# write throughput here (README, Benchmarks), and a host whose ledger must survive a power
+# write throughput here (docs/benchmarks.md), and a host whose ledger must survive a power
 # cut commit by commit is better served by PostgreSQL.
 SQLiteSynchronous = Literal["full", "normal"]
 SQLITE_SYNCHRONOUS: SQLiteSynchronous = "normal"

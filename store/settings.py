@@ -25,12 +25,28 @@ class LedgerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RUNLEDGER_", extra="ignore")
 
-    database_url: str = DEFAULT_DATABASE_URL
-    max_output_bytes: int = Field(default=1_000_000, gt=0)
-    sqlite_busy_timeout_ms: int = Field(default=SQLITE_BUSY_TIMEOUT_MS, ge=0)
-    sqlite_locked_retries: int = Field(default=SQLITE_LOCKED_RETRIES, ge=0)
-    postgres_lock_timeout_ms: int = Field(default=POSTGRES_LOCK_TIMEOUT_MS, ge=0)
-    sqlite_synchronous: SQLiteSynchronous = SQLITE_SYNCHRONOUS
+    database_url: str = Field(
+        default=DEFAULT_DATABASE_URL,
+        description="The ledger's SQLAlchemy URL: ``sqlite:///path`` (one host) or "
+                    "``postgresql+psycopg://user:password@host:port/db`` (many hosts).")
+    max_output_bytes: int = Field(
+        default=1_000_000, gt=0,
+        description="Largest raw input or output document a Run may store, in bytes of JSON.")
+    sqlite_busy_timeout_ms: int = Field(
+        default=SQLITE_BUSY_TIMEOUT_MS, ge=0,
+        description="SQLite: how long one try waits for the write lock (busy timeout).")
+    sqlite_locked_retries: int = Field(
+        default=SQLITE_LOCKED_RETRIES, ge=0,
+        description="SQLite: tries after the first when the database is locked, before "
+                    "``LedgerBusy``.")
+    postgres_lock_timeout_ms: int = Field(
+        default=POSTGRES_LOCK_TIMEOUT_MS, ge=0,
+        description="PostgreSQL: ``lock_timeout`` of the ledger's connections; a lock held "
+                    "longer makes the transition ``LedgerBusy`` (0 waits without limit).")
+    sqlite_synchronous: SQLiteSynchronous = Field(
+        default=SQLITE_SYNCHRONOUS,
+        description="SQLite commit mode: ``normal`` (a process crash loses no commit, a power "
+                    "cut may lose the last ones) or ``full`` (the WAL is synced at every commit).")
 
     @field_validator("sqlite_synchronous", mode="before")
     @classmethod

@@ -19,16 +19,30 @@ class DeliverySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RUNLEDGER_DELIVERY_", extra="ignore")
 
-    transport: Literal["smtp", "provider"] = "smtp"
-    lease_seconds: float = Field(default=600.0, gt=0)
-    max_attempts: int = Field(default=8, ge=1)
-    base_delay_seconds: float = Field(default=30.0, gt=0)
-    max_delay_seconds: float = Field(default=3600.0, gt=0)
-    max_window_hours: float = Field(default=12.0, gt=0)
-    uncertain: UncertainPolicy = UncertainPolicy.RETRY
+    transport: Literal["smtp", "provider"] = Field(
+        default="smtp", description="``smtp`` (RUNLEDGER_SMTP_*) or ``provider`` (an HTTP email "
+                                    "API, RUNLEDGER_PROVIDER_*).")
+    lease_seconds: float = Field(default=600.0, gt=0,
+                                 description="How long a dispatcher holds a claimed message.")
+    max_attempts: int = Field(default=8, ge=1,
+                              description="Delivery attempts before a message is ``dead``.")
+    base_delay_seconds: float = Field(
+        default=30.0, gt=0,
+        description="Backoff base: attempt n waits uniform(0, min(max, base * 2^(n-1))) seconds.")
+    max_delay_seconds: float = Field(default=3600.0, gt=0,
+                                     description="Longest wait between two attempts.")
+    max_window_hours: float = Field(
+        default=12.0, gt=0, description="Time from queueing after which a message is ``dead``.")
+    uncertain: UncertainPolicy = Field(
+        default=UncertainPolicy.RETRY,
+        description="An ``uncertain`` message: ``retry`` it with the same key inside the window, "
+                    "or ``hold`` it for an operator.")
     # Sent marks committed together (one commit per group; 1 = each before the next send). A crash
     # can resend at most this many accepted messages, each with its same Message-ID.
-    mark_batch: int = Field(default=20, ge=1, le=500)
+    mark_batch: int = Field(
+        default=20, ge=1, le=500,
+        description="Sent marks committed together; a crash can resend at most this many "
+                    "accepted messages, each with its same Message-ID.")
 
     def policy(self) -> RetryPolicy:
         return RetryPolicy(

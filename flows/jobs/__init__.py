@@ -1,4 +1,4 @@
-"""The job definition API and the registry of jobs (see README, "Writing a job")."""
+"""The job definition API and the registry of jobs (see docs/how-to/write-a-job.md)."""
 
 from flows.jobs.errors import (
     JobError,

@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flows.jobs.errors import ValidationFailed
@@ -35,11 +36,17 @@ class CompetitorSummarySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RUNLEDGER_COMPETITOR_SUMMARY_", extra="ignore")
 
-    source: Path = SAMPLE_DATA
-    timezone: str = "Europe/Paris"
-    max_summary_chars: int = 2_000
-    max_source_bytes: int = 200_000
-    fetch_timeout_seconds: float = 20.0
+    source: Path = Field(
+        default=SAMPLE_DATA,
+        description="Folder with one sub-folder per workspace (``*.md``, ``urls.txt``, "
+                    "``subscribers.txt``).")
+    timezone: str = Field(default="Europe/Paris", description="IANA zone a day is counted in.")
+    max_summary_chars: int = Field(default=2_000,
+                                   description="A longer summary fails validation.")
+    max_source_bytes: int = Field(default=200_000,
+                                  description="Most bytes of documents collected per workspace.")
+    fetch_timeout_seconds: float = Field(default=20.0,
+                                         description="Timeout of each page fetched from urls.txt.")
 
 
 def _settings() -> CompetitorSummarySettings:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import date, timedelta
 from typing import Any
 
+from pydantic import Field as Setting
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.orm import registry
 from sqlmodel import Field, Session, SQLModel, func, select
@@ -24,9 +25,10 @@ class DailyCreditSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RUNLEDGER_DAILY_CREDIT_", extra="ignore")
 
-    accounts: str = "account-1,account-2"
-    units: int = 10
-    timezone: str = "UTC"
+    accounts: str = Setting(default="account-1,account-2",
+                            description="Comma-separated accounts (the subjects).")
+    units: int = Setting(default=10, description="Units credited per account and day.")
+    timezone: str = Setting(default="UTC", description="IANA zone a day is counted in.")
 
 
 def _settings() -> DailyCreditSettings:

@@ -55,14 +55,24 @@ class SmtpSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RUNLEDGER_SMTP_", extra="ignore",
                                       populate_by_name=True)
 
-    host: str = "127.0.0.1"
-    port: int | None = Field(default=None, ge=1, le=65535)
-    tls: TlsMode = TlsMode.STARTTLS
-    username: str | None = None
-    password: SecretStr | None = None
-    timeout: float = Field(default=60.0, gt=0, le=900)
-    ca_file: Path | None = None
-    mail_from: str = Field(validation_alias="RUNLEDGER_MAIL_FROM")
+    host: str = Field(default="127.0.0.1", description="SMTP host name or address.")
+    port: int | None = Field(
+        default=None, ge=1, le=65535,
+        description="SMTP port; default 465 for ``tls``, 587 for ``starttls``, 25 for ``none``.")
+    tls: TlsMode = Field(
+        default=TlsMode.STARTTLS,
+        description="``tls`` (implicit), ``starttls`` (required upgrade) or ``none`` "
+                    "(loopback hosts only).")
+    username: str | None = Field(default=None, description="AUTH login name (with the password).")
+    password: SecretStr | None = Field(
+        default=None, description="AUTH password (with the username); never logged.")
+    timeout: float = Field(default=60.0, gt=0, le=900,
+                           description="Seconds to wait for each SMTP reply.")
+    ca_file: Path | None = Field(
+        default=None, description="PEM file of an extra trusted CA (certificates are always "
+                                  "verified).")
+    mail_from: str = Field(validation_alias="RUNLEDGER_MAIL_FROM",
+                           description="The From address of every message.")
 
     @field_validator("mail_from")
     @classmethod
@@ -101,11 +111,17 @@ class ProviderSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RUNLEDGER_PROVIDER_", extra="ignore",
                                       populate_by_name=True)
 
-    url: str = RESEND_URL
-    api_key: SecretStr
-    key_retention_hours: float = Field(default=RESEND_KEY_RETENTION_HOURS, gt=0)
-    timeout: float = Field(default=30.0, gt=0, le=900)
-    mail_from: str = Field(validation_alias="RUNLEDGER_MAIL_FROM")
+    url: str = Field(default=RESEND_URL,
+                     description="Base URL of the provider API (https unless loopback).")
+    api_key: SecretStr = Field(description="The provider's API key; never logged.")
+    key_retention_hours: float = Field(
+        default=RESEND_KEY_RETENTION_HOURS, gt=0,
+        description="How long the provider remembers an Idempotency-Key; the retry window "
+                    "may not be longer.")
+    timeout: float = Field(default=30.0, gt=0, le=900,
+                           description="Seconds to wait for the provider's answer.")
+    mail_from: str = Field(validation_alias="RUNLEDGER_MAIL_FROM",
+                           description="The From address of every message.")
 
     @field_validator("mail_from")
     @classmethod

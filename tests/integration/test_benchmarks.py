@@ -1,8 +1,8 @@
 """Every benchmark script runs here in a reduced form, on both ledgers, so that a change which
 breaks one fails the suite instead of surprising the next person who measures. The figures are
-not asserted (no timed tests): the full runs and their figures are in README. What a script
-checks about behaviour (one winner per contended claim, a rerun with no model call and no task
-run, every message delivered) is asserted through its exit status and its output."""
+not asserted (no timed tests): the full runs and their figures are in docs/benchmarks.md. What a
+script checks about behaviour (one winner per contended claim, a rerun with no model call and no
+task run, every message delivered) is asserted through its exit status and its output."""
 
 from __future__ import annotations
 

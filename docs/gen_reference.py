@@ -90,7 +90,10 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
      "Test suite: `1` makes an unreachable PostgreSQL fail the suite instead of skipping its "
      "tests (`.ci/run` sets it)."),
     ("RUNLEDGER_FULL", "tests/",
-     "Test suite: `1` runs the full-size drills (tests marked `slow`)."),
+     "Test suite: `1` runs the full-size drills (tests marked `drill`)."),
+    ("RUNLEDGER_TEST_RECONCILE_PROBE", "tests/integration/reconcile_support.py",
+     "Test suite: the name of the job the reconcile process tests register in their "
+     "subprocesses; set by those tests."),
     ("RUNLEDGER_BENCH_POSTGRES_URL", "bench/databases.py",
      "Benchmarks: the PostgreSQL admin URL the benchmark databases are created on."),
 ]
@@ -107,6 +110,9 @@ PREFECT_VARIABLES = [
      "to start; `runledger run` sets 90 when you set nothing."),
     ("PREFECT_SERVER_ANALYTICS_ENABLED", "`runledger run` and `stack up` turn the temporary or "
      "local server's analytics off when you set nothing."),
+    ("PREFECT_SERVER_LOGGING_LEVEL", "`runledger run` sets `CRITICAL` for its temporary server "
+     "when you set nothing: stopping it cancels its services mid-flush, which it would log as "
+     "ERROR tracebacks."),
 ]
 
 
@@ -377,6 +383,10 @@ OUTCOME_MEANINGS = {
                   "discarded and nothing was written.",
     "stopped": "The flow run was cancelled or timed out before the subject's next stage; the "
                "Run was released (pending again, raw input kept).",
+    "skipped": "A scheduled flow run started later than the job's `max_lateness` and its "
+               "missed-run policy (`skip`, or `latest` with a later period due) says not to run "
+               "it: the occurrence is recorded skipped; no stage, no model call. Reconcile's "
+               "policy decisions emit the same event.",
     "failed": "A permanent failure marked the Run failed (`runledger runs requeue ID` after a "
               "fix), or a transient one outlasted the retries (the Run is pending again), or "
               "the Run exists with other parameters (`RunConflict`).",

@@ -101,7 +101,7 @@ job {{ event.resource["runledger.job"] }}, subject {{ event.resource["runledger.
 period {{ event.resource["runledger.period"] }} (version {{ event.resource["runledger.version"] }})
 {% if event.payload.state %}state: {{ event.payload.state }}
 {% endif %}why: {{ event.payload.reason }}
-{% if event.payload.due_at %}due at: {{ event.payload.due_at }} (UTC)
+{% if event.payload.due_at %}due at: {{ event.payload.due_at }}
 {% endif %}{% if event.payload.error %}error: {{ event.payload.error }}
 {% endif %}run id: {{ event.resource["prefect.resource.id"] | replace("runledger.run.", "") }}
 at: {{ event.occurred }}"""

@@ -64,7 +64,7 @@ class Late:
         style = "bold red" if self.step.overdue else ""
         return [self.job.name, owed.subject, owed.period.label, self.step.state,
                 Text(self.why, style=style), due.strftime("%Y-%m-%d %H:%M %Z"),
-                Text(duration(self.late), style=style)]
+                Text("-" if self.step.state == "skipped" else duration(self.late), style=style)]
 
     def as_dict(self) -> dict[str, Any]:
         owed = self.step.owed

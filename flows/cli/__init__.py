@@ -9,6 +9,7 @@ import flows.cli.delivery_commands  # noqa: F401  (registers deliver, outbox req
 from flows.cli import (
     demo,  # noqa: F401  (registers demo)
     ledger_commands,  # noqa: F401  (registers db, runs, outbox list)
+    overdue_commands,  # noqa: F401  (registers overdue)
     reconcile_commands,  # noqa: F401  (registers reconcile)
     run_commands,  # noqa: F401  (registers run)
     stack_commands,  # noqa: F401  (registers serve, stack up|automations)

@@ -4,15 +4,22 @@
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from flows.cli.app import api_refused, app
 from flows.stack.auth import StackAuth
-from flows.stack.automations import HEARTBEAT_SECONDS, install_crash_detector
+from flows.stack.automations import (
+    HEARTBEAT_SECONDS,
+    install_alerts,
+    install_crash_detector,
+    notification_block,
+)
 from flows.stack.local import StackConfig, up
 from flows.stack.prefect_server import client
 from flows.stack.work_pool import DEFAULT_POOL
@@ -72,9 +79,18 @@ def stack_automations(
     within: float = typer.Option(
         3 * HEARTBEAT_SECONDS, "--within", min=HEARTBEAT_SECONDS + 1,
         help="Seconds without any event after a heartbeat before a flow run counts as crashed."),
+    notify_block: str | None = typer.Option(
+        None, "--notify-block",
+        help="The Prefect notification block alerts go through, as `prefect block ls` names "
+             "it (custom-webhook/ops, slack-webhook/oncall) or by its name alone. With it, "
+             "also installs the overdue/give-up alert and each job's dead man's switch."),
 ) -> None:
-    """Install runledger's automations on the server in PREFECT_API_URL (workers must send
-    heartbeats: PREFECT_FLOWS_HEARTBEAT_FREQUENCY=30)."""
+    """Install runledger's automations on the server in PREFECT_API_URL, or update them in
+    place: the crash detector (workers must send heartbeats:
+    PREFECT_FLOWS_HEARTBEAT_FREQUENCY=30) and, with --notify-block, the alerts: a notification
+    per overdue or given-up occurrence, and per registered job one when no tick completed
+    every subject within its cadence plus grace (the server sends it even when the
+    scheduler, the reconciler and every worker are down)."""
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
@@ -83,11 +99,24 @@ def stack_automations(
         raise typer.Exit(1)
     try:
         with client(url) as api:
+            try:
+                block = notification_block(api, notify_block) if notify_block else None
+            except RunledgerError as exc:
+                Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+                raise typer.Exit(1) from None
             install_crash_detector(api, within)
+            console.print(f"installed the crash detector on {url} (within {within:.0f} s)")
+            if block is not None:
+                from flows.jobs import registered_jobs
+
+                names = install_alerts(api, registered_jobs().values(), block.id,
+                                       datetime.now(UTC))
+                console.print(f"installed the alerts through {escape(notify_block or '')}:")
+                for name in names:
+                    console.print(f"  {escape(name)}")
     except Exception as exc:
         refused = api_refused(exc)
         if refused is None:
             raise
         Console(stderr=True).print(f"[bold red]error:[/] {refused}")
         raise typer.Exit(1) from None
-    console.print(f"installed the crash detector on {url} (within {within:.0f} s)")

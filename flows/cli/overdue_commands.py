@@ -1,0 +1,140 @@
+"""`runledger overdue`: what the jobs owe that is late, and why, from the ledger as reconcile
+sees it (a dry run: it writes nothing)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+
+from flows.cli.app import app
+from flows.cli.ledger_commands import open_ledger, print_json
+from flows.cli.tables import FOLD, Col, print_table
+from flows.jobs import Job, get_job, registered_jobs
+from flows.reconcile import Step
+from flows.reconcile.flow import prepare
+from store import RunledgerError
+
+console = Console()
+ERROR_EXIT = 2  # 1 says something is overdue
+
+# What is owed is read by job, subject, period and why; the state is in the why, the due time
+# follows from the period.
+COLUMNS = [Col("job", fold=FOLD), Col("subject", fold=FOLD), Col("period"),
+           Col("state", drop=2), Col("why", fold=FOLD), Col("due", drop=1), Col("late")]
+# The kind of trouble a person reads first, per plan state.
+WHY = {
+    "missed": "never started",
+    "upcoming": "never started",
+    "stranded": "stranded",
+    "failed": "failed",
+    "running": "still running",
+    "skipped": "skipped by policy",
+}
+
+
+@dataclass(frozen=True)
+class Late:
+    """One owed occurrence past its due time that is not completed, or one skipped by policy."""
+
+    job: Job
+    step: Step
+    now: datetime
+
+    @property
+    def late(self) -> timedelta:
+        return self.now - self.step.owed.due_at
+
+    @property
+    def why(self) -> str:
+        kind, reason = WHY[self.step.state], self.step.reason
+        for prefix in (f"{self.step.state}: ", f"{kind}: "):
+            reason = reason.removeprefix(prefix)
+        return f"{kind}: {reason}"
+
+    def row(self) -> list[str | Text]:
+        owed = self.step.owed
+        due = owed.due_at.astimezone(ZoneInfo(self.job.timezone))
+        style = "bold red" if self.step.overdue else ""
+        return [self.job.name, owed.subject, owed.period.label, self.step.state,
+                Text(self.why, style=style), due.strftime("%Y-%m-%d %H:%M %Z"),
+                Text("-" if self.step.state == "skipped" else duration(self.late), style=style)]
+
+    def as_dict(self) -> dict[str, Any]:
+        owed = self.step.owed
+        return {"job": self.job.name, "subject": owed.subject, "period": owed.period.label,
+                "period_start": owed.period.start.isoformat(), "state": self.step.state,
+                "action": self.step.action, "why": self.why, "reason": self.step.reason,
+                "overdue": self.step.overdue, "due_at": owed.due_at.isoformat(),
+                "late_seconds": int(self.late.total_seconds()), "run_id": owed.identity.run_id}
+
+
+def late_steps(job: Job, steps: list[Step], now: datetime) -> list[Late]:
+    """The overdue steps (not completed or skipped by due time plus grace), those missed,
+    stranded or failed past their due time within the grace, and the skipped ones."""
+    return [Late(job, s, now) for s in steps
+            if s.overdue or s.state == "skipped"
+            or (s.state in ("missed", "stranded", "failed") and now > s.owed.due_at)]
+
+
+def duration(value: timedelta) -> str:
+    """A lateness at a glance: ``45s``, ``12m``, ``5h 03m``, ``2d 04h``."""
+    seconds = max(0, int(value.total_seconds()))
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m" if minutes else f"{seconds}s"
+
+
+def _error(exc: BaseException) -> typer.Exit:
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+    return typer.Exit(ERROR_EXIT)
+
+
+@app.command("overdue")
+def overdue(
+    job: str | None = typer.Option(None, "--job", help="Only this job (default: every job)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (times in UTC)."),
+) -> None:
+    """List what the jobs owe that is late, with why: never started, stranded, failed, still
+    running past its due time, and the occurrences skipped by their missed-run policy (listed,
+    never counted as overdue). Due times are in each job's timezone. Reads only.
+
+    Exit status: 0 when nothing is overdue (owed and not completed nor skipped by its due
+    time plus the job's grace), 1 when something is, 2 on an error; so it can gate a script."""
+    ledger = open_ledger()
+    try:
+        jobs = [get_job(job)] if job else list(registered_jobs().values())
+        found: list[Late] = []
+        for one in jobs:
+            planned = prepare(ledger, one, dry_run=True)
+            found += late_steps(one, planned.steps, planned.now)
+    except RunledgerError as exc:
+        raise _error(exc) from None
+    finally:
+        ledger.close()
+    count = sum(1 for late in found if late.step.overdue)
+    if as_json:
+        print_json([late.as_dict() for late in found])
+    elif found:
+        print_table(console, COLUMNS, [late.row() for late in found])
+        skipped = sum(1 for late in found if late.step.state == "skipped")
+        within = len(found) - count - skipped
+        parts = [f"{count} overdue", f"{skipped} skipped by policy"]
+        if within:
+            parts.append(f"{within} late within their grace")
+        console.print(", ".join(parts))
+    else:
+        console.print("nothing owed is late")
+    if count:
+        raise typer.Exit(1)

@@ -138,13 +138,12 @@ def periods_between(job: Job, start: str, end: str, now: datetime,
     inclusive, oldest first: at most ``limit``, none that starts after ``now``."""
     first, last = job.parse_period(start), job.parse_period(end)
     if last.start < first.start:
-        raise InvalidBackfill(f"end {end} ({last.label}) is before start {start} "
-                              f"({first.label}): give the earlier period as the start")
+        raise InvalidBackfill(f"end {_named(end, last)} is before start {_named(start, first)}: "
+                              f"the start (--from) must be the earlier period")
     current = job.period_at(now)
     if last.start > current.start:
-        raise InvalidBackfill(f"end {end} is a period that has not started yet ({last.label}); "
-                              f"a backfill runs past periods, up to the current one "
-                              f"({current.label})")
+        raise InvalidBackfill(f"end {_named(end, last)} has not started yet: a backfill runs "
+                              f"past periods, up to the current one ({current.label})")
     periods = [first]
     while periods[-1].start < last.start:
         if len(periods) == limit:
@@ -153,6 +152,10 @@ def periods_between(job: Job, start: str, end: str, now: datetime,
                                   f"smaller ranges")
         periods.append(job.period_at(periods[-1].end))
     return periods
+
+
+def _named(text: str, period: Period) -> str:
+    return text if text.strip() == period.label else f"{text} (period {period.label})"
 
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*min)?\s*$")

@@ -195,7 +195,7 @@ def test_a_dry_run_writes_nothing_and_lists_what_would_run(env: Env) -> None:
 @postgres_only
 @pytest.mark.parametrize(("options", "message"), [
     ({"start": "2026-01-04", "end": "2026-01-01"},
-     "end 2026-01-01 (2026-01-01) is before start 2026-01-04"),
+     "end 2026-01-01 is before start 2026-01-04: the start (--from) must be the earlier"),
     ({"subjects": ["acme", "initech"]}, "has no subject 'initech'"),
     ({"end": "2099-01-01"}, "has not started yet"),
     ({"start": "1990-01-01"}, "more than 10000 periods"),

@@ -4,6 +4,9 @@ its JSON, its dry run and its refusals (on the session's Prefect server, Postgre
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.jobs import PermanentError
-from tests.integration.pipeline_support import Env, pipeline_env, probe_job
+from flows.jobs import PermanentError, get_job
+from tests.integration.pipeline_support import RUNLEDGER, Env, pipeline_env, probe_job, wait_until
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 RANGE = ["--from", "2026-01-01", "--to", "2026-01-04"]
@@ -102,3 +105,29 @@ def test_runledger_backfill_names_bad_input_and_exits_1_having_written_nothing(
     code, _, err = backfill(probe.name, *args)
     assert code == 1 and message in " ".join(err.split())
     assert env.ledger.runs(job=probe.name) == []
+
+
+def test_ctrl_c_on_runledger_backfill_starts_no_further_period_and_leaves_no_run_leased(
+        env: Env, prefect_api: str) -> None:
+    """SIGINT while the first day's first workspace waits for the model: that call finishes and
+    is persisted, the day's other workspace is released, and no later day is registered."""
+    env.set(subject_concurrency=1, offline_model_delay_seconds=3)
+    process = subprocess.Popen(
+        [*RUNLEDGER, "backfill", "competitor-summary", "--from", "2026-01-01", "--to", "2026-01-03",
+         "--max-active", "1"], env={**os.environ, "PREFECT_API_URL": prefect_api},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: any(r.raw_input is not None for r in env.ledger.runs()), 90,
+                   "the first workspace to store its raw input")
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+    assert process.returncode != 0, err
+    runs = env.ledger.runs(job="competitor-summary")
+    first_day = get_job("competitor-summary").parse_period("2026-01-01").start
+    assert {r.period_start for r in runs} == {first_day}, err
+    assert sorted(r.status for r in runs) == ["completed", "pending"], err
+    assert all(r.owner is None for r in runs) and env.model_calls() == 1

@@ -16,7 +16,12 @@ from uuid import UUID
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterKey,
+    FlowRunFilter,
+    FlowRunFilterTags,
+)
 from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.responses import GlobalConcurrencyLimitResponse
 from prefect.concurrency.asyncio import concurrency
@@ -113,6 +118,10 @@ def test_a_backfill_of_four_days_and_two_subjects_completes_eight_runs_with_eigh
     runs = job_flow_runs(probe.name)
     assert sorted(r.parameters["period"] for r in runs) == [r.label for r in report.results]
     assert {str(r.id) for r in runs} == {r.flow_run_id for r in report.results}
+    with get_client(sync_client=True) as client:
+        [progress] = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[f"backfill-{probe.name}"])))
+    assert progress.type == "progress" and progress.data == 100.0
 
 
 def test_a_backfill_resumes_where_it_stopped_and_again_runs_nothing_without_a_task_run(

@@ -80,7 +80,7 @@ def backfill_command(
         bar = _ProgressBar(console, len(request.periods) * len(request.subjects))
         with bar, watching(bar.advance):
             state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", backfill(
-                job=job, start=start, end=end, subjects=request.subjects,
+                job=job, start=start, end=end, subjects=subject or None,
                 reprocess=request.reprocess, max_active=max_active,
                 rate_per_minute=request.rate_per_minute, return_state=True)))
     from flows.backfill import BackfillReport

@@ -7,6 +7,7 @@ from rich.markup import escape
 
 import flows.cli.delivery_commands  # noqa: F401  (registers deliver, outbox requeue|show, sink)
 from flows.cli import (
+    backfill_commands,  # noqa: F401  (registers backfill)
     demo,  # noqa: F401  (registers demo)
     ledger_commands,  # noqa: F401  (registers db, runs, outbox list)
     overdue_commands,  # noqa: F401  (registers overdue)

@@ -68,6 +68,19 @@ def test_the_delivery_deployment_runs_on_an_anchored_interval_shorter_than_its_b
     assert spec.parameters["max_seconds"] < schedule.interval
 
 
+def test_the_backfill_deployment_has_no_schedule_and_asks_for_job_start_and_end() -> None:
+    """A person starts a backfill from the UI's Custom run: nothing scheduled, nothing pinned,
+    and the flow's required parameters are exactly what they must give."""
+    spec = deployment("backfill")
+    assert spec.entrypoint == "flows/backfill.py:backfill" and spec.schedules == []
+    assert spec.parameters == {} and set(spec.tags) == {"runledger", "backfill"}
+    flow = load_flow_from_entrypoint(f"{spec.flow_path}:backfill")
+    required = [name for name, p in inspect.signature(flow.fn).parameters.items()
+                if p.default is inspect.Parameter.empty]
+    assert flow.name == "backfill" and required == ["job", "start", "end"]
+    assert runner_deployment(spec).schedules == []
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_deployment_parameters_are_parameters_of_its_flow(spec) -> None:  # type: ignore[no-untyped-def]
     """Every entrypoint loads from the project root, and every parameter exists on the flow."""

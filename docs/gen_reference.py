@@ -428,7 +428,15 @@ def states_page() -> str:
     from flows.delivery.policy import Status
     from flows.jobs import registered_jobs
     from flows.monitoring import tick_artifact_key
-    from flows.outcomes import DECIDING, EVENTS, OUTCOMES, STATE_NAMES
+    from flows.outcomes import (
+        DECIDING,
+        EVENTS,
+        JOB_EVENTS,
+        NO_SUBJECTS,
+        OCCURRENCE_EVENTS,
+        OUTCOMES,
+        STATE_NAMES,
+    )
     from flows.pipeline import collect_input, persist_output, register_and_claim, transform_input
     from store import MESSAGE_STATUSES, RUN_STATUSES
     from store.models import ATTEMPT_OUTCOMES
@@ -448,6 +456,9 @@ def states_page() -> str:
     out += [f"| `{o}` | `{STATE_NAMES[o]}` | `{EVENTS[o]}` | {_cell(OUTCOME_MEANINGS[o])} |"
             for o in OUTCOMES]
     out += ["",
+            f"A tick of a job that lists no subjects ends `{NO_SUBJECTS}` (Completed type): "
+            "nothing ran, which is not a healthy tick. The `reconcile` flow ends `Completed`, "
+            "`DryRun` for a dry run, or `Failed` when a period it ran failed.", "",
             "Prefect's own states also appear: `Crashed` (the process died; the crash detector "
             "automation sets it when a tagged flow run's heartbeats stop), `TimedOut`, `Late`, "
             "`Scheduled`, `AwaitingRetry`.", "",
@@ -469,6 +480,21 @@ def states_page() -> str:
             "the Events page.", "",
             "| event | resource | when |", "|---|---|---|"]
     out += [f"| `{EVENTS[o]}` | `runledger.run.<run id>` | outcome `{o}` |" for o in OUTCOMES]
+    reconcile_when = {
+        "skipped": "reconcile recorded an owed occurrence skipped by the job's policy",
+        "overdue": "an owed occurrence was not completed by its due time plus grace (once)",
+        "recovered": "an overdue occurrence completed (once)",
+        "gave-up": "a stranded Run used up the job's max_attempts and failed for good",
+    }
+    _check_keys(reconcile_when, tuple(OCCURRENCE_EVENTS), "the reconcile events")
+    out += [f"| `{OCCURRENCE_EVENTS[k]}` | `runledger.run.<run id>` (related: "
+            f"`runledger.job.<job>`) | {reconcile_when[k]} |"
+            for k in OCCURRENCE_EVENTS if OCCURRENCE_EVENTS[k] not in EVENTS.values()]
+    job_when = {"tick.completed": "a tick completed every subject of the job (the dead man's "
+                                  "switch waits for it)",
+                "reconcile.capped": "a reconcile pass left owed occurrences for the next pass"}
+    _check_keys(job_when, tuple(JOB_EVENTS), "the job events")
+    out += [f"| `{JOB_EVENTS[k]}` | `runledger.job.<job>` | {job_when[k]} |" for k in JOB_EVENTS]
     out += [f"| `{EVENT_PREFIX}.{s.value}` | `runledger.outbox.message.<message id>` (related: "
             f"`runledger.run.<run id>`) | a delivery attempt ended `{s.value}` |" for s in Status]
     out += ["", "## Artifacts", "", "| key | on | content |", "|---|---|---|"]

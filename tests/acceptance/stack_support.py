@@ -262,3 +262,16 @@ def acceptance_stack(root: Path, admin: sa.Engine, ledger_url: str,
 
 def in_seconds(seconds: float) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+def wait_for_banner(process: subprocess.Popen[str], timeout: float = 300) -> str:
+    """What `runledger stack up` printed until its "Ctrl-C stops everything" banner line."""
+    assert process.stdout is not None
+    output: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not any("Ctrl-C stops everything" in line for line in output):
+        line = process.stdout.readline()
+        assert line or process.poll() is None, "".join(output)
+        output.append(line)
+        assert time.monotonic() < deadline, "".join(output)
+    return "".join(output)

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from flows.mail.sink import free_port
 from flows.stack import commands
 from flows.stack.auth import CLIENT_AUTH_ENV, SERVER_AUTH_ENV
+from tests.acceptance.stack_support import wait_for_banner
 
 PASSWORD = "s3cr3t-" + os.urandom(12).hex()
 SECRET = f"admin:{PASSWORD}"
@@ -56,18 +56,6 @@ class AuthStack:
         return found
 
 
-def read_banner(process: subprocess.Popen[str]) -> str:
-    assert process.stdout is not None
-    output: list[str] = []
-    deadline = time.monotonic() + 420
-    while not any("Ctrl-C stops everything" in line for line in output):
-        line = process.stdout.readline()
-        assert line or process.poll() is None, "".join(output)
-        output.append(line)
-        assert time.monotonic() < deadline, "".join(output)
-    return "".join(output)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
     """The stack on every interface with the auth string set for the server only (the stack
@@ -85,7 +73,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
         start_new_session=True,
     )
     try:
-        banner = read_banner(process)
+        banner = wait_for_banner(process, timeout=420)
         yield AuthStack(process, folder, f"http://127.0.0.1:{port}/api", banner, [banner])
         os.kill(process.pid, signal.SIGINT)
         assert process.wait(90) == 0
@@ -93,6 +81,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def test_an_unauthenticated_or_wrongly_authenticated_api_call_is_refused_with_401(

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from flows.jobs.competitor_summary import subscribers, workspaces
 from flows.mail.sink import free_port
 from flows.stack import commands
 from flows.stack.processes import Supervisor
-from tests.acceptance.stack_support import wait_until
+from tests.acceptance.stack_support import wait_for_banner, wait_until
 
 # A child that starts a grandchild in a session of its own (as Prefect's process worker starts
 # flow runs), prints the grandchild's pid, and waits.
@@ -135,18 +134,6 @@ def processes_mentioning(text: str) -> list[int]:
         if text.encode() in blob and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
-
-
-def wait_for_banner(process: subprocess.Popen[str]) -> str:
-    assert process.stdout is not None
-    output: list[str] = []
-    deadline = time.monotonic() + 300
-    while not any("Ctrl-C stops everything" in line for line in output):
-        line = process.stdout.readline()
-        assert line or process.poll() is None, "".join(output)
-        output.append(line)
-        assert time.monotonic() < deadline, "".join(output)
-    return "".join(output)
 
 
 def stop_with_ctrl_c(process: subprocess.Popen[str], folder: Path) -> None:

@@ -113,6 +113,9 @@ PREFECT_VARIABLES = [
     ("PREFECT_SERVER_LOGGING_LEVEL", "`runledger run` sets `CRITICAL` for its temporary server "
      "when you set nothing: stopping it cancels its services mid-flush, which it would log as "
      "ERROR tracebacks."),
+    ("PREFECT_LOGGING_ROOT_LEVEL", "`runledger run` sets `CRITICAL` for its temporary server's "
+     "process when you set nothing (SQLAlchemy's pool logs the same shutdown through the root "
+     "logger); `runledger run`'s own logs are unchanged."),
 ]
 
 

@@ -26,13 +26,16 @@ if TYPE_CHECKING:
 # analytics would phone home from machines that may have no internet, and its telemetry
 # heartbeat competes for its SQLite database: "database is locked" tracebacks and "Failed to
 # send telemetry" ERROR lines on the terminal of a run that worked. Stopping it at the end
-# cancels its services mid-flush, which they log as ERROR tracebacks (CancelledError in the task
-# run recorder, seen under load): its own log stays quiet but for CRITICAL; what matters to the
-# user reaches them through the flow run's state and the client's logs.
+# cancels its services mid-flush, which they (and SQLAlchemy's pool, through the root logger)
+# log as ERROR tracebacks: CancelledError in the task run recorder, seen under load. Its logs
+# stay quiet but for CRITICAL; what matters to the user reaches them through the flow run's
+# state and this process's logs, whose logging Prefect set up when it was imported, before
+# these variables are set.
 EPHEMERAL_SERVER = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": 90,
     "PREFECT_SERVER_ANALYTICS_ENABLED": False,
     "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
+    "PREFECT_LOGGING_ROOT_LEVEL": "CRITICAL",
 }
 STYLES = {"new": "green", "duplicate": "cyan", "in-progress-elsewhere": "yellow",
           "lease-lost": "yellow", "stopped": "yellow", "failed": "bold red"}
@@ -49,8 +52,11 @@ def _ephemeral_server() -> AbstractContextManager[Any]:
         os.environ[name] = str(value).lower()
     import prefect.settings
 
-    return prefect.settings.temporary_settings(
-        updates={getattr(prefect.settings, name): value for name, value in chosen.items()})
+    # PREFECT_LOGGING_* are overrides of Prefect's logging config, read from the environment
+    # only: not settings of the context.
+    return prefect.settings.temporary_settings(updates={
+        getattr(prefect.settings, name): value for name, value in chosen.items()
+        if hasattr(prefect.settings, name)})
 
 
 @app.command("run")

@@ -68,7 +68,7 @@ def test_overdue_lists_what_is_owed_and_late_with_why_and_exits_1(
     assert {s: (r["state"], r["overdue"]) for s, r in rows.items()} == {
         "never": ("missed", True), "stranded": ("stranded", True),
         "failed": ("failed", True), "skipped": ("skipped", False)}
-    assert rows["never"]["why"] == "never started: missed while nothing ran (policy skip)"
+    assert rows["never"]["why"] == "never started: missed while nothing ran; policy skip"
     assert rows["stranded"]["why"] == "stranded: pending after 0 attempts"
     assert rows["failed"]["why"].startswith("failed: the model refused the input; requeue")
     assert rows["skipped"]["why"] == "skipped by policy: missed while nothing ran (policy skip)"

@@ -240,6 +240,10 @@ class Ledger:
         subject of the job with its period (see ``owe_txn``)."""
         return self._write(oc.owe_txn, job, owed_from)
 
+    def obligations(self, job: str) -> dict[str, datetime]:
+        """Every subject ``job`` owes, with the period it is owed from."""
+        return self._read(oc.read_obligations, job)
+
     def skip(self, skipped: Sequence[tuple[RunIdentity, str]]) -> list[str]:
         """Record occurrences skipped by the missed-run policy, with their reasons (never one
         that has a Run); the run ids newly skipped."""

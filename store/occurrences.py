@@ -184,7 +184,7 @@ def owe_txn(conn: Connection, job: str, owed_from: Mapping[str, datetime]) -> di
              for s, start in owed_from.items()]
     if given:
         _OWE.rows(conn, owed=given)
-    return {row["subject"]: row["owed_from"] for row in _OWED.rows(conn, job=job)}
+    return read_obligations(conn, job)
 
 
 @transition(one_statement_on=EVERYWHERE)
@@ -233,6 +233,11 @@ def give_up_txn(conn: Connection, run: RunState, max_attempts: int) -> bool:
 
 
 # --- reads ----------------------------------------------------------------------------------
+
+
+def read_obligations(conn: Connection, job: str) -> dict[str, datetime]:
+    """Every subject ``job`` owes, with the period it is owed from."""
+    return {row["subject"]: row["owed_from"] for row in _OWED.rows(conn, job=job)}
 
 
 def run_states(conn: Connection, job: str, since: datetime) -> list[RunState]:

@@ -87,7 +87,7 @@ def prepare(ledger: Ledger, job: Job, now: datetime | None = None, *, dry_run: b
     """The job's plan at ``now`` (default: the database clock); records, unless ``dry_run``,
     the period each subject seen for the first time is owed from."""
     now = ledger.now() if now is None else now
-    known = ledger.owe(job.name, {}) if not dry_run else _known(ledger, job)
+    known = ledger.obligations(job.name)
     start = first_owed(job, now, known)
     new = {s: start for s in job.subject_names() if s not in known}
     owed_from = ledger.owe(job.name, new) if new and not dry_run else {**new, **known}
@@ -97,10 +97,6 @@ def prepare(ledger: Ledger, job: Job, now: datetime | None = None, *, dry_run: b
     occurrences = {o.run_id: o for o in ledger.occurrences(job.name, since)}
     return plan(job, owed, runs, occurrences, now, cap=cap, backoff=backoff,
                 max_backoff=max_backoff)
-
-
-def _known(ledger: Ledger, job: Job) -> dict[str, datetime]:
-    return ledger.owe(job.name, {})  # with nothing to add, a read
 
 
 def decide(ledger: Ledger, planned: Plan) -> JobReconciled:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from prefect import serve
 from prefect.deployments.runner import RunnerDeployment
 from prefect.flows import load_flow_from_entrypoint
 
-from deployments.project import PROJECT_ROOT, DeploymentSpec, load_deployments
+from deployments.project import PREFECT_FILE, PROJECT_ROOT, DeploymentSpec, load_deployments
 
 
 def runner_deployment(spec: DeploymentSpec) -> RunnerDeployment:
@@ -28,10 +29,12 @@ def runner_deployment(spec: DeploymentSpec) -> RunnerDeployment:
     )
 
 
-def serve_all(specs: Sequence[DeploymentSpec] | None = None, limit: int | None = None) -> None:
-    """Serve ``specs`` (default: all of prefect.yaml) until SIGINT or SIGTERM."""
+def serve_all(specs: Sequence[DeploymentSpec] | None = None, limit: int | None = None,
+              path: Path = PREFECT_FILE) -> None:
+    """Serve ``specs`` (default: every deployment of the file at ``path``) until SIGINT or
+    SIGTERM."""
+    chosen = load_deployments(path) if specs is None else list(specs)
     # Entrypoints are paths from the project root, and served flow runs start in this
     # process's working directory.
     os.chdir(PROJECT_ROOT)
-    chosen = load_deployments() if specs is None else list(specs)
     serve(*(runner_deployment(spec) for spec in chosen), limit=limit)

@@ -35,12 +35,17 @@ app.add_typer(stack_app, name="stack")
 def serve(
     limit: int | None = typer.Option(None, "--limit", min=1,
                                      help="Most flow runs executed at once."),
+    file: Annotated[Path | None, typer.Option(
+        "--file", exists=True, dir_okay=False,
+        help="Another prefect.yaml (its entrypoints are paths from the project root); "
+             "default deployments/prefect.yaml.")] = None,
 ) -> None:
     """Serve every deployment of deployments/prefect.yaml with its schedules (needs
     PREFECT_API_URL). On exit Prefect pauses them and drops their future scheduled runs."""
+    from deployments.project import PREFECT_FILE
     from deployments.serve import serve_all
 
-    serve_all(limit=limit)
+    serve_all(limit=limit, path=(file or PREFECT_FILE).resolve())
 
 
 @stack_app.command("up")

@@ -87,13 +87,17 @@ def prepare(ledger: Ledger, job: Job, now: datetime | None = None, *, dry_run: b
     """The job's plan at ``now`` (default: the database clock); records, unless ``dry_run``,
     the period each subject seen for the first time is owed from."""
     now = ledger.now() if now is None else now
-    known = ledger.obligations(job.name)
-    start = first_owed(job, now, known)
-    new = {s: start for s in job.subject_names() if s not in known}
-    owed_from = ledger.owe(job.name, new) if new and not dry_run else {**new, **known}
-    owed = owed_occurrences(job, owed_from, now)
     since = window_start(job, now)
     runs = {r.run_id: r for r in ledger.run_states(job.name, since)}
+    known = ledger.obligations(job.name)
+    first_run: dict[str, datetime] = {}
+    for run in runs.values():
+        if run.version == job.version and run.subject not in known:
+            first_run[run.subject] = min(run.period_start, first_run.get(run.subject, now))
+    new = {s: first_owed(job, now, known, first_run.get(s))
+           for s in job.subject_names() if s not in known}
+    owed_from = ledger.owe(job.name, new) if new and not dry_run else {**new, **known}
+    owed = owed_occurrences(job, owed_from, now)
     occurrences = {o.run_id: o for o in ledger.occurrences(job.name, since)}
     return plan(job, owed, runs, occurrences, now, cap=cap, backoff=backoff,
                 max_backoff=max_backoff)

@@ -69,12 +69,17 @@ def window_start(job: Job, now: datetime) -> datetime:
     return job.period_at(now - job.catch_up_window).start
 
 
-def first_owed(job: Job, now: datetime, known: Mapping[str, datetime]) -> datetime:
+def first_owed(job: Job, now: datetime, known: Mapping[str, datetime],
+               first_run: datetime | None = None) -> datetime:
     """The period a subject reconcile sees for the first time is owed from: the job's ``start``
-    when the job is new to the ledger, else the period of ``now`` (never the past)."""
+    when the job is new to the ledger, else the period of ``now`` (never the past); or the
+    period of the subject's first Run in the window when that is earlier (the job ran before
+    reconcile first looked)."""
     if not known and job.start is not None:
-        return job.period_at(job.start).start
-    return job.period_at(now).start
+        start = job.period_at(job.start).start
+    else:
+        start = job.period_at(now).start
+    return start if first_run is None else min(start, first_run)
 
 
 def _periods(job: Job, since: datetime, now: datetime) -> list[Period]:

@@ -82,6 +82,19 @@ def test_catch_up_runs_every_missed_day_once_oldest_first(env: Env) -> None:
     assert events("runledger.run.overdue", late) == 4
 
 
+def test_a_job_that_ran_before_reconcile_first_looked_is_owed_from_its_first_run(
+        env: Env) -> None:
+    """No start and no reconcile until Friday, but a tick ran on Monday: Friday's first pass
+    owes acme from Monday and catches up Tuesday to Friday, instead of owing from Friday."""
+    probe = probe_job(["acme"], ["ops@example.com"], missed_runs="catch-up")
+    env.run(probe.name, period="2026-01-05")
+    friday = reconcile(probe.job, at(4))
+    assert sorted(t.period.label for t in friday.ticks) == [
+        "2026-01-06", "2026-01-07", "2026-01-08", "2026-01-09"]
+    assert env.ledger.obligations(probe.job.name) == {"acme": MONDAY}
+    assert env.model_calls() == 5
+
+
 def test_skip_records_the_missed_days_skipped_and_a_custom_run_still_runs_one(env: Env) -> None:
     """With skip, Friday's pass runs nothing for Tuesday to Thursday, records them skipped
     (an event each) and is not late for Friday itself; running Wednesday on purpose works."""

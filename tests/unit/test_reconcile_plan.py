@@ -76,6 +76,17 @@ def test_a_new_job_is_owed_from_its_start_and_a_new_subject_from_now() -> None:
         2026, 1, 9, tzinfo=UTC)
 
 
+def test_a_subject_that_ran_before_reconcile_first_looked_is_owed_from_its_first_run() -> None:
+    """A job ticking for days before its first reconcile pass owes every period since its first
+    Run, not only from now: the periods it missed in between are not lost."""
+    job = make()
+    now = datetime(2026, 1, 9, 12, tzinfo=UTC)
+    ran = datetime(2026, 1, 6, tzinfo=UTC)
+    assert first_owed(job, now, {}, first_run=ran) == ran
+    later = make(start=datetime(2026, 1, 4, tzinfo=UTC))
+    assert first_owed(later, now, {}, first_run=ran) == datetime(2026, 1, 4, tzinfo=UTC)
+
+
 @pytest.mark.parametrize(("policy", "expected"), [
     ("catch-up", ["run", "run", "run", "run"]),
     ("latest", ["skip", "skip", "skip", "run"]),

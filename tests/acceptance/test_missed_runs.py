@@ -1,0 +1,274 @@
+"""The missed-run drill on the acceptance stack's real `prefect server`: `runledger serve` runs two
+every-minute jobs (policies ``catch-up`` and ``skip``) and their reconcile deployments; serving
+stops for a few slots, which Prefect's scheduler then never creates; serving starts again. The
+catch-up job completes each missed period once, the skip job records each one skipped, nothing
+is sent twice, and (full size) the catch-up job's dead man's switch notifies a webhook while
+nothing serves.
+
+Reduced size (the suite): one missed slot. RUNLEDGER_FULL=1: three, and the dead man's switch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from deployments.project import PROJECT_ROOT
+from flows.jobs import ENTRY_POINT_GROUP, Job
+from flows.model import CallLog
+from flows.stack import commands
+from flows.stack.automations import DEAD_MANS_SWITCH, dead_mans_switch, install
+from flows.stack.processes import Child
+from store import Ledger, Period
+from tests.acceptance import drill_jobs
+from tests.acceptance.stack_support import AcceptanceStack, wait_until
+from tests.integration.alerts_support import Webhook, removed_automations, webhook_block
+
+pytestmark = [pytest.mark.postgres, pytest.mark.drill, pytest.mark.timeout(900)]
+
+FULL = os.environ.get("RUNLEDGER_FULL") == "1"
+MISSED_SLOTS = 3 if FULL else 1
+JOBS = (drill_jobs.catch_up, drill_jobs.skip)
+EVERY_SECONDS = 30  # reconcile and delivery while serving
+
+
+def drill_deployments() -> dict[str, Any]:
+    """The drill's prefect.yaml: each job on its cadence, a reconcile and a delivery pass."""
+    anchor = "2026-01-01T00:00:00+00:00"
+
+    def interval(slug: str) -> list[dict[str, Any]]:
+        return [{"interval": EVERY_SECONDS, "anchor_date": anchor, "timezone": "UTC",
+                 "slug": slug}]
+
+    pool = {"name": "unused-by-serve"}
+    deployments: list[dict[str, Any]] = []
+    for job in JOBS:
+        deployments += [
+            {"name": job.name, "entrypoint": "flows/pipeline.py:run_job",
+             "parameters": {"job": job.name}, "work_pool": pool,
+             "schedules": [{"cron": job.cadence, "timezone": job.timezone,
+                            "slug": f"{job.name}-every-minute"}]},
+            {"name": f"reconcile-{job.name}", "entrypoint": "flows/reconcile/flow.py:reconcile",
+             "parameters": {"job": job.name}, "work_pool": pool,
+             "schedules": interval(f"reconcile-{job.name}")},
+        ]
+    deployments.append(
+        {"name": "deliver-drill", "entrypoint": "flows/delivery/flow.py:deliver_outbox",
+         "parameters": {"batch_size": 100, "max_seconds": 10}, "work_pool": pool,
+         "schedules": interval("deliver-drill")})
+    return {"name": "runledger-drill", "deployments": deployments}
+
+
+def published_jobs(folder: Path) -> Path:
+    """A distribution's metadata publishing drill_jobs under the runledger.jobs entry point;
+    the folder to put on PYTHONPATH."""
+    info = folder / "runledger_drill_jobs-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runledger-drill-jobs\n"
+                                   "Version: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[{ENTRY_POINT_GROUP}]\ndrill = {drill_jobs.__name__}\n")
+    return folder
+
+
+class Drill:
+    """The drill's own ledger, model call log and serve processes on the stack's server."""
+
+    def __init__(self, stack: AcceptanceStack, ledger_url: str, folder: Path) -> None:
+        self.stack = stack
+        self.ledger_url = ledger_url
+        self.file = folder / "prefect.yaml"
+        self.file.write_text(yaml.safe_dump(drill_deployments(), sort_keys=False))
+        self.call_log = folder / "model-calls.jsonl"
+        self.env = {
+            **stack.worker_env,
+            "PREFECT_HOME": str(folder / "prefect"),
+            "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+            "PYTHONPATH": os.pathsep.join([str(published_jobs(folder / "dist")),
+                                           str(PROJECT_ROOT)]),
+            "RUNLEDGER_DATABASE_URL": ledger_url,
+            "RUNLEDGER_MODEL_CALL_LOG": str(self.call_log),
+            "RUNLEDGER_OFFLINE_MODEL_DELAY_SECONDS": "0",
+            "RUNLEDGER_RECONCILE_BACKOFF_SECONDS": "5",
+            "COLUMNS": "160",
+        }
+        self.serving: Child | None = None
+        self.starts = 0
+
+    def runledger(self, *args: str) -> str:
+        done = subprocess.run(commands.runledger_argv(*args), env=self.env, cwd=PROJECT_ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode in (0, 1), done.stdout + done.stderr  # 1: something overdue
+        return done.stdout
+
+    def overdue(self) -> str:
+        return "".join(self.runledger("overdue", "--job", job.name) for job in JOBS)
+
+    def serve(self) -> None:
+        self.starts += 1
+        self.serving = self.stack.supervisor.start(
+            f"serve-drill-{self.starts}",
+            commands.runledger_argv("serve", "--file", str(self.file)), self.env,
+            cwd=PROJECT_ROOT)
+
+    def stop_serving(self) -> None:
+        assert self.serving is not None
+        self.stack.supervisor.terminate(self.serving, grace_seconds=30)
+        assert self.serving.process.returncode is not None
+        self.serving = None
+
+    def ledger(self) -> Ledger:
+        return Ledger.connect(self.ledger_url)
+
+    def completed(self, job: Job) -> Counter[datetime]:
+        """How many subjects completed, by period start."""
+        with self.ledger() as ledger:
+            return Counter(r.period_start for r in ledger.runs(job=job.name, limit=10_000)
+                           if r.status == "completed")
+
+    def skipped(self, job: Job) -> set[tuple[str, datetime]]:
+        with self.ledger() as ledger:
+            return {(o.subject, o.period_start)
+                    for o in ledger.occurrences(job.name, datetime(2000, 1, 1, tzinfo=UTC))
+                    if o.skipped_at is not None}
+
+    def model_calls(self) -> Counter[str]:
+        return Counter(str(e["run_id"]) for e in CallLog(self.call_log).entries())
+
+    def flow_runs(self) -> list[str]:
+        """What the UI's runs page shows for the drill's deployments: deployment, state, message."""
+        names = [str(d["name"]) for d in drill_deployments()["deployments"]]
+        with self.stack.client() as api:
+            deployments = {d.id: d.name for d in api.read_deployments(
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=names)))}
+            runs = api.read_flow_runs(deployment_filter=DeploymentFilter(
+                id={"any_": list(deployments)}), limit=200)
+        lines = []
+        for run in sorted(runs, key=lambda r: r.expected_start_time or r.created or 0):
+            if run.state is None or not run.state.is_final() or run.deployment_id is None:
+                continue
+            lines.append(f"{deployments[run.deployment_id]:24} {run.state.name:12} "
+                         f"{(run.state.message or '')[:90]}")
+        return lines
+
+
+@pytest.fixture
+def drill(stack: AcceptanceStack, postgres_databases, tmp_path: Path  # type: ignore[no-untyped-def]
+          ) -> Iterator[Drill]:
+    ledger_url = postgres_databases.create()
+    drill = Drill(stack, ledger_url, tmp_path)
+    try:
+        yield drill
+    finally:
+        if drill.serving is not None:
+            drill.stop_serving()
+        postgres_databases.drop(ledger_url)
+
+
+def every_subject(counts: Counter[datetime]) -> set[datetime]:
+    return {start for start, n in counts.items() if n == len(drill_jobs.SUBJECTS)}
+
+
+def slots_between(job: Job, after: datetime, before: datetime) -> list[Period]:
+    """The job's periods whose slot (its due time) fell strictly between the two instants."""
+    periods, period = [], job.period_at(after)
+    while job.due_at(period) < before:
+        if job.due_at(period) > after:
+            periods.append(period)
+        period = job.period_at(period.end)
+    return periods
+
+
+def test_missed_slots_are_caught_up_or_skipped_once_after_serving_resumes(drill: Drill) -> None:
+    """Serve, stop for MISSED_SLOTS slots, serve again: the catch-up job completes each missed
+    period once (one model call per Run), the skip job records each one skipped and runs
+    nothing for it, every email arrives once, and (full size) the dead man's switch notified
+    while nothing served."""
+    drill.runledger("db", "upgrade")
+    drill.serve()
+    ticked = wait_until(lambda: every_subject(drill.completed(drill_jobs.catch_up))
+                        & every_subject(drill.completed(drill_jobs.skip)), 240,
+                        "a first completed tick of both jobs")
+
+    switch = DEAD_MANS_SWITCH.format(job=drill_jobs.catch_up.name)
+    with Webhook() as webhook, temporary_settings({PREFECT_API_URL: drill.stack.api}), \
+            webhook_block(drill.stack.api, webhook, "/drill") as (_, block_id), \
+            removed_automations(drill.stack.api, switch):
+        if FULL:
+            with drill.stack.client() as api:
+                install(api, dead_mans_switch(drill_jobs.catch_up, block_id, datetime.now(UTC)))
+        drill.stop_serving()
+        stopped = datetime.now(UTC)
+        last = max(ticked)
+        print(f"\nstopped serving at {stopped:%H:%M:%S}; last tick {last:%H:%M}")
+        # Until MISSED_SLOTS slots passed with nothing serving (and, full size, the switch).
+        wait_until(lambda: len(slots_between(drill_jobs.catch_up, stopped,
+                                             datetime.now(UTC))) >= MISSED_SLOTS,
+                   120 * MISSED_SLOTS, f"{MISSED_SLOTS} slots to pass")
+        if FULL:
+            [alert] = wait_until(lambda: webhook.received("/drill")[:1], 300,
+                                 "the dead man's switch to notify")
+            print(f"dead man's switch at {datetime.now(UTC):%H:%M:%S}: {alert.subject}")
+        print("runledger overdue during the outage:")
+        print(drill.overdue())
+        restarted = datetime.now(UTC)
+        drill.serve()
+        if FULL:
+            assert all(n.subject == alert.subject for n in webhook.received("/drill"))
+
+    missed = {job.name: slots_between(job, stopped, restarted) for job in JOBS}
+    print(f"served again at {restarted:%H:%M:%S}; missed slots: "
+          f"{[p.label for p in missed[drill_jobs.catch_up.name]]}")
+    assert len(missed[drill_jobs.catch_up.name]) >= MISSED_SLOTS
+
+    catch_up_missed = {p.start for p in missed[drill_jobs.catch_up.name]}
+    wait_until(lambda: catch_up_missed <= every_subject(drill.completed(drill_jobs.catch_up)),
+               240, "the catch-up job to complete every missed period")
+    skip_missed = {(s, p.start) for p in missed[drill_jobs.skip.name]
+                   for s in drill_jobs.SUBJECTS}
+    wait_until(lambda: skip_missed <= drill.skipped(drill_jobs.skip), 240,
+               "the skip job to record every missed period skipped")
+    assert not {start for _, start in skip_missed} & set(drill.completed(drill_jobs.skip))
+
+    # Every completed Run's email, once each, after a delivery pass has run.
+    expected: Counter[tuple[str, str]] = Counter()
+    for job in JOBS:
+        for start, n in drill.completed(job).items():
+            label = job.period_at(start).label
+            for subject in drill_jobs.SUBJECTS:
+                expected[(drill_jobs.recipient(job.name, subject), f"{job.name} {subject} "
+                          f"{label}")] += 1
+            assert n == len(drill_jobs.SUBJECTS)
+
+    def sent() -> Counter[tuple[str, str]]:
+        return Counter((str(m["To"]), str(m["Subject"])) for m in drill.stack.mail()
+                       if str(m["To"]).endswith(drill_jobs.DOMAIN))
+
+    wait_until(lambda: set(expected) <= set(sent()), 120, "every completed Run's email")
+    drill.stop_serving()
+    got = sent()
+    assert {k: n for k, n in got.items() if n > 1} == {}, "an email was sent twice"
+    assert set(got) - set(expected) == set()
+    calls = drill.model_calls()
+    assert calls and max(calls.values()) == 1, f"a Run called the model twice: {calls}"
+    with drill.ledger() as ledger:
+        runs = ledger.runs(limit=10_000)
+    assert {r.status for r in runs} == {"completed"}
+    assert len(calls) == len(runs)
+
+    print("runledger overdue after recovery:")
+    print(drill.overdue())
+    print("the drill's flow runs, as the Prefect UI lists them:")
+    print("\n".join(drill.flow_runs()))
+    print(json.dumps({"missed": {k: [p.label for p in v] for k, v in missed.items()},
+                      "emails": sum(got.values()), "runs": len(runs)}, indent=1))

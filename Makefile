@@ -30,8 +30,10 @@ lint: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --quiet --site-dir site
 
+# Two pytest-xdist workers: the acceptance tests (one stack, mostly waiting on real schedules)
+# on one of them, everything else spread over both.
 test: lint docs
-	$(UV) run pytest -q
+	$(UV) run pytest -q -n 2 --dist loadgroup
 
 # The inner loop (about three minutes): unit tests and the SQLite half of integration.
 test-fast: setup

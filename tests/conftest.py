@@ -47,6 +47,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         layer = item.path.relative_to(TESTS).parts[0]
         if layer in LAYERS:
             item.add_marker(layer)
+        if layer == "acceptance":
+            # One pytest-xdist worker runs them all, so the session's stack starts once.
+            item.add_marker(pytest.mark.xdist_group("acceptance"))
         callspec: Any = getattr(item, "callspec", None)
         params: dict[str, Any] = callspec.params if callspec is not None else {}
         if "postgres_databases" in getattr(item, "fixturenames", ()) or any(

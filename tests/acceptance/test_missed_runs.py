@@ -263,8 +263,10 @@ def test_missed_slots_are_caught_up_or_skipped_once_after_serving_resumes(drill:
     assert calls and max(calls.values()) == 1, f"a Run called the model twice: {calls}"
     with drill.ledger() as ledger:
         runs = ledger.runs(limit=10_000)
-    assert {r.status for r in runs} == {"completed"}
-    assert len(calls) == len(runs)
+    # Serving stopped at an arbitrary moment: a later tick under way then may be left pending.
+    through = max(p.start for p in missed[drill_jobs.catch_up.name])
+    assert {r.status for r in runs if r.period_start <= through} == {"completed"}
+    assert {r.run_id for r in runs if r.status == "completed"} <= set(calls)
 
     print("runledger overdue after recovery:")
     print(drill.overdue())

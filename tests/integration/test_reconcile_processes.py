@@ -72,10 +72,13 @@ def test_two_reconcile_processes_at_once_start_each_missing_run_once(env: Env) -
 
 
 def test_a_worker_killed_mid_transform_is_finished_once_by_reconcile(env: Env) -> None:
-    """SIGKILL during acme's model call: once the lease expires, a reconcile pass re-drives
-    the stranded Run, which completes once with the stored raw input."""
+    """SIGKILL during acme's model call: once the lease expires, a reconcile pass (its first:
+    acme is owed from its Run's period) re-drives the stranded Run, which completes once with
+    the stored raw input."""
     env.set(offline_model_delay_seconds=60, lease_seconds=6)
-    worker = Worker.start([SUMMARY, "--subject", "acme"])
+    # The latest due day: before 07:00 in Paris the period containing now is not due yet.
+    period = competitor_summary.latest_due_period(env.ledger.now())
+    worker = Worker.start([SUMMARY, "--subject", "acme", "--period", period.label])
     try:
         wait_until(lambda: any(e["pid"] == worker.pid for e in CallLog(env.calls).entries()),
                    90, "the worker's model call")
@@ -84,7 +87,6 @@ def test_a_worker_killed_mid_transform_is_finished_once_by_reconcile(env: Env) -
     finally:
         worker.kill()
     env.set(offline_model_delay_seconds=0, lease_seconds=900)
-    period = competitor_summary.period_at(env.ledger.now())
     run_id = competitor_summary.identity("acme", period).run_id
     wait_until(lambda: lease_expired(env.ledger, run_id), 30, "the dead worker's lease")
     [done] = asyncio.run(reconcile_jobs([competitor_summary]))

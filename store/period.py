@@ -17,6 +17,8 @@ NAMED_CADENCES = ("hourly", "daily", "weekly", "monthly")
 # Further than any DST shift: a cron scan looks this far past the nominal wall time, because a
 # shifted or repeated wall time can land on the other side of it.
 _DST_SLACK = timedelta(hours=3)
+# Far from any offset change, wall order is UTC order: a scan need not look further.
+_STEADY_SLACK = timedelta(minutes=1)
 _MAX_CRON_STEPS = 10_000
 
 
@@ -57,6 +59,14 @@ def _fires(wall: datetime, tz: ZoneInfo, repeats: bool) -> list[datetime]:
     return [first, second] if repeats and second > first else [first]
 
 
+def _slack(tz: ZoneInfo, origin: datetime) -> timedelta:
+    """How far past ``origin``'s wall time a cron scan looks: the DST slack if the zone's UTC
+    offset changes within it (no zone changes twice in six hours), else a minute."""
+    before = (origin - _DST_SLACK).astimezone(tz).utcoffset()
+    after = (origin + _DST_SLACK).astimezone(tz).utcoffset()
+    return _DST_SLACK if before != after else _STEADY_SLACK
+
+
 def _cron_scan(
     cadence: str, tz: ZoneInfo, origin: datetime, forward: bool, keep: Callable[[datetime], bool]
 ) -> datetime:
@@ -65,12 +75,13 @@ def _cron_scan(
     fields = cadence.split()
     repeats = fields[0].startswith("*") or fields[1].startswith("*")
     wall = origin.astimezone(tz).replace(tzinfo=None)
-    schedule = croniter(cadence, wall - _DST_SLACK if forward else wall + _DST_SLACK)
+    slack = _slack(tz, origin)
+    schedule = croniter(cadence, wall - slack if forward else wall + slack)
     found: list[datetime] = []
     for _ in range(_MAX_CRON_STEPS):
         step = schedule.get_next(datetime) if forward else schedule.get_prev(datetime)
         found += [f for f in _fires(step, tz, repeats) if keep(f)]
-        past = step > wall + _DST_SLACK if forward else step < wall - _DST_SLACK
+        past = step > wall + slack if forward else step < wall - slack
         if found and past:
             return min(found) if forward else max(found)
     raise InvalidPeriod(f"cron cadence {cadence!r} does not fire near {origin.isoformat()}")

@@ -197,7 +197,7 @@ def test_missed_slots_are_caught_up_or_skipped_once_after_serving_resumes(drill:
     drill.runledger("db", "upgrade")
     drill.serve()
     ticked = wait_until(lambda: every_subject(drill.completed(drill_jobs.catch_up))
-                        & every_subject(drill.completed(drill_jobs.skip)), 240,
+                        & every_subject(drill.completed(drill_jobs.skip)), 300,
                         "a first completed tick of both jobs")
 
     switch = DEAD_MANS_SWITCH.format(job=drill_jobs.catch_up.name)

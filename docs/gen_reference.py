@@ -77,7 +77,9 @@ def _stack_env() -> str:
 OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
     (_faults_env, "store/faults.py",
      "Crash tests: a comma-separated list of named fault points (e.g. "
-     "`after_complete_commit`); a process reaching one SIGKILLs itself. Never set it in "
+     "`after_complete_commit`; every name and where it sits: "
+     "[fault points](../how-to/fault-points.md)); a process reaching one SIGKILLs itself. "
+     "Read once, when `store` is imported; an unknown name is refused. Never set it in "
      "production."),
     (_stack_env, "flows/stack/processes.py",
      "Set by `runledger stack up` on every process it starts, so that stopping the stack finds "

@@ -160,11 +160,10 @@ def _deliver(ledger: Ledger, run_id: str, host: str, port: int) -> None:
         ledger.requeue_message(dead.message_id)
 
 
-def main(argv: list[str]) -> None:
-    url, subject, host, port, calls = argv
+def main(url: str, subject: str, host: str, port: str, calls: str) -> None:
     with Ledger.connect(url) as ledger:
         walk(ledger, subject, host, int(port), Path(calls))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(*sys.argv[1:])

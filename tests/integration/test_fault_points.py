@@ -23,7 +23,7 @@ from flows.model import CallLog
 from store import Ledger
 from store.faults import AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK, ENV, POINTS
 from tests.integration import fault_walk as fw
-from tests.integration.armed import FAULTS, PRELOAD, walk_armed
+from tests.integration.armed import FAULTS, PRELOAD, run_armed
 
 FORKS = mp.get_context("forkserver")
 FORKS.set_forkserver_preload(PRELOAD)
@@ -54,8 +54,9 @@ def crash(crashes: list[Crash], sink: Sink) -> dict[str, int | None]:
     exit codes once all have ended."""
     started = {}
     for c in crashes:
-        process = FORKS.Process(target=walk_armed, args=(
-            c.point, c.url, c.subject, sink.host, str(sink.port), str(c.calls)))
+        process = FORKS.Process(target=run_armed, args=(
+            c.point, {}, "tests.integration.fault_walk:main", c.url, c.subject, sink.host,
+            str(sink.port), str(c.calls)))
         process.start()
         started[c.point] = process
     codes = {}

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
+from prefect import State
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.delivery.dispatcher import Dispatcher
@@ -33,8 +35,8 @@ def tick_worker(api: str, periods: str) -> None:
     with temporary_settings({PREFECT_API_URL: api}):
         while pending:
             for period in list(pending):
-                state = asyncio.run(run_job(job=JOB, period=period,  # type: ignore[call-overload]
-                                            return_state=True))
+                state: State[Any] = asyncio.run(run_job(  # type: ignore[arg-type]
+                    job=JOB, period=period, return_state=True))
                 report = state.result(raise_on_failure=False)
                 if isinstance(report, TickReport) and report.completed_every_subject():
                     pending.remove(period)

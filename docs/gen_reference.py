@@ -92,7 +92,8 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
      "Test suite: `1` makes an unreachable PostgreSQL fail the suite instead of skipping its "
      "tests (`.ci/run` sets it)."),
     ("RUNLEDGER_FULL", "tests/",
-     "Test suite: `1` runs the full-size drills (tests marked `drill`)."),
+     "Test suite: `1` runs the drills at full size: the tests marked `drill`, and "
+     "tests/drills with 1,000 Runs and 100 kills (`make drills`)."),
     ("RUNLEDGER_TEST_RECONCILE_PROBE", "tests/integration/reconcile_support.py",
      "Test suite: the name of the job the reconcile process tests register in their "
      "subprocesses; set by those tests."),

@@ -21,6 +21,7 @@ def run_armed(point: str | None, env: dict[str, str], target: str, *args: str) -
     ``target`` ("module:function") with ``args``."""
     assert "store" not in sys.modules, "store was imported before the fault was armed"
     os.environ.update(env)
+    os.environ.pop(FAULTS, None)  # whatever the fork server's environment had
     if point is not None:
         os.environ[FAULTS] = point
     module, _, function = target.partition(":")

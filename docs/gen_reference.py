@@ -284,6 +284,12 @@ def settings_page() -> str:
     for entry, where, meaning in OTHER_VARIABLES:
         shown = entry() if callable(entry) else entry
         out.append(f"| `{shown}` | `{where}` | {_cell(meaning)} |")
+    from store.faults import ENV, POINTS
+
+    out += ["", "## Fault points", "",
+            f"The names `{ENV}` accepts (`store/faults.py`; where each sits and what a kill "
+            "there leaves: [fault points](../how-to/fault-points.md)):", "",
+            ", ".join(f"`{point}`" for point in POINTS) + "."]
     out += ["", "## Prefect settings runledger relies on", "",
             "These are Prefect's own (see Prefect's settings reference); runledger reads or sets "
             "them as described.", "", "| variable | how runledger uses it |", "|---|---|"]

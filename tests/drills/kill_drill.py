@@ -13,13 +13,11 @@ from typing import Any
 from prefect import State
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.delivery.dispatcher import Dispatcher
 from flows.delivery.policy import RetryPolicy
-from flows.mail.settings import SmtpSettings, TlsMode
-from flows.mail.smtp import SmtpTransport
 from flows.outcomes import TickReport
 from flows.pipeline import run_job
 from store import Ledger
+from tests.integration.fault_walk import delivery_pass
 
 JOB = "competitor-summary"
 SMTP_TIMEOUT = 0.5
@@ -46,11 +44,8 @@ def tick_worker(api: str, periods: str) -> None:
 
 def dispatcher(url: str, host: str, port: str, stop: str) -> None:
     """Delivery passes until the file ``stop`` exists."""
-    settings = SmtpSettings(host=host, port=int(port), tls=TlsMode.NONE,
-                            mail_from="jobs@example.com", timeout=SMTP_TIMEOUT)
     with Ledger.connect(url) as ledger:
         while not Path(stop).exists():
-            passer = Dispatcher(ledger, SmtpTransport(settings), POLICY,
-                                lease_seconds=DELIVERY_LEASE, mark_batch=5)
-            asyncio.run(passer.run_pass(batch_size=10, max_seconds=5))
+            delivery_pass(ledger, host, int(port), timeout=SMTP_TIMEOUT, lease=DELIVERY_LEASE,
+                          policy=POLICY, mark_batch=5, batch_size=10)
             time.sleep(0.1)

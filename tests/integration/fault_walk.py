@@ -141,17 +141,24 @@ def unsettled(messages: list[QueuedMessage]) -> list[QueuedMessage]:
             or (m.status == "uncertain" and m.next_attempt_at is not None)]
 
 
+def delivery_pass(ledger: Ledger, host: str, port: int, *, timeout: float, lease: float,
+                  policy: RetryPolicy, mark_batch: int = 20, batch_size: int = 100) -> None:
+    """One dispatcher pass to the SMTP sink at ``host``:``port`` (plain SMTP on loopback)."""
+    settings = SmtpSettings(host=host, port=port, tls=TlsMode.NONE, mail_from="jobs@example.com",
+                            timeout=timeout)
+    dispatcher = Dispatcher(ledger, SmtpTransport(settings), policy, lease_seconds=lease,
+                            mark_batch=mark_batch)
+    asyncio.run(dispatcher.run_pass(batch_size=batch_size, max_seconds=10))
+
+
 def _deliver(ledger: Ledger, run_id: str, host: str, port: int) -> None:
     """Delivery passes until every message is settled; the refused one is requeued once."""
-    settings = SmtpSettings(host=host, port=port, tls=TlsMode.NONE, mail_from="jobs@example.com",
-                            timeout=SMTP_TIMEOUT)
     deadline = time.monotonic() + WALK_SECONDS
     while True:
         while unsettled(ledger.messages(run_id=run_id)):
             assert time.monotonic() < deadline, ledger.messages(run_id=run_id)
-            dispatcher = Dispatcher(ledger, SmtpTransport(settings), POLICY,
-                                    lease_seconds=DELIVERY_LEASE)
-            asyncio.run(dispatcher.run_pass(max_seconds=10))
+            delivery_pass(ledger, host, port, timeout=SMTP_TIMEOUT, lease=DELIVERY_LEASE,
+                          policy=POLICY)
             time.sleep(0.05)
         (dead,) = [m for m in ledger.messages(run_id=run_id) if m.status == "dead"]
         refusals = [a for a in ledger.delivery_attempts(dead.message_id) if a.outcome == "dead"]

@@ -212,4 +212,4 @@ def report(ledger: Ledger, sink: Sink, crew: Crew, calls: CallLog) -> None:
     assert len(copies) == len(messages)
 
 
-pytestmark = pytest.mark.timeout(DEADLINE_SECONDS + 120)
+pytestmark = [pytest.mark.drill, pytest.mark.timeout(DEADLINE_SECONDS + 120)]

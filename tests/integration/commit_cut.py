@@ -6,8 +6,10 @@ reaches the client). Either way the client sees a dropped connection and cannot 
 It reads the wire protocol just enough: client messages are grouped into batches ending at a
 Sync or a simple Query; a statement's commit is its batch's Sync when the server was idle
 before it (psycopg in autocommit: an implicit transaction ends at Sync), or the simple Query
-``COMMIT`` that psycopg sends for ``commit()`` closing a transaction that ran it. Connect with
-``sslmode=disable`` and ``gssencmode=disable`` (the proxy reads plain text)."""
+``COMMIT`` that psycopg sends for ``commit()`` closing a transaction that ran it. Statements are
+recognized by their Parse text, so only before psycopg prepares them (its prepare_threshold, 5
+executions on one connection): cut on a fresh connection. Connect with ``sslmode=disable`` and
+``gssencmode=disable`` (the proxy reads plain text)."""
 
 from __future__ import annotations
 

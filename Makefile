@@ -3,7 +3,7 @@
 PY ?= python3
 UV := $(shell command -v uv 2>/dev/null || echo "$(PY) -m uv")
 
-.PHONY: setup run test test-fast lint docs bench screenshots
+.PHONY: setup run test test-fast lint docs bench screenshots drills
 # Bytecode compiled once at install: where PYTHONDONTWRITEBYTECODE is set, every process (each
 # Prefect server, worker and CLI run of the suite) would otherwise compile Prefect from source.
 setup:
@@ -38,6 +38,12 @@ test: lint docs
 # The inner loop (about three minutes): unit tests and the SQLite half of integration.
 test-fast: setup
 	$(UV) run pytest -q -m "(unit or integration) and not postgres"
+
+# The drills that break things on purpose (docs/how-to/fault-points.md) at full size: drill 1
+# with 1,000 Runs and 100 kills per ledger (the suite runs them reduced).
+drills: setup
+	RUNLEDGER_FULL=1 $(UV) run pytest -q -s tests/integration/test_fault_points.py \
+		tests/integration/test_commit_cut.py tests/drills
 
 bench: setup
 	$(UV) run python bench/ledger_bench.py

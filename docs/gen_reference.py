@@ -77,7 +77,9 @@ def _stack_env() -> str:
 OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
     (_faults_env, "store/faults.py",
      "Crash tests: a comma-separated list of named fault points (e.g. "
-     "`after_complete_commit`); a process reaching one SIGKILLs itself. Never set it in "
+     "`after_complete_commit`; every name and where it sits: "
+     "[fault points](../how-to/fault-points.md)); a process reaching one SIGKILLs itself. "
+     "Read once, when `store` is imported; an unknown name is refused. Never set it in "
      "production."),
     (_stack_env, "flows/stack/processes.py",
      "Set by `runledger stack up` on every process it starts, so that stopping the stack finds "
@@ -90,7 +92,8 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
      "Test suite: `1` makes an unreachable PostgreSQL fail the suite instead of skipping its "
      "tests (`.ci/run` sets it)."),
     ("RUNLEDGER_FULL", "tests/",
-     "Test suite: `1` runs the full-size drills (tests marked `drill`)."),
+     "Test suite: `1` runs the drills at full size: the tests marked `drill`, and "
+     "tests/drills with 1,000 Runs and 100 kills (`make drills`)."),
     ("RUNLEDGER_TEST_RECONCILE_PROBE", "tests/integration/reconcile_support.py",
      "Test suite: the name of the job the reconcile process tests register in their "
      "subprocesses; set by those tests."),
@@ -281,6 +284,12 @@ def settings_page() -> str:
     for entry, where, meaning in OTHER_VARIABLES:
         shown = entry() if callable(entry) else entry
         out.append(f"| `{shown}` | `{where}` | {_cell(meaning)} |")
+    from store.faults import ENV, POINTS
+
+    out += ["", "## Fault points", "",
+            f"The names `{ENV}` accepts (`store/faults.py`; where each sits and what a kill "
+            "there leaves: [fault points](../how-to/fault-points.md)):", "",
+            ", ".join(f"`{point}`" for point in POINTS) + "."]
     out += ["", "## Prefect settings runledger relies on", "",
             "These are Prefect's own (see Prefect's settings reference); runledger reads or sets "
             "them as described.", "", "| variable | how runledger uses it |", "|---|---|"]

@@ -11,7 +11,7 @@ from store.errors import (
     RunConflict,
     RunledgerError,
 )
-from store.faults import fault_point
+from store.faults import AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK, fault_point
 from store.identity import RunIdentity, params_fingerprint
 from store.ledger import Ledger
 from store.message import OutboxMessage, normalize_address
@@ -23,7 +23,7 @@ from store.runs import Claim, Completion, FinishedRun, Registration
 from store.settings import LedgerSettings
 
 __all__ = [
-    "MESSAGE_STATUSES", "RUN_STATUSES", "Claim", "Completion", "DeliveryLeaseLost",
+    "AFTER_MODEL_ANSWER", "AFTER_SEND_BEFORE_MARK", "MESSAGE_STATUSES", "RUN_STATUSES", "Claim", "Completion", "DeliveryLeaseLost",
     "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
     "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "Period",
     "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity", "RunState",

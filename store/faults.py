@@ -1,16 +1,80 @@
-"""Named fault-injection points for crash tests: a process whose RUNLEDGER_FAULTS lists a point
-kills itself with SIGKILL when it gets there (after a commit, before it acknowledges)."""
+"""Named fault-injection points for crash tests: a process whose $RUNLEDGER_FAULTS lists a point
+kills itself with SIGKILL when it gets there. Every ledger transition has one right after its
+commit, before its caller hears of it (``store.ledger``); the two stage boundaries that are not
+commits have one each (the model's answer, the receiver's acceptance of a message). The list is
+read once, when this module is imported: an unlisted point costs one dict lookup."""
 
 from __future__ import annotations
 
 import os
 import signal
 
+from store.errors import InvalidInput
+
 ENV = "RUNLEDGER_FAULTS"
+
+# After the commit of one ledger transition (store/ledger.py: the Ledger method of that name).
+AFTER_REGISTER_COMMIT = "after_register_commit"
+AFTER_CLAIM_COMMIT = "after_claim_commit"
+AFTER_REGISTER_AND_CLAIM_COMMIT = "after_register_and_claim_commit"  # a tick's register+claim
+AFTER_RENEW_COMMIT = "after_renew_commit"
+AFTER_RENEW_MANY_COMMIT = "after_renew_many_commit"  # the lease keeper's renewal
+AFTER_SAVE_INPUT_COMMIT = "after_save_input_commit"  # collect: the raw input is stored
+AFTER_COMPLETE_COMMIT = "after_complete_commit"  # persist: output, outbox rows and effect
+AFTER_FAIL_COMMIT = "after_fail_commit"
+AFTER_REQUEUE_RUN_COMMIT = "after_requeue_run_commit"
+AFTER_OWE_COMMIT = "after_owe_commit"
+AFTER_SKIP_COMMIT = "after_skip_commit"
+AFTER_UNSKIP_COMMIT = "after_unskip_commit"
+AFTER_MARK_OVERDUE_COMMIT = "after_mark_overdue_commit"
+AFTER_MARK_RECOVERED_COMMIT = "after_mark_recovered_commit"
+AFTER_GIVE_UP_COMMIT = "after_give_up_commit"
+AFTER_CLAIM_MESSAGES_COMMIT = "after_claim_messages_commit"
+AFTER_MARK_SENT_COMMIT = "after_mark_sent_commit"  # the dispatcher's sent mark
+AFTER_SCHEDULE_RETRY_COMMIT = "after_schedule_retry_commit"
+AFTER_MARK_UNCERTAIN_COMMIT = "after_mark_uncertain_commit"
+AFTER_MARK_DEAD_COMMIT = "after_mark_dead_commit"
+AFTER_RELEASE_MESSAGE_COMMIT = "after_release_message_commit"
+AFTER_REQUEUE_MESSAGE_COMMIT = "after_requeue_message_commit"
+
+# Stage boundaries that are not commits.
+AFTER_MODEL_ANSWER = "after_model_answer"  # flows/model/call_log.py: answered, nothing stored
+AFTER_SEND_BEFORE_MARK = "after_send_before_mark"  # flows/delivery/dispatcher.py: data accepted
+
+LEDGER_POINTS = (
+    AFTER_REGISTER_COMMIT, AFTER_CLAIM_COMMIT, AFTER_REGISTER_AND_CLAIM_COMMIT,
+    AFTER_RENEW_COMMIT, AFTER_RENEW_MANY_COMMIT, AFTER_SAVE_INPUT_COMMIT, AFTER_COMPLETE_COMMIT,
+    AFTER_FAIL_COMMIT, AFTER_REQUEUE_RUN_COMMIT, AFTER_OWE_COMMIT, AFTER_SKIP_COMMIT,
+    AFTER_UNSKIP_COMMIT, AFTER_MARK_OVERDUE_COMMIT, AFTER_MARK_RECOVERED_COMMIT,
+    AFTER_GIVE_UP_COMMIT, AFTER_CLAIM_MESSAGES_COMMIT, AFTER_MARK_SENT_COMMIT,
+    AFTER_SCHEDULE_RETRY_COMMIT, AFTER_MARK_UNCERTAIN_COMMIT, AFTER_MARK_DEAD_COMMIT,
+    AFTER_RELEASE_MESSAGE_COMMIT, AFTER_REQUEUE_MESSAGE_COMMIT,
+)
+POINTS = (*LEDGER_POINTS, AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK)
+
+
+def armed_points(listed: str) -> dict[str, int]:
+    """The points a $RUNLEDGER_FAULTS value lists (comma-separated ``name`` or ``name@N``: die
+    the Nth time there, default the first), each with its N; an unknown name is refused, so
+    that a misspelt point cannot leave a crash test passing without a crash."""
+    armed: dict[str, int] = {}
+    for entry in filter(None, (e.strip() for e in listed.split(","))):
+        name, _, nth = entry.partition("@")
+        if name not in POINTS:
+            raise InvalidInput(f"{ENV} lists the unknown fault point {name!r}; the points are "
+                               f"{', '.join(POINTS)}")
+        if nth and not (nth.isdigit() and int(nth) >= 1):
+            raise InvalidInput(f"{ENV}: {entry!r} must count from 1, as in {name}@2")
+        armed[name] = int(nth or 1)
+    return armed
+
+
+_ARMED = armed_points(os.environ.get(ENV, ""))
 
 
 def fault_point(name: str) -> None:
-    """SIGKILL this process here if ``name`` is listed in $RUNLEDGER_FAULTS."""
-    listed = os.environ.get(ENV)
-    if listed and name in listed.split(","):
-        os.kill(os.getpid(), signal.SIGKILL)
+    """SIGKILL this process here if ``name`` is listed in $RUNLEDGER_FAULTS (the Nth time)."""
+    if name in _ARMED:
+        _ARMED[name] -= 1  # not exact across threads, nor meant to be: a random kill point
+        if _ARMED[name] <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)

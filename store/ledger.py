@@ -13,14 +13,13 @@ import sqlalchemy as sa
 from sqlalchemy import MetaData
 from sqlalchemy.engine import Engine
 
-from store import ids
+from store import faults, ids
 from store import occurrences as oc
 from store import outbox as ob
 from store import runs as rn
 from store.database import Busy, Database, SQLiteSynchronous
 from store.driver_errors import domain_errors
 from store.errors import IdentityRace, InvalidInput
-from store.faults import fault_point
 from store.identity import RunIdentity
 from store.message import OutboxMessage
 from store.models import Attempt, DeliveryAttempt, Occurrence, QueuedMessage, Run
@@ -86,9 +85,13 @@ class Ledger:
     def dialect(self) -> str:
         return self.database.dialect
 
-    def _write(self, txn: Transition[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        return self.database.write(lambda conn: txn(conn, *args, **kwargs),
+    def _write(self, point: str, txn: Transition[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Commit ``txn``, then pass its fault ``point``: a crash test can die there, after the
+        commit and before the caller hears of it."""
+        done = self.database.write(lambda conn: txn(conn, *args, **kwargs),
                                    single_statement=self.dialect in txn.one_statement_on)
+        faults.fault_point(point)
+        return done
 
     def _read(self, read: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return self.database.read(lambda conn: read(conn, *args, **kwargs))
@@ -130,11 +133,12 @@ class Ledger:
 
     def register(self, identity: RunIdentity, params: dict[str, Any] | None = None) -> Run:
         """Create the Run as pending, or return the existing one (see ``register_txn``)."""
-        return self._write(rn.register_txn, identity, params)
+        return self._write(faults.AFTER_REGISTER_COMMIT, rn.register_txn, identity, params)
 
     def claim(self, run_id: str, owner: str, lease: timedelta | float) -> rn.Claim | None:
         """Take the Run's lease, or None if it is completed, failed or leased by someone else."""
-        return self._write(rn.claim_txn, run_id, owner, _lease_seconds(lease))
+        return self._write(faults.AFTER_CLAIM_COMMIT, rn.claim_txn,
+                           run_id, owner, _lease_seconds(lease))
 
     def register_and_claim(
         self,
@@ -164,7 +168,8 @@ class Ledger:
         seconds = _lease_seconds(lease)
         for attempt in range(1, IDENTITY_RACE_TRIES + 1):
             try:
-                return self._write(rn.register_and_claim_txn, entries, owner, seconds)
+                return self._write(faults.AFTER_REGISTER_AND_CLAIM_COMMIT,
+                                   rn.register_and_claim_txn, entries, owner, seconds)
             except IdentityRace:  # the statement wrote nothing: again, on the existing row
                 if attempt == IDENTITY_RACE_TRIES:
                     raise
@@ -172,16 +177,17 @@ class Ledger:
 
     def renew(self, claim: rn.Claim, lease: timedelta | float) -> datetime:
         """Extend the lease by ``lease`` from now (database clock); ``LeaseLost`` if stale."""
-        return self._write(rn.renew_txn, claim, _lease_seconds(lease))
+        return self._write(faults.AFTER_RENEW_COMMIT, rn.renew_txn, claim, _lease_seconds(lease))
 
     def renew_many(self, claims: Sequence[rn.Claim], lease: timedelta | float) -> dict[str, datetime]:
         """Extend many leases in one statement; the claims left out of the result are lost."""
-        return self._write(rn.renew_many_txn, claims, _lease_seconds(lease))
+        return self._write(faults.AFTER_RENEW_MANY_COMMIT, rn.renew_many_txn,
+                           claims, _lease_seconds(lease))
 
     def save_input(self, claim: rn.Claim, raw: dict[str, Any]) -> dict[str, Any]:
         """Store the raw input once and return the stored one (the first writer's)."""
         raw = rn.json_document(raw, "raw input", self.max_output_bytes)
-        return self._write(rn.save_input_txn, claim, raw)
+        return self._write(faults.AFTER_SAVE_INPUT_COMMIT, rn.save_input_txn, claim, raw)
 
     def complete(
         self,
@@ -195,19 +201,19 @@ class Ledger:
         output = rn.json_document(output, "output", self.max_output_bytes)
         messages = list(messages)
         if effect is None:
-            done = self._write(rn.complete_txn, claim, output, messages)
-        else:
-            done = self._write(rn.complete_with_effect_txn, claim, output, messages, effect)
-        fault_point("after_complete_commit")
-        return done
+            return self._write(faults.AFTER_COMPLETE_COMMIT, rn.complete_txn,
+                               claim, output, messages)
+        return self._write(faults.AFTER_COMPLETE_COMMIT, rn.complete_with_effect_txn,
+                           claim, output, messages, effect)
 
     def fail(self, claim: rn.Claim, error: str, retryable: bool = True) -> Run:
         """Record the error: retryable releases the lease, otherwise the Run is failed."""
-        return self._write(rn.fail_txn, claim, rn.error_text(error), retryable)
+        return self._write(faults.AFTER_FAIL_COMMIT, rn.fail_txn,
+                           claim, rn.error_text(error), retryable)
 
     def requeue_run(self, run_id: str) -> Run:
         """Operator action: a failed Run goes back to pending (see ``requeue_run_txn``)."""
-        return self._write(rn.requeue_run_txn, run_id)
+        return self._write(faults.AFTER_REQUEUE_RUN_COMMIT, rn.requeue_run_txn, run_id)
 
     def get(self, run_id: str) -> Run:
         """The Run with this id; ``RunNotFound`` if there is none."""
@@ -238,7 +244,7 @@ class Ledger:
     def owe(self, job: str, owed_from: dict[str, datetime]) -> dict[str, datetime]:
         """Record from which period ``job`` owes each subject not recorded yet; every recorded
         subject of the job with its period (see ``owe_txn``)."""
-        return self._write(oc.owe_txn, job, owed_from)
+        return self._write(faults.AFTER_OWE_COMMIT, oc.owe_txn, job, owed_from)
 
     def obligations(self, job: str) -> dict[str, datetime]:
         """Every subject ``job`` owes, with the period it is owed from."""
@@ -247,23 +253,23 @@ class Ledger:
     def skip(self, skipped: Sequence[tuple[RunIdentity, str]]) -> list[str]:
         """Record occurrences skipped by the missed-run policy, with their reasons (never one
         that has a Run); the run ids newly skipped."""
-        return self._write(oc.skip_txn, skipped)
+        return self._write(faults.AFTER_SKIP_COMMIT, oc.skip_txn, skipped)
 
     def unskip(self, run_ids: Sequence[str]) -> list[str]:
         """Clear the skip of occurrences an operator runs on purpose; the run ids cleared."""
-        return self._write(oc.unskip_txn, run_ids)
+        return self._write(faults.AFTER_UNSKIP_COMMIT, oc.unskip_txn, run_ids)
 
     def mark_overdue(self, identities: Sequence[RunIdentity]) -> list[str]:
         """Report occurrences overdue once each; the run ids reported by this call."""
-        return self._write(oc.mark_overdue_txn, identities)
+        return self._write(faults.AFTER_MARK_OVERDUE_COMMIT, oc.mark_overdue_txn, identities)
 
     def mark_recovered(self, job: str) -> list[Occurrence]:
         """Report once each overdue occurrence of ``job`` whose Run completed since."""
-        return self._write(oc.mark_recovered_txn, job)
+        return self._write(faults.AFTER_MARK_RECOVERED_COMMIT, oc.mark_recovered_txn, job)
 
     def give_up(self, run: oc.RunState, max_attempts: int) -> bool:
         """Fail a stranded Run past ``max_attempts`` for good (see ``give_up_txn``)."""
-        return self._write(oc.give_up_txn, run, max_attempts)
+        return self._write(faults.AFTER_GIVE_UP_COMMIT, oc.give_up_txn, run, max_attempts)
 
     def run_states(self, job: str, since: datetime) -> list[oc.RunState]:
         """Where each Run of ``job`` from period ``since`` on stands, oldest first."""
@@ -283,39 +289,42 @@ class Ledger:
         self, owner: str, limit: int, lease: timedelta | float, channel: str | None = None
     ) -> list[ob.MessageClaim]:
         """Lease up to ``limit`` due messages (see ``claim_messages_txn``)."""
-        return self._write(ob.claim_messages_txn, owner, limit, _lease_seconds(lease), channel)
+        return self._write(faults.AFTER_CLAIM_MESSAGES_COMMIT, ob.claim_messages_txn,
+                           owner, limit, _lease_seconds(lease), channel)
 
     def mark_sent(
         self, sent: Sequence[tuple[ob.MessageClaim, ob.Reply]]
     ) -> list[ob.MessageClaim]:
         """Mark the messages sent in one statement or transaction; returns the claims whose
         lease was lost (their rows are unchanged)."""
-        return self._write(ob.mark_sent_txn, sent)
+        return self._write(faults.AFTER_MARK_SENT_COMMIT, ob.mark_sent_txn, sent)
 
     def schedule_retry(
         self, claim: ob.MessageClaim, delay: float, error: str, reply: ob.Reply = ob.NO_REPLY
     ) -> None:
         """sending -> retry, due again after ``delay`` seconds (database clock)."""
-        self._write(ob.schedule_retry_txn, claim, delay, error, reply)
+        self._write(faults.AFTER_SCHEDULE_RETRY_COMMIT, ob.schedule_retry_txn,
+                    claim, delay, error, reply)
 
     def mark_uncertain(
         self, claim: ob.MessageClaim, error: str, retry_in: float | None,
         reply: ob.Reply = ob.NO_REPLY,
     ) -> None:
         """sending -> uncertain: the receiver may have it (see ``mark_uncertain_txn``)."""
-        self._write(ob.mark_uncertain_txn, claim, error, retry_in, reply)
+        self._write(faults.AFTER_MARK_UNCERTAIN_COMMIT, ob.mark_uncertain_txn,
+                    claim, error, retry_in, reply)
 
     def mark_dead(self, claim: ob.MessageClaim, error: str, reply: ob.Reply = ob.NO_REPLY) -> None:
         """sending -> dead: only an operator requeues it."""
-        self._write(ob.mark_dead_txn, claim, error, reply)
+        self._write(faults.AFTER_MARK_DEAD_COMMIT, ob.mark_dead_txn, claim, error, reply)
 
     def release_message(self, claim: ob.MessageClaim) -> None:
         """Give back a claimed message never handed to a transport (see ``release_message_txn``)."""
-        self._write(ob.release_message_txn, claim)
+        self._write(faults.AFTER_RELEASE_MESSAGE_COMMIT, ob.release_message_txn, claim)
 
     def requeue_message(self, message_id: str) -> QueuedMessage:
         """Operator action: a retry, uncertain or dead message is due now, with the same key."""
-        return self._write(ob.requeue_message_txn, message_id)
+        return self._write(faults.AFTER_REQUEUE_MESSAGE_COMMIT, ob.requeue_message_txn, message_id)
 
     def message(self, message_id: str) -> QueuedMessage | None:
         """The outbox message with this id, if any."""

@@ -21,7 +21,7 @@ from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import Letter
 from flows.mail.settings import SmtpSettings, load_settings
 from flows.mail.transport import OutcomeKind, SendOutcome, Transport
-from store import DeliveryLeaseLost, Ledger, MessageClaim, fault_point
+from store import AFTER_SEND_BEFORE_MARK, DeliveryLeaseLost, Ledger, MessageClaim, fault_point
 
 log = logging.getLogger("runledger.delivery")
 
@@ -195,7 +195,7 @@ class Dispatcher:
         ``mark_batch`` while the next messages go out; every other outcome is written at once,
         after the marks before it."""
         if outcome.kind is OutcomeKind.SENT:
-            fault_point("after_send_before_mark")
+            fault_point(AFTER_SEND_BEFORE_MARK)
             if not self._unmarked:
                 self._unmarked_since = time.monotonic()
             self._unmarked.append((claim, outcome))

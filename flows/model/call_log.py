@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from flows.model.protocol import Generation, Model
+from store import AFTER_MODEL_ANSWER, fault_point
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,9 @@ class LoggedModel:
     def generate(self, prompt: str, *, system: str | None = None) -> Generation:
         if self.log is not None:
             self.log.record(self.job, self.subject, self.run_id)
-        return self.inner.generate(prompt, system=system)
+        answer = self.inner.generate(prompt, system=system)
+        fault_point(AFTER_MODEL_ANSWER)  # paid for, and nothing of it stored yet
+        return answer
 
     def close(self) -> None:
         """The inner model outlives one Run: the flow run closes it."""

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from store import Claim, Completion, Ledger, OutboxMessage, RunIdentity
+from store.faults import AFTER_COMPLETE_COMMIT
 from store.faults import ENV as FAULTS_ENV
 from tests.integration.ledger_support import wait_for_db_clock
 
@@ -127,8 +128,8 @@ def hold_lease_until_killed(url: str, run_id: str, report: Connection) -> None:
 
 
 def complete_and_crash_after_commit(url: str, run_id: str, report: Connection) -> None:
-    """Complete a Run with the after-commit fault armed: SIGKILL between commit and return."""
-    os.environ[FAULTS_ENV] = "after_complete_commit"
+    """Complete a Run in a process started with the after-commit fault armed: SIGKILL between
+    commit and return."""
     ledger = Ledger.connect(url)
     claim = ledger.claim(run_id, owner(), LONG)
     report.send(claim)
@@ -334,14 +335,17 @@ def test_a_worker_killed_while_holding_the_lease_is_replaced_after_expiry(db_url
 
 
 def test_a_crash_right_after_the_completion_commit_is_retried_without_new_outbox_rows(
-    db_url: str,
+    db_url: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The completing process is killed after its commit and before it returns: the retry finds
     the Run completed, gets the stored output back and adds no outbox rows."""
     ledger = Ledger.connect(db_url)
     try:
         run = ledger.register(daily())
+        # Read by the child when it imports store; this process read it long ago.
+        monkeypatch.setenv(FAULTS_ENV, AFTER_COMPLETE_COMMIT)
         process, conn = spawn(complete_and_crash_after_commit, db_url, run.run_id)
+        monkeypatch.delenv(FAULTS_ENV)
         claim: Claim = receive(conn)
         process.join(120)
         assert process.exitcode == -signal.SIGKILL

@@ -15,6 +15,7 @@ from flows.model import CallLog, OfflineModel
 from flows.pipeline import persist_output
 from flows.settings import RunledgerSettings
 from flows.tick import Held, Tick
+from store import AFTER_MODEL_ANSWER
 from tests.integration.pipeline_support import (
     ACME,
     SUMMARY,
@@ -75,6 +76,26 @@ def test_a_worker_killed_after_the_completion_commit_leaves_the_stored_output(
     assert env.the_run("acme", PERIOD).output == run.output
     assert env.model_calls() == 1
     assert outbox_recipients(env.ledger, run.run_id) == ACME
+
+
+def test_a_worker_killed_after_the_models_answer_leaves_the_run_to_be_transformed_again(
+        env: Env, workers: list[Worker]) -> None:
+    """A kill between the model's answer and the completion commit loses that call: the Run
+    stays uncompleted, and the next attempt once the lease expires calls the model again and
+    completes it with one set of outbox rows."""
+    worker = start_worker(env, workers, faults=AFTER_MODEL_ANSWER, lease_seconds=2)
+    code, report, _ = worker.finish()
+    assert code == -signal.SIGKILL and report is None
+    env.monkeypatch.delenv("RUNLEDGER_FAULTS")
+    killed = env.the_run("acme", PERIOD)
+    assert killed.status == "running" and killed.raw_input is not None
+    assert env.model_calls() == 1 and outbox_recipients(env.ledger, killed.run_id) == []
+    wait_until(lambda: lease_expired(env.ledger, killed.run_id), 30, "the dead worker's lease")
+    state, report = env.run(SUMMARY, ["acme"], PERIOD)
+    assert state.name == "Completed" and outcomes(report) == {"acme": "new"}
+    assert env.model_calls() == 2
+    assert [a.outcome for a in env.ledger.attempts(killed.run_id)] == ["expired", "completed"]
+    assert outbox_recipients(env.ledger, killed.run_id) == ACME
 
 
 def test_a_worker_killed_while_holding_the_lease_is_replaced_once_the_lease_expires(

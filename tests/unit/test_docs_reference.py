@@ -97,3 +97,19 @@ def test_the_api_page_documents_every_public_name_of_store(pages: dict[str, str]
     page = pages["reference/api.md"]
     for name in store.__all__:
         assert f"::: store.{name}\n" in page or f"### `{name}`" in page
+
+
+def test_the_settings_reference_names_every_fault_point(pages: dict[str, str]) -> None:
+    """The generated settings page lists the names RUNLEDGER_FAULTS accepts."""
+    from store.faults import POINTS
+
+    assert all(f"`{point}`" in pages["reference/settings.md"] for point in POINTS)
+
+
+def test_the_fault_points_page_lists_every_named_point_once() -> None:
+    """docs/how-to/fault-points.md has one table row per constant in store/faults.py."""
+    from store.faults import POINTS
+
+    page = (ROOT / "docs" / "how-to" / "fault-points.md").read_text(encoding="utf-8")
+    rows = [line.split("`")[1] for line in page.splitlines() if line.startswith("| `")]
+    assert sorted(rows) == sorted(POINTS)

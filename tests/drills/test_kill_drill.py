@@ -1,0 +1,215 @@
+"""Drill 1, SIGKILL at random fault points: M Runs of the reference job (competitor-summary's two
+workspaces over M/2 days) through the real run-job flow in four tick worker processes, while two
+dispatchers deliver at the same time. Each process starts with a random fault point armed
+(``name@N``: die at its Nth passage, N up to 3 for a tick worker, 12 for a dispatcher) until K
+kills have happened; a killed process is restarted, then everything is allowed to finish. Both ledgers. Reduced here (M=50, K=10); RUNLEDGER_FULL=1 runs
+M=1000, K=100.
+
+Printed and asserted: Runs completed = M, duplicate completions 0, model calls per Run (more
+than one only for Runs that a killed worker had asked the model about, each listed), outbox
+rows as expected, unique Message-IDs at the sink = outbox rows, raw duplicates only for messages
+with an attempt whose outcome a kill took (each listed with its Message-ID), 0 lost."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+import pytest
+
+from flows.jobs import upgrade_ledger
+from flows.jobs.competitor_summary import job as competitor_summary
+from flows.jobs.competitor_summary import subscribers
+from flows.mail.letter import message_id_for
+from flows.mail.sink import Sink
+from flows.model import CallLog
+from store import Ledger
+from store.faults import (
+    AFTER_CLAIM_MESSAGES_COMMIT,
+    AFTER_COMPLETE_COMMIT,
+    AFTER_MARK_SENT_COMMIT,
+    AFTER_MODEL_ANSWER,
+    AFTER_REGISTER_AND_CLAIM_COMMIT,
+    AFTER_RENEW_MANY_COMMIT,
+    AFTER_SAVE_INPUT_COMMIT,
+    AFTER_SEND_BEFORE_MARK,
+)
+from tests.integration.armed import PRELOAD, run_armed
+from tests.integration.pipeline_support import copy_sample_data
+
+FULL = os.environ.get("RUNLEDGER_FULL") == "1"
+RUNS = 1000 if FULL else 50
+KILLS = 100 if FULL else 10
+WORKERS = 4
+DISPATCHERS = 2
+TICK_POINTS = (AFTER_REGISTER_AND_CLAIM_COMMIT, AFTER_RENEW_MANY_COMMIT, AFTER_SAVE_INPUT_COMMIT,
+               AFTER_MODEL_ANSWER, AFTER_COMPLETE_COMMIT)
+DELIVERY_POINTS = (AFTER_CLAIM_MESSAGES_COMMIT, AFTER_SEND_BEFORE_MARK, AFTER_MARK_SENT_COMMIT)
+DEADLINE_SECONDS = 3600 if FULL else 300
+FORKS = mp.get_context("forkserver")
+FORKS.set_forkserver_preload(PRELOAD)
+
+
+@dataclass
+class Crew:
+    """The drill's processes, what each has armed, and the kills so far."""
+
+    env: dict[str, str]
+    api: str
+    slices: list[str]
+    dispatch: tuple[str, ...]
+    rng: random.Random
+    running: dict[tuple[str, int], tuple[BaseProcess, str | None]] = field(default_factory=dict)
+    kills: list[tuple[str, int, int, str]] = field(default_factory=list)  # kind, index, pid, point
+    disarmed: set[int] = field(default_factory=set)  # pids this test killed itself
+    arming: bool = True
+
+    def start(self, kind: str, index: int) -> None:
+        # A dispatcher passes its points several times a second: a later passage spreads its
+        # kills over the drill instead of spending them all at the start.
+        points, nth = (TICK_POINTS, 3) if kind == "tick" else (DELIVERY_POINTS, 12)
+        point = (f"{self.rng.choice(points)}@{self.rng.randint(1, nth)}"
+                 if self.arming and len(self.kills) < KILLS else None)
+        args = (("tests.drills.kill_drill:tick_worker", self.api, self.slices[index])
+                if kind == "tick" else ("tests.drills.kill_drill:dispatcher", *self.dispatch))
+        process = FORKS.Process(target=run_armed, args=(point, self.env, *args))
+        process.start()
+        self.running[(kind, index)] = (process, point)
+
+    def poll(self) -> None:
+        """Restart the killed; forget the tick workers that finished their periods."""
+        for key, (process, point) in list(self.running.items()):
+            if process.exitcode is None:
+                continue
+            code, pid = process.exitcode, process.pid
+            process.close()
+            del self.running[key]
+            if code == -signal.SIGKILL:
+                assert point is not None and pid is not None, key
+                if pid not in self.disarmed:
+                    self.kills.append((*key, pid, point))
+                self.start(*key)
+            else:
+                assert code == 0, (key, code)
+
+    def disarm(self) -> None:
+        """Arm nothing more, and replace the armed processes left: the work is done, and an
+        armed dispatcher could wait for its point for ever."""
+        self.arming = False
+        for process, point in self.running.values():
+            if point is not None and process.pid is not None:
+                self.disarmed.add(process.pid)
+                process.kill()
+
+    def ticking(self) -> bool:
+        return any(kind == "tick" for kind, _ in self.running)
+
+    def armed(self) -> bool:
+        return any(point is not None for _, point in self.running.values())
+
+
+def unsettled(ledger: Ledger) -> bool:
+    counts = {k: v for k, v in ledger.message_counts().items() if v}
+    return set(counts) != {"sent"}
+
+
+def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplicate_nothing(
+        db_url: str, prefect_api: str, tmp_path: Path) -> None:
+    """After K kills at random points and restarts, every Run is completed once, every message
+    is sent, and each extra model call or sink copy is one a kill explains."""
+    periods = [(date(2026, 1, 1) + timedelta(days=i)).isoformat() for i in range(RUNS // 2)]
+    calls, stop = tmp_path / "calls.jsonl", tmp_path / "stop"
+    env = {"RUNLEDGER_DATABASE_URL": db_url, "RUNLEDGER_MODEL_CALL_LOG": str(calls),
+           "RUNLEDGER_COMPETITOR_SUMMARY_SOURCE": str(copy_sample_data(tmp_path / "source")),
+           "RUNLEDGER_LEASE_SECONDS": "3", "RUNLEDGER_RETRY_DELAY_SECONDS": "0.05",
+           "RUNLEDGER_TASK_RETRIES": "2"}
+    with Ledger.connect(db_url) as ledger, Sink() as sink:
+        upgrade_ledger(ledger)
+        crew = Crew(env, prefect_api, [",".join(periods[i::WORKERS]) for i in range(WORKERS)],
+                    (db_url, sink.host, str(sink.port), str(stop)), random.Random(24))
+        try:
+            for i in range(WORKERS):
+                crew.start("tick", i)
+            for i in range(DISPATCHERS):
+                crew.start("deliver", i)
+            deadline = time.monotonic() + DEADLINE_SECONDS
+            while crew.ticking() or unsettled(ledger) or crew.armed():
+                assert time.monotonic() < deadline, (crew.kills, ledger.message_counts())
+                if not crew.ticking() and crew.arming:
+                    crew.disarm()
+                time.sleep(0.1)
+                crew.poll()
+            stop.touch()
+            for process, _ in crew.running.values():
+                process.join(60)
+            crew.poll()
+        finally:
+            for process, _ in crew.running.values():
+                process.kill()
+                process.join()
+                process.close()
+        report(ledger, sink, crew, CallLog(calls))
+
+
+def report(ledger: Ledger, sink: Sink, crew: Crew, calls: CallLog) -> None:
+    """Assert and print the drill's figures."""
+    runs = ledger.runs(job=competitor_summary.name, limit=RUNS + 1)
+    completed = [r for r in runs if r.status == "completed"]
+    completers: dict[str, int] = {}  # run id -> pid of the worker whose attempt completed it
+    duplicates = 0
+    for r in runs:
+        done = [a for a in ledger.attempts(r.run_id) if a.outcome == "completed"]
+        duplicates += max(0, len(done) - 1)
+        if done:
+            completers[r.run_id] = int(done[0].owner.split(":")[1])  # owner is host:pid:...
+    killed = {pid: point for kind, _, pid, point in crew.kills if kind == "tick"}
+    callers: dict[str, list[int]] = {}
+    for entry in calls.entries():
+        callers.setdefault(str(entry["run_id"]), []).append(int(str(entry["pid"])))
+    per_run = {run_id: len(pids) for run_id, pids in callers.items()}
+    again = {run_id: pids for run_id, pids in callers.items() if len(pids) > 1}
+    expected_rows = sum(len(subscribers(r.subject)) for r in runs)
+    messages = ledger.messages(limit=expected_rows + 1)
+    copies = Counter(m.message_id for m in sink.messages)
+    resent = {}
+    for m in messages:
+        n = copies[message_id_for(m.message_id)]
+        if n > 1:
+            resent[m.message_id] = n
+            lost = m.attempts - len(ledger.delivery_attempts(m.message_id))
+            assert n - 1 <= lost, (m.message_id, n, lost)
+    print(f"\n{ledger.dialect}: {len(crew.kills)} kills "
+          f"({Counter(kind for kind, *_ in crew.kills)}): "
+          f"{Counter(p.split('@')[0] for *_, p in crew.kills)}")
+    print(f"Runs completed {len(completed)} of {RUNS}, duplicate completions {duplicates}, "
+          f"model calls per Run {dict(sorted(Counter(per_run.values()).items()))}")
+    for run_id, pids in sorted(again.items()):
+        others = [f"pid {p} killed at {killed.get(p)}" for p in pids if p != completers.get(run_id)]
+        print(f"  Run {run_id[:12]}: {len(pids)} model calls; completed by pid "
+              f"{completers.get(run_id)}; the others' answers lost: {', '.join(others)}")
+    print(f"outbox rows {len(messages)} (expected {expected_rows}), statuses "
+          f"{ledger.message_counts()}, sink: {sum(copies.values())} received, {len(copies)} "
+          f"unique Message-IDs")
+    for key, n in sorted(resent.items()):
+        print(f"  resent after a kill: {message_id_for(key)} x{n}")
+    assert len(crew.kills) >= KILLS
+    assert len(runs) == len(completed) == RUNS and duplicates == 0
+    # The completing worker called the model once; every other call was made by a worker that
+    # was killed before it could commit that Run's completion.
+    for run_id, pids in callers.items():
+        assert pids.count(completers[run_id]) == 1, (run_id, pids)
+        assert all(p in killed for p in pids if p != completers[run_id]), (run_id, pids, killed)
+    assert len(messages) == expected_rows
+    assert {m.status for m in messages} == {"sent"}  # 0 lost
+    assert len(copies) == len(messages)
+
+
+pytestmark = [pytest.mark.drill, pytest.mark.timeout(DEADLINE_SECONDS + 120)]

@@ -1,0 +1,176 @@
+"""One subject's whole life through the real ledger, model wrapper and dispatcher, passing every
+named fault point: the job owes it, a neighbouring period is skipped and unskipped, its
+occurrence is reported overdue, its Run is registered and claimed, renewed, given its input and
+the model's answer, completed with four outbox rows and a business effect, reported recovered;
+a side Run is claimed, failed, requeued and given up; the mail is delivered to a sink that
+answers 451 once, drops the connection once and refuses one recipient (550), and the refused
+message is requeued once.
+
+``walk`` can run again after a crash anywhere: each step starts from what the ledger holds (a
+dead walker's lease is waited out). As a process, ``python -m tests.integration.fault_walk URL
+SUBJECT HOST PORT CALLS`` walks once; with $RUNLEDGER_FAULTS set it dies at that point."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlmodel import Session
+
+from flows.delivery.dispatcher import Dispatcher
+from flows.delivery.policy import RetryPolicy
+from flows.mail.settings import SmtpSettings, TlsMode
+from flows.mail.sink import Fault
+from flows.mail.smtp import SmtpTransport
+from flows.model import CallLog, LoggedModel, OfflineModel
+from store import Claim, Ledger, OutboxMessage, QueuedMessage, Run, RunIdentity
+from tests.integration.ledger_support import wait_for_db_clock
+
+JOB = "fault-walk"
+PERIOD = datetime(2026, 3, 2, tzinfo=UTC)
+PARAMS = {"units": 10}
+RUN_LEASE = 1.0  # a dead walker's Run lease is waited out by the rerun
+SMTP_TIMEOUT = 0.2
+# A dead dispatcher's leases are waited out by the rerun; a dispatcher gives a claim back when
+# less than 3 x SMTP_TIMEOUT + 1 s of its lease is left.
+DELIVERY_LEASE = 2.5
+POLICY = RetryPolicy(max_attempts=5, base_delay=0.01, max_delay=0.02, max_window=3600)
+KINDS = ("ok", "retry", "uncertain", "dead")
+WALK_SECONDS = 60.0
+
+EFFECTS = sa.MetaData()
+# Append-only, so that a second application of the effect would show as a second row.
+EFFECT = sa.Table(
+    "walk_effects", EFFECTS,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("subject", sa.String(200), nullable=False),
+)
+
+
+def identity(subject: str, days: int = 0) -> RunIdentity:
+    """The walked Run (``days`` 0), the skipped neighbour (1) and the side Run (2)."""
+    return RunIdentity(JOB, subject, PERIOD + timedelta(days=days), "1")
+
+
+def recipient(subject: str, kind: str) -> str:
+    return f"{kind}-{subject}@example.com"
+
+
+def sink_faults(subjects: list[str]) -> list[Fault]:
+    """What the sink answers each subject's retry, uncertain and dead recipients."""
+    faults: list[Fault] = []
+    for s in subjects:
+        faults += [Fault("rcpt", "451", 1, recipient(s, "retry")),
+                   Fault("data", "drop", 1, recipient(s, "uncertain")),
+                   Fault("rcpt", "550", None, recipient(s, "dead"))]
+    return faults
+
+
+def walk(ledger: Ledger, subject: str, host: str, port: int, calls: Path) -> None:
+    """The whole life of ``subject``, from wherever an earlier walk left it."""
+    owner = f"walker:{os.getpid()}"
+    main = identity(subject)
+    ledger.owe(JOB, {subject: PERIOD})
+    skipped = identity(subject, 1)
+    ledger.skip([(skipped, "walked past")])
+    ledger.unskip([skipped.run_id])
+    ledger.mark_overdue([main])
+    _tick(ledger, main, owner, CallLog(calls))
+    ledger.mark_recovered(JOB)
+    _operate(ledger, identity(subject, 2), owner)
+    _deliver(ledger, main.run_id, host, port)
+
+
+def _tick(ledger: Ledger, main: RunIdentity, owner: str, calls: CallLog) -> None:
+    """Register+claim, renew, collect, transform, complete, as a tick's stages do."""
+    while True:
+        found = ledger.register_and_claim(main, PARAMS, owner=owner, lease=RUN_LEASE)
+        if found.run.status == "completed":
+            return
+        if found.claim is not None:
+            break
+        assert found.run.lease_expires_at is not None, found.run
+        wait_for_db_clock(ledger, found.run.lease_expires_at)
+    claim = found.claim
+    ledger.renew_many([claim], RUN_LEASE)
+    ledger.renew(claim, RUN_LEASE)
+    raw = ledger.save_input(claim, {"text": f"News about {main.subject}. Prices went up."})
+    model = LoggedModel(OfflineModel(), calls, JOB, main.subject, main.run_id)
+    answer = model.generate(raw["text"], system="Summarize.")
+    messages = [OutboxMessage(recipient(main.subject, k), f"walk {k}", answer.text)
+                for k in KINDS]
+
+    def effect(session: Session) -> None:
+        session.execute(EFFECT.insert().values(subject=main.subject))
+
+    ledger.complete(claim, {"text": answer.text}, messages, effect)
+
+
+def given_up(run: Run) -> bool:
+    return run.status == "failed" and (run.error or "").startswith("gave up")
+
+
+def _operate(ledger: Ledger, side: RunIdentity, owner: str) -> None:
+    """A side Run: claimed, failed for good, requeued by an operator, given up by reconcile."""
+    run = ledger.register(side)
+    if run.status in ("pending", "running") and not (run.status == "pending" and run.attempts):
+        run = ledger.fail(_claim_when_free(ledger, run, owner), "walk: refused", retryable=False)
+    if run.status == "failed" and not given_up(run):
+        run = ledger.requeue_run(run.run_id)
+    if run.status == "pending":
+        (state,) = [s for s in ledger.run_states(JOB, side.period_start) if s.run_id == run.run_id]
+        ledger.give_up(state, max_attempts=1)
+
+
+def _claim_when_free(ledger: Ledger, run: Run, owner: str) -> Claim:
+    while (claim := ledger.claim(run.run_id, owner, RUN_LEASE)) is None:
+        run = ledger.get(run.run_id)
+        assert run.lease_expires_at is not None, run
+        wait_for_db_clock(ledger, run.lease_expires_at)
+    return claim
+
+
+def unsettled(messages: list[QueuedMessage]) -> list[QueuedMessage]:
+    """Messages a dispatcher still has to try (or that a dead one still holds)."""
+    return [m for m in messages if m.status in ("pending", "retry", "sending")
+            or (m.status == "uncertain" and m.next_attempt_at is not None)]
+
+
+def delivery_pass(ledger: Ledger, host: str, port: int, *, timeout: float, lease: float,
+                  policy: RetryPolicy, mark_batch: int = 20, batch_size: int = 100) -> None:
+    """One dispatcher pass to the SMTP sink at ``host``:``port`` (plain SMTP on loopback)."""
+    settings = SmtpSettings(host=host, port=port, tls=TlsMode.NONE, mail_from="jobs@example.com",
+                            timeout=timeout)
+    dispatcher = Dispatcher(ledger, SmtpTransport(settings), policy, lease_seconds=lease,
+                            mark_batch=mark_batch)
+    asyncio.run(dispatcher.run_pass(batch_size=batch_size, max_seconds=10))
+
+
+def _deliver(ledger: Ledger, run_id: str, host: str, port: int) -> None:
+    """Delivery passes until every message is settled; the refused one is requeued once."""
+    deadline = time.monotonic() + WALK_SECONDS
+    while True:
+        while unsettled(ledger.messages(run_id=run_id)):
+            assert time.monotonic() < deadline, ledger.messages(run_id=run_id)
+            delivery_pass(ledger, host, port, timeout=SMTP_TIMEOUT, lease=DELIVERY_LEASE,
+                          policy=POLICY)
+            time.sleep(0.05)
+        (dead,) = [m for m in ledger.messages(run_id=run_id) if m.status == "dead"]
+        refusals = [a for a in ledger.delivery_attempts(dead.message_id) if a.outcome == "dead"]
+        if len(refusals) >= 2:
+            return
+        ledger.requeue_message(dead.message_id)
+
+
+def main(url: str, subject: str, host: str, port: str, calls: str) -> None:
+    with Ledger.connect(url) as ledger:
+        walk(ledger, subject, host, int(port), Path(calls))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -19,11 +19,11 @@ from store.models import MESSAGE_STATUSES, RUN_STATUSES, Occurrence, QueuedMessa
 from store.occurrences import RunState
 from store.outbox import MessageClaim, Reply
 from store.period import Period
-from store.runs import Claim, Completion, FinishedRun, Registration
+from store.runs import Claim, CompletedBy, Completion, FinishedRun, Registration
 from store.settings import LedgerSettings
 
 __all__ = [
-    "MESSAGE_STATUSES", "RUN_STATUSES", "Claim", "Completion", "DeliveryLeaseLost",
+    "MESSAGE_STATUSES", "RUN_STATUSES", "Claim", "CompletedBy", "Completion", "DeliveryLeaseLost",
     "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
     "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "Period",
     "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity", "RunState",

@@ -189,21 +189,25 @@ class Ledger:
         output: dict[str, Any],
         messages: Sequence[OutboxMessage] = (),
         effect: rn.Effect | None = None,
+        by: rn.CompletedBy = rn.UNRECORDED,
     ) -> rn.Completion:
         """Complete the Run with its outbox rows and, if given, the job's business effect, in
-        one transaction (see ``complete_txn``); the Completion says whether this call did."""
+        one transaction (see ``complete_txn``); the Completion says whether this call did.
+        ``by`` records the completing Attempt's model calls and Prefect flow and task run."""
         output = rn.json_document(output, "output", self.max_output_bytes)
         messages = list(messages)
         if effect is None:
-            done = self._write(rn.complete_txn, claim, output, messages)
+            done = self._write(rn.complete_txn, claim, output, messages, by)
         else:
-            done = self._write(rn.complete_with_effect_txn, claim, output, messages, effect)
+            done = self._write(rn.complete_with_effect_txn, claim, output, messages, effect, by)
         fault_point("after_complete_commit")
         return done
 
-    def fail(self, claim: rn.Claim, error: str, retryable: bool = True) -> Run:
-        """Record the error: retryable releases the lease, otherwise the Run is failed."""
-        return self._write(rn.fail_txn, claim, rn.error_text(error), retryable)
+    def fail(self, claim: rn.Claim, error: str, retryable: bool = True,
+             model_calls: int = 0) -> Run:
+        """Record the error and the Attempt's model calls: retryable releases the lease,
+        otherwise the Run is failed."""
+        return self._write(rn.fail_txn, claim, rn.error_text(error), retryable, model_calls)
 
     def requeue_run(self, run_id: str) -> Run:
         """Operator action: a failed Run goes back to pending (see ``requeue_run_txn``)."""

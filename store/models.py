@@ -60,6 +60,11 @@ def _json() -> Any:
     return Field(default=None, sa_column=sa.Column(JSONDoc, nullable=True))
 
 
+def _count() -> Any:
+    """A counter column: 0 for rows that existed before it (the server default)."""
+    return Field(default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0"))
+
+
 def _check_in(column: str, values: tuple[str, ...], name: str) -> sa.CheckConstraint:
     listed = ", ".join(f"'{v}'" for v in values)
     return sa.CheckConstraint(f"{column} IN ({listed})", name=name)
@@ -94,6 +99,10 @@ class Run(SQLModel, table=True):
     output: dict[str, Any] | None = _json()
     error: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
     completed_attempt_id: str | None = Field(default=None, max_length=36)
+    # Where the output came from: the Prefect flow run and (persist) task run that completed it.
+    completed_flow_run_id: str | None = Field(default=None, max_length=36)
+    completed_task_run_id: str | None = Field(default=None, max_length=36)
+    model_calls: int = _count()
     created_at: datetime | None = _ts(nullable=False)
     updated_at: datetime | None = _ts(nullable=False)
     completed_at: datetime | None = _ts()
@@ -122,6 +131,7 @@ class Attempt(SQLModel, table=True):
     finished_at: datetime | None = _ts()
     outcome: str | None = Field(default=None, max_length=16)
     error: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    model_calls: int | None = None  # set when the Attempt ends by a worker's own hand
 
 
 class QueuedMessage(SQLModel, table=True):

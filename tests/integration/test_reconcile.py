@@ -195,8 +195,8 @@ def test_a_stale_scheduled_tick_of_a_skip_job_runs_nothing_and_ends_skipped(env:
     probe = probe_job(["acme", "globex"], ["ops@example.com"], missed_runs="skip")
     monday = probe.job.period_at(at(0))
     identities = {s: probe.job.identity(s, monday) for s in ("acme", "globex")}
-    report = run_ledgered_tick(probe.job, monday, identities, RunledgerSettings(), "test",
-                               Stop(), expected_start=probe.job.due_at(monday))
+    report, _ = run_ledgered_tick(probe.job, monday, identities, RunledgerSettings(), "test",
+                                  Stop(), expected_start=probe.job.due_at(monday))
     assert isinstance(report, TickReport) and report.state_name() == "Skipped"
     assert set(outcomes(report).values()) == {"skipped"}
     assert "period=2026-01-05" in (report.subjects[0].error or "")

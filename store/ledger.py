@@ -237,6 +237,10 @@ class Ledger:
         """A Run's Attempts, oldest first."""
         return self._read(rn.list_attempts, run_id)
 
+    def attempts_of(self, run_ids: Sequence[str]) -> dict[str, list[Attempt]]:
+        """The Attempts of each of ``run_ids``, oldest first, in one read."""
+        return self._read(rn.list_attempts_of, run_ids)
+
     # --- What a job owes -----------------------------------------------------------------
 
     def owe(self, job: str, owed_from: dict[str, datetime]) -> dict[str, datetime]:

@@ -489,6 +489,12 @@ _LIST_ATTEMPTS = Statement(
     "list_attempts", "A Run's Attempts in claim (fence) order.",
     lambda d: sa.select(attempts).where(attempts.c.run_id == param(runs.c.run_id))
     .order_by(attempts.c.fence))
+_LIST_ATTEMPTS_OF = Statement(
+    "list_attempts_of_runs", "The Attempts of the Runs whose ids are given, per Run in claim "
+    "(fence) order: one statement for a whole list of Runs.",
+    lambda d: sa.select(attempts)
+    .where(attempts.c.run_id.in_(json_rows(d, "ids", [attempts.c.run_id])))
+    .order_by(attempts.c.run_id, attempts.c.fence))
 
 
 # --- reads ----------------------------------------------------------------------------------
@@ -534,6 +540,15 @@ def list_runs(
 def list_attempts(conn: Connection, run_id: str) -> list[Attempt]:
     """A Run's Attempts, oldest first."""
     return [Attempt.model_construct(**row) for row in _LIST_ATTEMPTS.rows(conn, run_id=run_id)]
+
+
+def list_attempts_of(conn: Connection, run_ids: Sequence[str]) -> dict[str, list[Attempt]]:
+    """The Attempts of each of ``run_ids`` (an empty list for a Run without any), oldest first."""
+    found: dict[str, list[Attempt]] = {run_id: [] for run_id in run_ids}
+    if run_ids:
+        for row in _LIST_ATTEMPTS_OF.rows(conn, ids=_ids(run_ids)):
+            found[row["run_id"]].append(Attempt.model_construct(**row))
+    return found
 
 
 # --- transitions ----------------------------------------------------------------------------

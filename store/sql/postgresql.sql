@@ -172,6 +172,15 @@ SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, att
 FROM attempts 
 WHERE attempts.run_id = %s::VARCHAR ORDER BY attempts.fence;
 
+-- name: list_attempts_of_runs
+-- The Attempts of the Runs whose ids are given, per Run in claim (fence) order: one statement for
+-- a whole list of Runs.
+-- parameters: ids
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
+FROM attempts 
+WHERE attempts.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) ORDER BY attempts.run_id, attempts.fence;
+
 -- name: owe_subjects
 -- Record from which period a job owes each given subject, once: a subject already recorded keeps
 -- its first value.

@@ -157,6 +157,15 @@ SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, att
 FROM attempts 
 WHERE attempts.run_id = ? ORDER BY attempts.fence;
 
+-- name: list_attempts_of_runs
+-- The Attempts of the Runs whose ids are given, per Run in claim (fence) order: one statement for
+-- a whole list of Runs.
+-- parameters: json_extract_1, ids
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
+FROM attempts 
+WHERE attempts.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) ORDER BY attempts.run_id, attempts.fence;
+
 -- name: owe_subjects
 -- Record from which period a job owes each given subject, once: a subject already recorded keeps
 -- its first value.

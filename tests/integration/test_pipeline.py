@@ -46,6 +46,7 @@ from tests.integration.pipeline_support import (
     outcomes,
     pipeline_env,
     probe_job,
+    status_boards,
     wait_until,
 )
 from tests.integration.sql_trace import sent_statements
@@ -309,9 +310,9 @@ def test_a_rerun_of_a_completed_tick_starts_no_task_runs_and_calls_no_model(env:
         assert task_runs(second) == 0
         artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(
             id=FlowRunFilterId(any_=[second.state_details.flow_run_id])))
-    assert sorted(a.key for a in artifacts) == [f"{probe.name}-tick",
-                                                f"runledger-status-{probe.name}"]
-    assert all(run_id in str(artifacts[0].data) for run_id in run_ids)
+    by_key = {a.key: a for a in artifacts}
+    assert sorted(by_key) == [f"{probe.name}-tick", f"runledger-status-{probe.name}"]
+    assert all(run_id in str(by_key[f"{probe.name}-tick"].data) for run_id in run_ids)
 
 
 def test_a_rerun_of_a_completed_tick_asks_the_ledger_for_no_raw_input(env: Env) -> None:
@@ -626,3 +627,54 @@ def assert_every_pending_subject_failed_busy(
         "acme": "failed", "globex": "failed"}
     assert all("LedgerBusy" in (s.error or "") for s in report.subjects)
     assert env.ledger.runs() == [] and env.model_calls() == 0
+
+
+def test_every_model_call_is_counted_on_its_attempt_and_its_run_failed_ones_too(
+        env: Env, model_server: ModelServer) -> None:
+    """A 500 with no retry fails the first Attempt after one call; the next flow run's Attempt
+    gets a 500, retries and completes: the ledger counts 1 + 2 calls, as the server saw them."""
+    env.set(task_retries=0)
+    model_server.script.append(Reply(500))
+    first, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert first.is_failed()
+    env.set(task_retries=2)
+    model_server.script.append(Reply(500))
+    second, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert second.name == "Completed"
+    run = env.the_run("acme", "2026-01-05")
+    assert run.model_calls == len(model_server.requests) == 3
+    assert [(a.outcome, a.model_calls) for a in env.ledger.attempts(run.run_id)] == [
+        ("released", 1), ("completed", 2)]
+
+
+def test_a_completed_run_records_the_flow_run_and_persist_task_run_that_completed_it(
+        env: Env) -> None:
+    """The Run's output location is the flow run that completed it and its persist task run;
+    a rerun (Duplicate) leaves them as they are."""
+    probe = probe_job(["acme"], ["ops@example.com"])
+    first, _ = env.run(probe.name, period="2026-01-05")
+    second, _ = env.run(probe.name, period="2026-01-05")
+    assert (first.name, second.name) == ("Completed", "Duplicate")
+    run = env.ledger.get(probe.job.identity("acme", probe.job.parse_period("2026-01-05")).run_id)
+    assert run.completed_flow_run_id == str(first.state_details.flow_run_id)
+    assert run.completed_task_run_id is not None
+    with get_client(sync_client=True) as client:
+        task_run = client.read_task_run(run.completed_task_run_id)
+    assert task_run.name == "persist[acme]"
+    assert str(task_run.flow_run_id) == run.completed_flow_run_id
+
+
+def test_each_run_job_flow_run_refreshes_the_jobs_status_board_artifact(env: Env) -> None:
+    """Every flow run of run-job creates the next version of ``runledger-status-<job>``: after
+    yesterday's tick it shows yesterday completed with its attempt and model call."""
+    now = env.ledger.now()
+    probe = probe_job(["acme"], ["ops@example.com"], start=now - timedelta(days=1),
+                      grace=timedelta(days=1))
+    yesterday = probe.job.period_at(now - timedelta(days=1)).label
+    for _ in range(2):
+        state, _ = env.run(probe.name, period=yesterday)
+        assert state.name in ("Completed", "Duplicate")
+    boards = status_boards(probe.name)
+    assert len(boards) == 2
+    [row] = [r for r in boards[0] if r["period"] == yesterday]
+    assert (row["owed"], row["completed"], row["attempts"], row["model_calls"]) == (1, 1, 1, 1)

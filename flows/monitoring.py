@@ -6,6 +6,7 @@ completed would page someone for nothing."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC
 from typing import Any
 
 from prefect import State, get_run_logger
@@ -38,9 +39,27 @@ def status_artifact_key(job: str) -> str:
     return f"runledger-status-{job}"
 
 
+def after_tick(ledger: Ledger, job: Job, report: TickReport) -> Board | None:
+    """Add the tick's duplicates and in-progress-elsewhere findings to its job's counts for the
+    UTC day (one statement, none when there are none), then read the job's status board as the
+    tick left it. Both are evidence about the tick, not its work, which is done: a failure is
+    logged and gives no board."""
+    try:
+        now = ledger.now()
+        counts = report.counts()
+        if counts["duplicate"] or counts["in-progress-elsewhere"]:
+            ledger.count_suppressed(job.name, now.astimezone(UTC).date(), counts["duplicate"],
+                                    counts["in-progress-elsewhere"])
+        return job_board(ledger, job, now)
+    except Exception:
+        get_run_logger().warning("could not count the duplicates of %r or read its status board",
+                                 report.name, exc_info=True)
+        return None
+
+
 def read_board(ledger: Ledger, job: Job) -> Board | None:
     """The job's status board now, or None when the ledger could not give it (logged): the
-    board is monitoring, and the tick or pass it follows has done its work."""
+    board is monitoring, and the pass it follows has done its work."""
     try:
         return job_board(ledger, job)
     except Exception:

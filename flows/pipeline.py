@@ -48,9 +48,9 @@ from flows.jobs import Candidate, Job, TransientError, get_job, is_transient
 from flows.lease_keeper import LeaseKeeper
 from flows.model import CallLog, LoggedModel, model_from_settings
 from flows.monitoring import (
+    after_tick,
     label_flow_run,
     publish_artifacts,
-    read_board,
     tick_artifact_key,
     wait_for_tick_artifacts,
 )
@@ -147,7 +147,8 @@ def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentit
                       stop: Stop, expected_start: datetime | None = None
                       ) -> tuple[TickReport, Board | None]:
     """The tick's blocking part, in a thread of its own: ledger, model and stage task runs,
-    then the job's status board as the tick left it (None if it could not be read). A tick of
+    then the count of its Runs asked for again and the job's status board as the tick left it
+    (None if it could not be read). A tick of
     no explicit period, expected at ``expected_start``, that starts too late may be skipped by
     its job's missed-run policy (``stale_reason``)."""
     # One sync Prefect client for every task run of the tick: a sync task run inside an async
@@ -163,7 +164,7 @@ def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentit
                      else stale_reason(job, period, expected_start, ledger.now()))
             report = (run_tick(tick, identities) if stale is None
                       else skip_tick(tick, identities, stale))
-            return report, read_board(ledger, job)
+            return report, after_tick(ledger, job, report)
         finally:
             model.close()
             ledger.close()

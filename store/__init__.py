@@ -28,9 +28,10 @@ from store.outbox import MessageClaim, Reply
 from store.period import Period
 from store.runs import Claim, CompletedBy, Completion, FinishedRun, Registration
 from store.settings import LedgerSettings
+from store.stats import Activity
 
 __all__ = [
-    "MESSAGE_STATUSES", "RUN_STATUSES", "Attempt", "Claim", "CompletedBy", "Completion",
+    "MESSAGE_STATUSES", "RUN_STATUSES", "Activity", "Attempt", "Claim", "CompletedBy", "Completion",
     "DeliveryLeaseLost", "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
     "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "Period",
     "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity", "RunState",

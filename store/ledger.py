@@ -5,7 +5,7 @@ one transition from ``store.runs`` or ``store.outbox``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -17,6 +17,7 @@ from store import ids
 from store import occurrences as oc
 from store import outbox as ob
 from store import runs as rn
+from store import stats as st
 from store.database import Busy, Database, SQLiteSynchronous
 from store.driver_errors import domain_errors
 from store.errors import IdentityRace, InvalidInput
@@ -280,6 +281,18 @@ class Ledger:
     def occurrences(self, job: str, since: datetime) -> list[Occurrence]:
         """The recorded occurrences (skips, alerts) of ``job`` from period ``since`` on."""
         return self._read(oc.list_occurrences, job, since)
+
+    # --- Statistics -----------------------------------------------------------------------
+
+    def count_suppressed(self, job: str, day: date, duplicates: int,
+                         in_progress_elsewhere: int) -> None:
+        """Add one tick's Runs asked for again (completed, or leased elsewhere) to the job's
+        counts for the UTC ``day`` (see ``count_suppressed_txn``)."""
+        self._write(st.count_suppressed_txn, job, day, duplicates, in_progress_elsewhere)
+
+    def activity(self, since: datetime, job: str | None = None) -> st.Activity:
+        """What ``runledger stats`` counts from ``since`` on, optionally of one job."""
+        return self._read(st.read_activity, since, job)
 
     def now(self) -> datetime:
         """The database clock, which leases and due times are judged by."""

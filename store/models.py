@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -229,12 +229,27 @@ class Occurrence(SQLModel, table=True):
     updated_at: datetime | None = _ts(nullable=False)
 
 
+class SuppressedCount(SQLModel, table=True):
+    """How often a job's ticks of one UTC day asked again for a Run already completed
+    (``duplicates``) or leased by another worker (``in_progress_elsewhere``): counted once per
+    tick, never per subject."""
+
+    __tablename__ = "suppressed_counts"
+
+    job: str = Field(primary_key=True, max_length=MAX_CHARS["job"])
+    day: date = Field(sa_column=sa.Column(sa.Date, primary_key=True))
+    duplicates: int = _count()
+    in_progress_elsewhere: int = _count()
+    updated_at: datetime | None = _ts(nullable=False)
+
+
 runs_table: sa.Table = Run.__table__  # type: ignore[attr-defined]
 attempts_table: sa.Table = Attempt.__table__  # type: ignore[attr-defined]
 outbox_table: sa.Table = QueuedMessage.__table__  # type: ignore[attr-defined]
 delivery_attempts_table: sa.Table = DeliveryAttempt.__table__  # type: ignore[attr-defined]
 obligations_table: sa.Table = Obligation.__table__  # type: ignore[attr-defined]
 occurrences_table: sa.Table = Occurrence.__table__  # type: ignore[attr-defined]
+suppressed_counts_table: sa.Table = SuppressedCount.__table__  # type: ignore[attr-defined]
 
 # Table models are built with model_construct when read back (no re-validation); SQLAlchemy
 # must have configured their mappers before such an instance's attributes are used.

@@ -321,3 +321,40 @@ WHERE delivery_attempts.message_id = ? ORDER BY delivery_attempts.attempt;
 -- Outbox messages per status.
 SELECT outbox.status, count(*) AS messages 
 FROM outbox GROUP BY outbox.status;
+
+-- name: count_suppressed
+-- Add one tick's Runs asked for again (completed: duplicates; leased by another worker: in
+-- progress elsewhere) to its job's counts for the UTC day.
+-- parameters: job, day, duplicates, in_progress_elsewhere
+INSERT INTO suppressed_counts (job, day, duplicates, in_progress_elsewhere, updated_at) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT (job, day) DO UPDATE SET duplicates = (suppressed_counts.duplicates + excluded.duplicates), in_progress_elsewhere = (suppressed_counts.in_progress_elsewhere + excluded.in_progress_elsewhere), updated_at = excluded.updated_at;
+
+-- name: read_completed_since
+-- The Runs completed from a moment on (optionally of one job): job, completion time and attempts,
+-- no documents.
+-- parameters: status_1, since, job, job
+SELECT runs.job, runs.completed_at, runs.attempts 
+FROM runs 
+WHERE runs.status = ? AND runs.completed_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)));
+
+-- name: read_attempts_since
+-- The Attempts started or ended from a moment on (optionally of one job's Runs): times, outcome
+-- and model calls.
+-- parameters: since, since, job, job
+SELECT runs.job, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.model_calls 
+FROM attempts JOIN runs ON runs.run_id = attempts.run_id 
+WHERE (attempts.started_at >= ? OR attempts.finished_at >= ?) AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)));
+
+-- name: read_messages_since
+-- The outbox messages queued from a moment on (optionally of one job's Runs): queue time and
+-- status.
+-- parameters: since, job, job
+SELECT runs.job, outbox.created_at, outbox.status 
+FROM outbox JOIN runs ON runs.run_id = outbox.run_id 
+WHERE outbox.created_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)));
+
+-- name: read_suppressed_since
+-- The suppressed counts from a UTC day on (optionally of one job).
+-- parameters: day, job, job
+SELECT suppressed_counts.job, suppressed_counts.day, suppressed_counts.duplicates, suppressed_counts.in_progress_elsewhere 
+FROM suppressed_counts 
+WHERE suppressed_counts.day >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR suppressed_counts.job = CAST(? AS VARCHAR(200)));

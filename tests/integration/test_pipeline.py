@@ -678,3 +678,29 @@ def test_each_run_job_flow_run_refreshes_the_jobs_status_board_artifact(env: Env
     assert len(boards) == 2
     [row] = [r for r in boards[0] if r["period"] == yesterday]
     assert (row["owed"], row["completed"], row["attempts"], row["model_calls"]) == (1, 1, 1, 1)
+
+
+def test_the_stats_agree_with_the_events_the_flows_emit(env: Env) -> None:
+    """Two ticks of four subjects, one held by another worker: per the ledger's stats and per
+    the Prefect events alike, 3 completed, 3 duplicates, 2 in progress elsewhere, and as many
+    model calls as the call log saw."""
+    from flows.stats import daily_stats
+
+    probe = probe_job(["s0", "s1", "s2", "s3"], ["ops@example.com"])
+    period = probe.job.parse_period("2026-01-05")
+    held = env.ledger.register_and_claim(probe.job.identity("s3", period), owner="other:1",
+                                         lease=600, params=probe.job.run_params("s3", period))
+    assert held.claim is not None
+    since = datetime.combine(env.ledger.now().date(), datetime.min.time(), UTC)
+    for _ in range(2):
+        env.run(probe.name, period="2026-01-05")
+    [day] = daily_stats(env.ledger.activity(since, probe.name), since)
+    run_ids = [probe.job.identity(s, period).run_id for s in ("s0", "s1", "s2", "s3")]
+    expected = {"runledger.run.completed": day.completed,
+                "runledger.run.duplicate": day.duplicates,
+                "runledger.run.in-progress-elsewhere": day.in_progress_elsewhere}
+    assert list(expected.values()) == [3, 3, 2]
+    for name, count in expected.items():
+        wait_until(lambda name=name, count=count: run_events(name, run_ids) == count, 30, name)
+    assert day.model_calls == env.model_calls() == 3
+    assert (day.attempts, dict(day.attempts_per_completed)) == (4, {1: 3})

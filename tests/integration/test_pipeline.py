@@ -26,15 +26,18 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.states import Scheduled, State
 from prefect.utilities.collections import visit_collection
 
+from flows.board import Board
 from flows.jobs import register
 from flows.jobs.competitor_summary import job as competitor_summary
 from flows.model import OfflineModel
-from flows.monitoring import label_flow_run
+from flows.monitoring import after_tick, create_status_artifact, label_flow_run
 from flows.outcomes import TickReport
 from flows.pipeline import register_and_claim, run_job
 from flows.settings import RunledgerSettings
+from flows.stats import daily_stats
 from flows.tick import Tick
-from store import Registration, Run
+from store import Ledger, Registration, Run
+from tests.integration.alerts_support import quiet_job
 from tests.integration.loopback import Answer, LoopbackServer, Request, json_answer
 from tests.integration.pipeline_support import (
     ACME,
@@ -684,8 +687,6 @@ def test_the_stats_agree_with_the_events_the_flows_emit(env: Env) -> None:
     """Two ticks of four subjects, one held by another worker: per the ledger's stats and per
     the Prefect events alike, 3 completed, 3 duplicates, 2 in progress elsewhere, and as many
     model calls as the call log saw."""
-    from flows.stats import daily_stats
-
     probe = probe_job(["s0", "s1", "s2", "s3"], ["ops@example.com"])
     period = probe.job.parse_period("2026-01-05")
     held = env.ledger.register_and_claim(probe.job.identity("s3", period), owner="other:1",
@@ -704,3 +705,48 @@ def test_the_stats_agree_with_the_events_the_flows_emit(env: Env) -> None:
         wait_until(lambda name=name, count=count: run_events(name, run_ids) == count, 30, name)
     assert day.model_calls == env.model_calls() == 3
     assert (day.attempts, dict(day.attempts_per_completed)) == (4, {1: 3})
+
+
+def test_a_refused_status_artifact_is_logged_and_leaves_the_flow_run_completed(
+        prefect_api: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The status board is monitoring: a server error on its artifact call is a warning, and
+    the flow run that created it still completes."""
+    job = quiet_job()
+    now = datetime.now(UTC)
+    upcoming = job.period_at(now)
+    board = Board(job, now, [], upcoming, job.due_at(upcoming))
+    with RefusingApi() as refusing:
+
+        @flow
+        async def refreshed() -> str:
+            with temporary_settings({PREFECT_API_URL: f"{refusing.origin}/api"}):
+                await asyncio.to_thread(asyncio.run, create_status_artifact(board))
+            return "tick done"
+
+        state = asyncio.run(refreshed(return_state=True))
+    assert state.is_completed() and state.result() == "tick done"
+    assert refusing.requests, "the artifact call never reached the refusing server"
+    assert any(r.levelname == "WARNING"
+               and f"could not create the status artifact 'runledger-status-{job.name}'"
+               in r.getMessage() for r in caplog.records)
+
+
+def test_a_ledger_that_cannot_give_the_board_after_a_tick_is_logged_not_raised(
+        empty_db_url: str, prefect_api: str, caplog: pytest.LogCaptureFixture) -> None:
+    """After its work, a tick's board read failing (here: a ledger without its schema) is a
+    warning and no board, not a failed flow run."""
+    job = quiet_job()
+    report = TickReport(job.name, job.version, job.period_at(datetime.now(UTC)), [])
+    ledger = Ledger.connect(empty_db_url)
+
+    @flow
+    def evidence() -> bool:
+        return after_tick(ledger, job, report) is None
+
+    try:
+        state = evidence(return_state=True)
+    finally:
+        ledger.close()
+    assert state.is_completed() and state.result() is True
+    assert any(r.levelname == "WARNING" and "or read its status board" in r.getMessage()
+               for r in caplog.records)

@@ -439,7 +439,7 @@ def states_page() -> str:
     from flows.delivery.flow import ARTIFACT_KEY, EVENT_PREFIX
     from flows.delivery.policy import Status
     from flows.jobs import registered_jobs
-    from flows.monitoring import tick_artifact_key
+    from flows.monitoring import status_artifact_key, tick_artifact_key
     from flows.outcomes import (
         DECIDING,
         EVENTS,
@@ -513,9 +513,18 @@ def states_page() -> str:
     for job in registered_jobs().values():
         out.append(f"| `{tick_artifact_key(job.name)}` | each `run-job` flow run of `{job.name}` | "
                    "a table: subject, Run id, outcome, attempts, outbox rows queued, error |")
+    for job in registered_jobs().values():
+        out.append(f"| `{status_artifact_key(job.name)}` | each `run-job` flow run of "
+                   f"`{job.name}` and each `reconcile` flow run | the job's status board, a "
+                   "table with one row per owed period (newest first): owed, completed, pending, "
+                   "running, failed, skipped, overdue, attempts, model calls; its description "
+                   "names the last complete period and the next one due |")
     out += [f"| `{ARTIFACT_KEY}` | each `deliver-outbox` flow run | messages sent, retried, "
-            "uncertain and dead in the pass |", "",
-            "A job of your own gets `<job>-tick`.", "",
+            "uncertain and dead in the pass |",
+            "| `runledger-reconcile` | each `reconcile` flow run | the owed occurrences not "
+            "completed, with their state, action and reason |", "",
+            f"A job of your own gets `<job>-tick` and `{status_artifact_key('<job>')}` (one key "
+            "per job: the Artifacts page keeps every version, the board's history).", "",
             "## Deployments", "", "From `deployments/prefect.yaml`.", "",
             "| deployment | entrypoint | schedule | parameters |", "|---|---|---|---|"]
     for spec in load_deployments():

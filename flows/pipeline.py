@@ -35,6 +35,7 @@ from prefect.states import Completed
 from prefect.tasks import Task
 from prefect.utilities.annotations import quote
 
+from flows.board import Board
 from flows.findings import (
     FINDINGS,
     describe,
@@ -47,10 +48,11 @@ from flows.jobs import Candidate, Job, TransientError, get_job, is_transient
 from flows.lease_keeper import LeaseKeeper
 from flows.model import CallLog, LoggedModel, model_from_settings
 from flows.monitoring import (
+    after_tick,
     label_flow_run,
-    publish_artifact,
+    publish_artifacts,
     tick_artifact_key,
-    wait_for_tick_artifact,
+    wait_for_tick_artifacts,
 )
 from flows.outcomes import Outcome, SubjectOutcome, TickReport, emit_job_event
 from flows.settings import RunledgerSettings
@@ -60,6 +62,7 @@ from flows.stop import FlowRunStopped, Stop, stopped_before
 from flows.tick import Held, Persisted, Tick
 from store import (
     Claim,
+    CompletedBy,
     LeaseLost,
     Ledger,
     OutboxMessage,
@@ -76,7 +79,7 @@ from store import (
 # The flow names its flow run itself, not through ``flow_run_name=``: Prefect resolves that
 # before the flow starts, through a client of its own (TLS set-up, two round trips).
 @flow(name="run-job", persist_result=False, log_prints=False,
-      on_completion=[wait_for_tick_artifact], on_failure=[wait_for_tick_artifact])
+      on_completion=[wait_for_tick_artifacts], on_failure=[wait_for_tick_artifacts])
 async def run_job(job: str, subjects: list[str] | None = None,
                   period: str | None = None) -> State[Any]:
     """Run one tick of a job: every subject's Run is completed once, retries and reruns of the
@@ -107,9 +110,9 @@ async def run_job(job: str, subjects: list[str] | None = None,
     flow_run_id = str(current_flow_run.id)
     stop = Stop()
     try:
-        report = await asyncio.to_thread(run_ledgered_tick, definition, the_period, identities,
-                                         settings, flow_run_id, stop,
-                                         None if period else scheduled_start())
+        report, board = await asyncio.to_thread(
+            run_ledgered_tick, definition, the_period, identities, settings, flow_run_id, stop,
+            None if period else scheduled_start())
     except BaseException:
         # Cancelled or timed out: the thread runs on (asyncio cannot stop it), but its subjects
         # start no more stages; asyncio.run waits for it before the process ends.
@@ -117,7 +120,7 @@ async def run_job(job: str, subjects: list[str] | None = None,
         await asyncio.gather(labelling, return_exceptions=True)  # the tick's error is the news
         raise
     await labelling
-    publish_artifact(flow_run_id, tick_artifact_key(definition.name), report)
+    publish_artifacts(flow_run_id, tick_artifact_key(definition.name), report, board)
     if report.completed_every_subject() and len(identities) == len(definition.subject_names()):
         emit_job_event("tick.completed", definition, period=the_period.label)
     logger.info(report.summary())
@@ -141,10 +144,13 @@ def scheduled_start() -> datetime:
 
 def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentity],
                       settings: RunledgerSettings, flow_run_id: str,
-                      stop: Stop, expected_start: datetime | None = None) -> TickReport:
-    """The tick's blocking part, in a thread of its own: ledger, model and stage task runs. A
-    tick of no explicit period, expected at ``expected_start``, that starts too late may be
-    skipped by its job's missed-run policy (``stale_reason``)."""
+                      stop: Stop, expected_start: datetime | None = None
+                      ) -> tuple[TickReport, Board | None]:
+    """The tick's blocking part, in a thread of its own: ledger, model and stage task runs,
+    then the count of its Runs asked for again and the job's status board as the tick left it
+    (None if it could not be read). A tick of
+    no explicit period, expected at ``expected_start``, that starts too late may be skipped by
+    its job's missed-run policy (``stale_reason``)."""
     # One sync Prefect client for every task run of the tick: a sync task run inside an async
     # flow run otherwise opens a client of its own (about 20 ms of TLS set-up each).
     with SyncClientContext.get_or_create():
@@ -156,9 +162,9 @@ def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentit
                         settings, flow_run_id, stop)
             stale = (None if expected_start is None
                      else stale_reason(job, period, expected_start, ledger.now()))
-            if stale is not None:
-                return skip_tick(tick, identities, stale)
-            return run_tick(tick, identities)
+            report = (run_tick(tick, identities) if stale is None
+                      else skip_tick(tick, identities, stale))
+            return report, after_tick(ledger, job, report)
         finally:
             model.close()
             ledger.close()
@@ -241,7 +247,8 @@ def transform_input(subject: str, held: Held, raw: dict[str, Any]) -> State[Any]
     tick = held.tick
     if (lost := lost_state(held.keeper, held.claim)) is not None:
         return lost
-    model = LoggedModel(tick.model, tick.call_log, tick.job.name, subject, held.claim.run_id)
+    model = LoggedModel(tick.model, tick.call_log, tick.job.name, subject, held.claim.run_id,
+                        held.calls)
     try:
         return tick.job.transform(raw, model)
     except TransientError as exc:
@@ -265,6 +272,7 @@ def persist_output(subject: str, held: Held, candidate: Candidate) -> State[Any]
         done = tick.ledger.complete(
             claim, output, messages,
             None if effect is None else (lambda session: effect(session, output)),
+            CompletedBy(held.calls.value, tick.flow_run_id, str(current_task_run.id)),
         )
     except LeaseLost as exc:
         return lease_lost_state(exc, "candidate discarded: ")
@@ -337,7 +345,8 @@ def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: st
     # quote(): Prefect would walk the tick (the job's subject list too) on every task call,
     # looking for futures. Raw input and candidate go unquoted, so that Prefect links each to
     # the task run that returned it: the UI's graph draws collect -> transform -> persist.
-    held = quote(Held(tick, claim, keeper))
+    hold = Held(tick, claim, keeper)
+    held = quote(hold)
     try:
         raw = run.raw_input
         if raw is None:
@@ -350,7 +359,7 @@ def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: st
     except LeaseLost as exc:
         return lease_lost_outcome(tick, subject, run.run_id, exc)
     except Exception as exc:
-        return _fail(tick, claim, subject, exc)
+        return _fail(tick, claim, subject, exc, hold.calls.value)
     finally:
         keeper.release(claim)
     return SubjectOutcome(subject, run.run_id, "new", persisted.run.attempts,
@@ -367,12 +376,15 @@ def _release_queued(tick: Tick, keeper: LeaseKeeper, subject: str, run: Run,
         keeper.release(claim)
 
 
-def _fail(tick: Tick, claim: Claim, subject: str, error: BaseException) -> SubjectOutcome:
-    """Record the failure: a transient one releases the Run for a later attempt, a permanent
-    one marks it failed; a stopped flow run's subject is released and reported stopped."""
+def _fail(tick: Tick, claim: Claim, subject: str, error: BaseException,
+          model_calls: int = 0) -> SubjectOutcome:
+    """Record the failure and the model calls it cost: a transient one releases the Run for a
+    later attempt, a permanent one marks it failed; a stopped flow run's subject is released
+    and reported stopped."""
     message = describe(error)
     try:
-        run = tick.ledger.fail(claim, message, retryable=is_transient(error))
+        run = tick.ledger.fail(claim, message, retryable=is_transient(error),
+                               model_calls=model_calls)
     except LeaseLost as lost:
         return lease_lost_outcome(tick, subject, claim.run_id, lost)
     outcome: Outcome = "stopped" if isinstance(error, FlowRunStopped) else "failed"

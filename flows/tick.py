@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from flows.jobs import Job
 from flows.lease_keeper import LeaseKeeper
-from flows.model import CallLog, Model
+from flows.model import CallCount, CallLog, Model
 from flows.outcomes import SubjectOutcome, emit_outcome
 from flows.settings import RunledgerSettings
 from flows.stop import Stop, stopped_before
@@ -50,11 +50,12 @@ class Tick:
 @dataclass(frozen=True)
 class Held:
     """A claimed subject's hold on its Run, which every stage of that subject presents: the
-    tick, the claim and the keeper renewing its lease."""
+    tick, the claim, the keeper renewing its lease and the model calls made under it."""
 
     tick: Tick
     claim: Claim
     keeper: LeaseKeeper
+    calls: CallCount = field(default_factory=CallCount)
 
 
 class Persisted:

@@ -12,21 +12,30 @@ from store.errors import (
     RunledgerError,
 )
 from store.faults import AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK, fault_point
-from store.identity import RunIdentity, params_fingerprint
+from store.identity import RunIdentity, document_digest, params_fingerprint
 from store.ledger import Ledger
 from store.message import OutboxMessage, normalize_address
-from store.models import MESSAGE_STATUSES, RUN_STATUSES, Occurrence, QueuedMessage, Run
+from store.models import (
+    MESSAGE_STATUSES,
+    RUN_STATUSES,
+    Attempt,
+    Occurrence,
+    QueuedMessage,
+    Run,
+)
 from store.occurrences import RunState
 from store.outbox import MessageClaim, Reply
 from store.period import Period
-from store.runs import Claim, Completion, FinishedRun, Registration
+from store.runs import Claim, CompletedBy, Completion, FinishedRun, Registration
 from store.settings import LedgerSettings
+from store.stats import Activity
 
 __all__ = [
-    "AFTER_MODEL_ANSWER", "AFTER_SEND_BEFORE_MARK", "MESSAGE_STATUSES", "RUN_STATUSES", "Claim", "Completion", "DeliveryLeaseLost",
-    "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
+    "AFTER_MODEL_ANSWER", "AFTER_SEND_BEFORE_MARK", "MESSAGE_STATUSES", "RUN_STATUSES",
+    "Activity", "Attempt", "Claim", "CompletedBy", "Completion",
+    "DeliveryLeaseLost", "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
     "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "Period",
     "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity", "RunState",
-    "RunledgerError", "create_database_if_missing", "fault_point",
+    "RunledgerError", "create_database_if_missing", "document_digest", "fault_point",
     "normalize_address", "params_fingerprint",
 ]

@@ -109,11 +109,17 @@ def canonical_json(value: Any, what: str = "value") -> str:
     return text
 
 
+def document_digest(value: Any, what: str = "document") -> str:
+    """sha256 of a JSON document's canonical JSON: equal documents, equal digests (a stored raw
+    input's digest is the Run's input version)."""
+    return sha256(canonical_json(value, what).encode("utf-8")).hexdigest()
+
+
 def params_fingerprint(params: dict[str, Any] | None) -> str:
     """sha256 of the canonical JSON of the parameters that shape a Run's output."""
     if params is not None and not isinstance(params, dict):
         raise InvalidInput(f"params must be a dict, got {type(params).__name__}")
-    return sha256(canonical_json(params or {}, "params").encode("utf-8")).hexdigest()
+    return document_digest(params or {}, "params")
 
 
 def message_key(run_id: str, channel: str, recipient: str) -> str:

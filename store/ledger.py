@@ -5,7 +5,7 @@ one transition from ``store.runs`` or ``store.outbox``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -17,6 +17,7 @@ from store import faults, ids
 from store import occurrences as oc
 from store import outbox as ob
 from store import runs as rn
+from store import stats as st
 from store.database import Busy, Database, SQLiteSynchronous
 from store.driver_errors import domain_errors
 from store.errors import IdentityRace, InvalidInput
@@ -195,21 +196,25 @@ class Ledger:
         output: dict[str, Any],
         messages: Sequence[OutboxMessage] = (),
         effect: rn.Effect | None = None,
+        by: rn.CompletedBy = rn.UNRECORDED,
     ) -> rn.Completion:
         """Complete the Run with its outbox rows and, if given, the job's business effect, in
-        one transaction (see ``complete_txn``); the Completion says whether this call did."""
+        one transaction (see ``complete_txn``); the Completion says whether this call did.
+        ``by`` records the completing Attempt's model calls and Prefect flow and task run."""
         output = rn.json_document(output, "output", self.max_output_bytes)
         messages = list(messages)
         if effect is None:
             return self._write(faults.AFTER_COMPLETE_COMMIT, rn.complete_txn,
-                               claim, output, messages)
+                               claim, output, messages, by)
         return self._write(faults.AFTER_COMPLETE_COMMIT, rn.complete_with_effect_txn,
-                           claim, output, messages, effect)
+                           claim, output, messages, effect, by)
 
-    def fail(self, claim: rn.Claim, error: str, retryable: bool = True) -> Run:
-        """Record the error: retryable releases the lease, otherwise the Run is failed."""
+    def fail(self, claim: rn.Claim, error: str, retryable: bool = True,
+             model_calls: int = 0) -> Run:
+        """Record the error and the Attempt's model calls: retryable releases the lease,
+        otherwise the Run is failed."""
         return self._write(faults.AFTER_FAIL_COMMIT, rn.fail_txn,
-                           claim, rn.error_text(error), retryable)
+                           claim, rn.error_text(error), retryable, model_calls)
 
     def requeue_run(self, run_id: str) -> Run:
         """Operator action: a failed Run goes back to pending (see ``requeue_run_txn``)."""
@@ -238,6 +243,10 @@ class Ledger:
     def attempts(self, run_id: str) -> list[Attempt]:
         """A Run's Attempts, oldest first."""
         return self._read(rn.list_attempts, run_id)
+
+    def attempts_of(self, run_ids: Sequence[str]) -> dict[str, list[Attempt]]:
+        """The Attempts of each of ``run_ids``, oldest first, in one read."""
+        return self._read(rn.list_attempts_of, run_ids)
 
     # --- What a job owes -----------------------------------------------------------------
 
@@ -278,6 +287,19 @@ class Ledger:
     def occurrences(self, job: str, since: datetime) -> list[Occurrence]:
         """The recorded occurrences (skips, alerts) of ``job`` from period ``since`` on."""
         return self._read(oc.list_occurrences, job, since)
+
+    # --- Statistics -----------------------------------------------------------------------
+
+    def count_suppressed(self, job: str, day: date, duplicates: int,
+                         in_progress_elsewhere: int) -> None:
+        """Add one tick's Runs asked for again (completed, or leased elsewhere) to the job's
+        counts for the UTC ``day`` (see ``count_suppressed_txn``)."""
+        self._write(faults.AFTER_COUNT_SUPPRESSED_COMMIT, st.count_suppressed_txn,
+                    job, day, duplicates, in_progress_elsewhere)
+
+    def activity(self, since: datetime, job: str | None = None) -> st.Activity:
+        """What ``runledger stats`` counts from ``since`` on, optionally of one job."""
+        return self._read(st.read_activity, since, job)
 
     def now(self) -> datetime:
         """The database clock, which leases and due times are judged by."""

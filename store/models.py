@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -60,6 +60,11 @@ def _json() -> Any:
     return Field(default=None, sa_column=sa.Column(JSONDoc, nullable=True))
 
 
+def _count() -> Any:
+    """A counter column: 0 for rows that existed before it (the server default)."""
+    return Field(default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0"))
+
+
 def _check_in(column: str, values: tuple[str, ...], name: str) -> sa.CheckConstraint:
     listed = ", ".join(f"'{v}'" for v in values)
     return sa.CheckConstraint(f"{column} IN ({listed})", name=name)
@@ -94,6 +99,10 @@ class Run(SQLModel, table=True):
     output: dict[str, Any] | None = _json()
     error: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
     completed_attempt_id: str | None = Field(default=None, max_length=36)
+    # Where the output came from: the Prefect flow run and (persist) task run that completed it.
+    completed_flow_run_id: str | None = Field(default=None, max_length=36)
+    completed_task_run_id: str | None = Field(default=None, max_length=36)
+    model_calls: int = _count()
     created_at: datetime | None = _ts(nullable=False)
     updated_at: datetime | None = _ts(nullable=False)
     completed_at: datetime | None = _ts()
@@ -122,6 +131,7 @@ class Attempt(SQLModel, table=True):
     finished_at: datetime | None = _ts()
     outcome: str | None = Field(default=None, max_length=16)
     error: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    model_calls: int | None = None  # set when the Attempt ends by a worker's own hand
 
 
 class QueuedMessage(SQLModel, table=True):
@@ -219,12 +229,27 @@ class Occurrence(SQLModel, table=True):
     updated_at: datetime | None = _ts(nullable=False)
 
 
+class SuppressedCount(SQLModel, table=True):
+    """How often a job's ticks of one UTC day asked again for a Run already completed
+    (``duplicates``) or leased by another worker (``in_progress_elsewhere``): counted once per
+    tick, never per subject."""
+
+    __tablename__ = "suppressed_counts"
+
+    job: str = Field(primary_key=True, max_length=MAX_CHARS["job"])
+    day: date = Field(sa_column=sa.Column(sa.Date, primary_key=True))
+    duplicates: int = _count()
+    in_progress_elsewhere: int = _count()
+    updated_at: datetime | None = _ts(nullable=False)
+
+
 runs_table: sa.Table = Run.__table__  # type: ignore[attr-defined]
 attempts_table: sa.Table = Attempt.__table__  # type: ignore[attr-defined]
 outbox_table: sa.Table = QueuedMessage.__table__  # type: ignore[attr-defined]
 delivery_attempts_table: sa.Table = DeliveryAttempt.__table__  # type: ignore[attr-defined]
 obligations_table: sa.Table = Obligation.__table__  # type: ignore[attr-defined]
 occurrences_table: sa.Table = Occurrence.__table__  # type: ignore[attr-defined]
+suppressed_counts_table: sa.Table = SuppressedCount.__table__  # type: ignore[attr-defined]
 
 # Table models are built with model_construct when read back (no re-validation); SQLAlchemy
 # must have configured their mappers before such an instance's attributes are used.

@@ -41,6 +41,7 @@ class RunState:
     updated_at: datetime
     error: str | None
     lease_expired: bool  # by the database clock; False when the Run holds no lease
+    model_calls: int = 0  # spent by its Attempts that ended by a worker's hand
 
     @property
     def stranded(self) -> bool:
@@ -153,7 +154,7 @@ _RUN_STATES = Statement(
     "whether its lease expired by the database clock.",
     lambda d: sa.select(
         runs.c.run_id, runs.c.subject, runs.c.period_start, runs.c.version, runs.c.status,
-        runs.c.attempts, runs.c.updated_at, runs.c.error,
+        runs.c.attempts, runs.c.model_calls, runs.c.updated_at, runs.c.error,
         sa.func.coalesce(runs.c.lease_expires_at <= db_now(), sa.false()).label("lease_expired"),
     ).where(runs.c.job == param(runs.c.job),
             runs.c.period_start >= param(runs.c.period_start, "since"))

@@ -102,6 +102,31 @@ class FinishedRun:
     error: str | None
 
 
+def check_calls(value: int) -> int:
+    """A number of model calls: an integer, 0 or more."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"model_calls must be an integer of 0 or more, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class CompletedBy:
+    """What the completing Attempt tells about itself: the model calls it made, and the Prefect
+    flow run and task run it ran in (the Run's output location), when it ran in Prefect."""
+
+    model_calls: int = 0
+    flow_run_id: str | None = None
+    task_run_id: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {"model_calls": check_calls(self.model_calls),
+                "completed_flow_run_id": self.flow_run_id,
+                "completed_task_run_id": self.task_run_id}
+
+
+UNRECORDED = CompletedBy()  # a completion outside Prefect that counted no model calls
+
+
 @dataclass(frozen=True)
 class Completion:
     """The completed Run and whether this call completed it (False: someone else had)."""
@@ -352,13 +377,20 @@ _SAVE_INPUT = Statement(
 )
 
 
+def _more_calls() -> sa.ColumnElement[Any]:
+    """The Run's model calls plus those of the Attempt that ends now."""
+    return runs.c.model_calls + param(runs.c.model_calls)
+
+
 def _accept() -> sa.Update:
     return (
         sa.update(runs).where(_holder())
         .values(
             status="completed", output=param(runs.c.output), owner=sa.null(),
             lease_expires_at=sa.null(), error=sa.null(), completed_at=db_now(), updated_at=db_now(),
-            completed_attempt_id=param(attempts.c.attempt_id),
+            completed_attempt_id=param(attempts.c.attempt_id), model_calls=_more_calls(),
+            completed_flow_run_id=param(runs.c.completed_flow_run_id),
+            completed_task_run_id=param(runs.c.completed_task_run_id),
         )
         .returning(*runs.c)
     )
@@ -368,7 +400,8 @@ def _finish_attempt() -> sa.Update:
     return (
         sa.update(attempts).where(attempts.c.attempt_id == param(attempts.c.attempt_id))
         .values(outcome=sa.bindparam("outcome", type_=attempts.c.outcome.type),
-                error=param(attempts.c.error), finished_at=db_now())
+                error=param(attempts.c.error), model_calls=param(attempts.c.model_calls),
+                finished_at=db_now())
     )
 
 
@@ -401,22 +434,25 @@ def _complete(d: str) -> sa.Update | sa.Select[Any]:
 
 
 _COMPLETE = Statement(
-    "complete_run", "Accept the output and clear the lease; only the current fence holder can "
+    "complete_run", "Accept the output, clear the lease, add the Attempt's model calls and "
+    "record the flow run and task run that completed it; only the current fence holder can "
     "(PostgreSQL: with the outbox rows and the Attempt's end in the same statement, written "
     "only if the Run was accepted).", _complete)
 _QUEUE = Statement(
     "queue_messages", "The completed Run's outbox rows, one per (run, channel, recipient); a "
     "row already queued is left as it is.", _queue, dialects=("sqlite",))
 _FINISH_ATTEMPT = Statement(
-    "finish_attempt", "End the Attempt with its outcome (completed, released, failed) and error.",
+    "finish_attempt", "End the Attempt with its outcome (completed, released, failed), error "
+    "and model calls.",
     lambda d: _finish_attempt())
 
 _RELEASE_OR_FAIL = Statement(
-    "release_or_fail_run", "Record the error and clear the lease, the Run going back to pending "
-    "(retryable) or to failed; only the current fence holder can.",
+    "release_or_fail_run", "Record the error, add the Attempt's model calls and clear the "
+    "lease, the Run going back to pending (retryable) or to failed; only the current fence "
+    "holder can.",
     lambda d: sa.update(runs).where(_holder())
     .values(status=param(runs.c.status), owner=sa.null(), lease_expires_at=sa.null(),
-            error=param(runs.c.error), updated_at=db_now())
+            error=param(runs.c.error), model_calls=_more_calls(), updated_at=db_now())
     .returning(*runs.c)
 )
 
@@ -453,6 +489,12 @@ _LIST_ATTEMPTS = Statement(
     "list_attempts", "A Run's Attempts in claim (fence) order.",
     lambda d: sa.select(attempts).where(attempts.c.run_id == param(runs.c.run_id))
     .order_by(attempts.c.fence))
+_LIST_ATTEMPTS_OF = Statement(
+    "list_attempts_of_runs", "The Attempts of the Runs whose ids are given, per Run in claim "
+    "(fence) order: one statement for a whole list of Runs.",
+    lambda d: sa.select(attempts)
+    .where(attempts.c.run_id.in_(json_rows(d, "ids", [attempts.c.run_id])))
+    .order_by(attempts.c.run_id, attempts.c.fence))
 
 
 # --- reads ----------------------------------------------------------------------------------
@@ -498,6 +540,15 @@ def list_runs(
 def list_attempts(conn: Connection, run_id: str) -> list[Attempt]:
     """A Run's Attempts, oldest first."""
     return [Attempt.model_construct(**row) for row in _LIST_ATTEMPTS.rows(conn, run_id=run_id)]
+
+
+def list_attempts_of(conn: Connection, run_ids: Sequence[str]) -> dict[str, list[Attempt]]:
+    """The Attempts of each of ``run_ids`` (an empty list for a Run without any), oldest first."""
+    found: dict[str, list[Attempt]] = {run_id: [] for run_id in run_ids}
+    if run_ids:
+        for row in _LIST_ATTEMPTS_OF.rows(conn, ids=_ids(run_ids)):
+            found[row["run_id"]].append(Attempt.model_construct(**row))
+    return found
 
 
 # --- transitions ----------------------------------------------------------------------------
@@ -650,12 +701,13 @@ def complete_txn(
     claim: Claim,
     output: dict[str, Any],
     messages: Sequence[OutboxMessage] = (),
+    by: CompletedBy = UNRECORDED,
 ) -> Completion:
     """Accept the output, clear the lease and queue the outbox rows together; only the fence
     holder can; a Run completed by someone else is returned unchanged."""
     rows = _outbox_rows(claim.run_id, messages)
     given = {**_holder_params(claim), "output": output, "attempt_id": claim.attempt_id,
-             "outcome": "completed", "error": None}
+             "outcome": "completed", "error": None, **by.params()}
     row = _COMPLETE.first(conn, **given, messages=rows)
     if row is not None and not one_statement_writes(conn):
         _QUEUE.rows(conn, messages=rows)
@@ -675,10 +727,11 @@ def complete_with_effect_txn(
     output: dict[str, Any],
     messages: Sequence[OutboxMessage],
     effect: Effect,
+    by: CompletedBy = UNRECORDED,
 ) -> Completion:
     """Complete the Run as ``complete_txn`` and apply the job's business effect in the same
     transaction: both commit or neither does; a Run completed before gets no effect."""
-    done = complete_txn(conn, claim, output, messages)
+    done = complete_txn(conn, claim, output, messages, by)
     if done.new:
         with Session(bind=conn) as session:
             effect(session)
@@ -687,17 +740,20 @@ def complete_with_effect_txn(
 
 
 @transition(one_statement_on=NOWHERE)
-def fail_txn(conn: Connection, claim: Claim, error: str, retryable: bool) -> Run:
-    """Record the error; a retryable failure releases the lease (pending), a permanent one marks
-    the Run failed; only the fence holder can do either."""
+def fail_txn(conn: Connection, claim: Claim, error: str, retryable: bool,
+             model_calls: int = 0) -> Run:
+    """Record the error and the Attempt's model calls; a retryable failure releases the lease
+    (pending), a permanent one marks the Run failed; only the fence holder can do either."""
+    calls = check_calls(model_calls)
     row = _RELEASE_OR_FAIL.first(
-        conn, **_holder_params(claim), status="pending" if retryable else "failed", error=error
+        conn, **_holder_params(claim), status="pending" if retryable else "failed", error=error,
+        model_calls=calls,
     )
     if row is None:
         raise _stale_fence(claim, get_run(conn, claim.run_id))
     _FINISH_ATTEMPT.rows(
         conn, attempt_id=claim.attempt_id, outcome="released" if retryable else "failed",
-        error=error,
+        error=error, model_calls=calls,
     )
     return _run(row)
 

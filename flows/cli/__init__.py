@@ -14,6 +14,8 @@ from flows.cli import (
     reconcile_commands,  # noqa: F401  (registers reconcile)
     run_commands,  # noqa: F401  (registers run)
     stack_commands,  # noqa: F401  (registers serve, stack up|automations)
+    stats_commands,  # noqa: F401  (registers stats)
+    status_commands,  # noqa: F401  (registers status)
 )
 from flows.cli.app import app
 from store import RunledgerError

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC
-from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from flows.cli.app import db_app, outbox_app, runs_app
+from flows.cli.logical_runs import attempt_fields, period_label, prefect_ui_url, run_fields
 from flows.cli.tables import EMAIL, FOLD, Col, print_table, short_id, utc
 from store import MESSAGE_STATUSES, RUN_STATUSES, Ledger, Run, RunledgerError
-
-if TYPE_CHECKING:
-    from flows.jobs import Job
 
 console = Console()
 
@@ -24,8 +21,9 @@ console = Console()
 # to (`outbox list --run`, `runs show`).
 RUN_COLUMNS = [Col("run id"), Col("job"), Col("subject", fold=FOLD), Col("period"),
                Col("version", drop=1), Col("status"), Col("attempts", drop=2)]
-ATTEMPT_COLUMNS = [Col("fence"), Col("attempt id", drop=3), Col("owner", fold=FOLD),
-                   Col("started (UTC)", drop=1), Col("finished (UTC)", drop=2), Col("outcome"),
+ATTEMPT_COLUMNS = [Col("fence"), Col("attempt id", drop=5), Col("owner", fold=FOLD),
+                   Col("started (UTC)", drop=2), Col("finished (UTC)", drop=3),
+                   Col("duration", drop=1), Col("outcome"), Col("model calls", drop=4),
                    Col("error", fold=FOLD, optional=True)]
 RUN_OUTBOX_COLUMNS = [Col("message id"), Col("channel", drop=1), Col("recipient", fold=EMAIL),
                       Col("status"), Col("attempts", drop=2),
@@ -48,33 +46,6 @@ def fail(error: BaseException) -> typer.Exit:
 
 def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
-
-
-@cache
-def _job(name: str) -> Job | None:
-    from flows.jobs import get_job
-
-    try:
-        return get_job(name)
-    except RunledgerError:
-        return None
-
-
-def period_label(run: Run) -> str:
-    """The Run's period as its user names it, the label of its start in the job's timezone
-    (``2026-12-01``, ``2026-12-01T09:00+01:00``); in UTC when the job is not registered here
-    or its cadence no longer starts a period there."""
-    job = _job(run.job)
-    if job is not None:
-        period = job.period_at(run.period_start)
-        if period.start == run.period_start:
-            return period.label
-    return run.period_start.astimezone(UTC).isoformat(timespec="minutes")
-
-
-def _run_json(run: Run, exclude: set[str] | None = None) -> dict[str, Any]:
-    """A Run as JSON: its fields, times in UTC, plus its ``period`` label (see period_label)."""
-    return {**run.model_dump(mode="json", exclude=exclude), "period": period_label(run)}
 
 
 def _check_choice(value: str | None, allowed: tuple[str, ...], what: str) -> None:
@@ -110,8 +81,10 @@ def runs_list(
     _check_choice(status, RUN_STATUSES, "--status")
     with open_ledger() as ledger:
         runs = ledger.runs(job=job, status=status, limit=limit)
+        attempts = ledger.attempts_of([r.run_id for r in runs]) if as_json else {}
     if as_json:
-        print_json([_run_json(r, exclude={"raw_input", "output"}) for r in runs])
+        ui_url = prefect_ui_url()
+        print_json([run_fields(r, attempts[r.run_id], ui_url) for r in runs])
         return
     print_table(console, RUN_COLUMNS, [
         [short_id(r.run_id), r.job, r.subject, period_label(r), r.version, r.status,
@@ -123,7 +96,9 @@ def runs_show(
     run_id: str = typer.Argument(..., help="The Run id, or a unique prefix of it (4+ characters)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Show one Run with its attempts and outbox rows."""
+    """Show one Run with its period (in the job's timezone and UTC), input version, duration,
+    output location (links into the Prefect UI when PREFECT_UI_URL or PREFECT_API_URL is set),
+    attempts and outbox rows."""
     with open_ledger() as ledger:
         try:
             run = ledger.get(ledger.resolve_run_id(run_id))
@@ -131,25 +106,58 @@ def runs_show(
             raise fail(exc) from exc
         attempts = ledger.attempts(run.run_id)
         messages = ledger.messages(run_id=run.run_id, limit=10_000)
+    record = run_fields(run, attempts, prefect_ui_url())
     if as_json:
         print_json({
-            "run": _run_json(run),
-            "attempts": [a.model_dump(mode="json") for a in attempts],
+            "run": {**record, "raw_input": run.raw_input, "output": run.output},
+            "attempts": [attempt_fields(a) for a in attempts],
             "outbox": [m.model_dump(mode="json", exclude={"body"}) for m in messages],
         })
         return
-    console.print(f"[bold]{run.job}[/] / {run.subject} / {period_label(run)} / {run.version}")
-    console.print(f"run id {run.run_id}\nstatus [bold]{run.status}[/], fence {run.fence}, "
-                  f"attempts {run.attempts}, owner {run.owner or '-'}, "
-                  f"lease until {run.lease_expires_at or '-'}")
-    if run.error:
-        console.print(f"error: {run.error}")
+    _print_run(run, record)
     print_table(console, ATTEMPT_COLUMNS, [
         [str(a.fence), a.attempt_id, a.owner, utc(a.started_at), utc(a.finished_at),
-         a.outcome or "(open)", a.error or ""] for a in attempts], title="attempts")
+         _duration(attempt_fields(a)["duration_seconds"]), a.outcome or "(open)",
+         "-" if a.model_calls is None else str(a.model_calls), a.error or ""]
+        for a in attempts], title="attempts")
     print_table(console, RUN_OUTBOX_COLUMNS, [
         [short_id(m.message_id), m.channel, m.recipient, m.status, str(m.attempts),
          m.last_error or ""] for m in messages], title="outbox")
+
+
+def _duration(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.3f} s"
+
+
+def _print_run(run: Run, record: dict[str, Any]) -> None:
+    """The Run's identity, period, state, evidence and output location, as lines of text."""
+    window = record["period_window"]
+    console.print(f"[bold]{escape(run.job)}[/] / {escape(run.subject)} / {record['period']} / "
+                  f"{escape(run.version)}", highlight=False)
+    lines = [f"run id {run.run_id} (its run key)"]
+    if window["timezone"] is not None:
+        lines.append(f"period {window['start']} to {window['end']} ({window['timezone']}); "
+                     f"UTC {window['start_utc']} to {window['end_utc']}")
+    else:
+        lines.append(f"period starting {window['start_utc']} (UTC; job {run.job} is not "
+                     "registered here)")
+    lines.append(f"status {run.status}, fence {run.fence}, attempts {run.attempts} "
+                 f"(numbers {', '.join(map(str, record['attempt_numbers'])) or '-'}), "
+                 f"model calls {run.model_calls}, owner {run.owner or '-'}, "
+                 f"lease until {run.lease_expires_at or '-'}")
+    lines.append(f"input version {record['input_version'] or '- (no raw input stored)'}")
+    lines.append(f"duration {_duration(record['duration_seconds'])} (first claim to "
+                 f"completion, {utc(run.completed_at)} UTC)")
+    where = record["output_location"]
+    if where["flow_run_id"] is not None:
+        lines.append(f"completed by flow run {where['flow_run_url'] or where['flow_run_id']}")
+        lines.append(f"  in task run {where['task_run_url'] or where['task_run_id']}")
+    elif run.status == "completed":
+        lines.append("completed outside a Prefect flow run (no output location recorded)")
+    if run.error:
+        lines.append(f"error: {run.error}")
+    for line in lines:
+        console.print(line, markup=False, highlight=False)
 
 
 @runs_app.command("requeue")

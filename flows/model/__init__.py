@@ -1,7 +1,7 @@
 """Models a job's transform can call: an offline extractive summarizer (the default) and an
 OpenAI-compatible chat-completions client."""
 
-from flows.model.call_log import CallLog, LoggedModel
+from flows.model.call_log import CallCount, CallLog, LoggedModel
 from flows.model.errors import ModelMisconfigured, ModelRejected, ModelUnavailable
 from flows.model.factory import model_from_settings
 from flows.model.offline import OfflineModel
@@ -9,6 +9,6 @@ from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.model.protocol import Generation, Model
 
 __all__ = [
-    "CallLog", "Generation", "LoggedModel", "Model", "ModelMisconfigured", "ModelRejected",
+    "CallCount", "CallLog", "Generation", "LoggedModel", "Model", "ModelMisconfigured", "ModelRejected",
     "ModelUnavailable", "OfflineModel", "OpenAICompatibleModel", "model_from_settings",
 ]

@@ -38,19 +38,33 @@ class CallLog:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line]
 
 
+class CallCount:
+    """The model calls one Attempt made, across the retries of its transform stage; the ledger
+    records them when the Attempt ends (one subject's stages run in one thread at a time)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
 class LoggedModel:
-    """The model a job's transform receives: it records each call for one Run, then delegates."""
+    """The model a job's transform receives: it counts and records each call for one Run,
+    then delegates."""
 
     def __init__(self, inner: Model, log: CallLog | None, job: str, subject: str,
-                 run_id: str) -> None:
+                 run_id: str, count: CallCount) -> None:
         self.inner = inner
         self.name = inner.name
         self.log = log
         self.job = job
         self.subject = subject
         self.run_id = run_id
+        self.count = count
 
     def generate(self, prompt: str, *, system: str | None = None) -> Generation:
+        # Counted before the call: a call that fails or times out is paid for all the same.
+        self.count.value += 1
         if self.log is not None:
             self.log.record(self.job, self.subject, self.run_id)
         answer = self.inner.generate(prompt, system=system)

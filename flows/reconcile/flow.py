@@ -12,7 +12,7 @@ import asyncio
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import State, flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
@@ -33,6 +33,9 @@ from flows.reconcile.plan import (
 )
 from flows.settings import RunledgerSettings
 from store import Ledger, Occurrence
+
+if TYPE_CHECKING:
+    from flows.board import Board
 
 
 @dataclass
@@ -83,11 +86,12 @@ class JobReconciled:
 
 def prepare(ledger: Ledger, job: Job, now: datetime | None = None, *, dry_run: bool = False,
             cap: int = DEFAULT_CAP, backoff: timedelta = timedelta(minutes=1),
-            max_backoff: timedelta = timedelta(hours=1)) -> Plan:
-    """The job's plan at ``now`` (default: the database clock); records, unless ``dry_run``,
+            max_backoff: timedelta = timedelta(hours=1), since: datetime | None = None) -> Plan:
+    """The job's plan at ``now`` (default: the database clock) over the periods from the one
+    starting at ``since`` (default: the catch-up window's start); records, unless ``dry_run``,
     the period each subject seen for the first time is owed from."""
     now = ledger.now() if now is None else now
-    since = window_start(job, now)
+    since = window_start(job, now) if since is None else since
     runs = {r.run_id: r for r in ledger.run_states(job.name, since)}
     known = ledger.obligations(job.name)
     first_run: dict[str, datetime] = {}
@@ -97,7 +101,7 @@ def prepare(ledger: Ledger, job: Job, now: datetime | None = None, *, dry_run: b
     new = {s: first_owed(job, now, known, first_run.get(s))
            for s in job.subject_names() if s not in known}
     owed_from = ledger.owe(job.name, new) if new and not dry_run else {**new, **known}
-    owed = owed_occurrences(job, owed_from, now)
+    owed = owed_occurrences(job, owed_from, now, since)
     occurrences = {o.run_id: o for o in ledger.occurrences(job.name, since)}
     return plan(job, owed, runs, occurrences, now, cap=cap, backoff=backoff,
                 max_backoff=max_backoff)
@@ -188,6 +192,21 @@ async def reconcile_jobs(jobs: list[Job], *, dry_run: bool = False, now: datetim
         ledger.close()
 
 
+async def refresh_boards(jobs: list[Job]) -> None:
+    """Create the next version of each job's status board artifact, as the pass left it."""
+    # Imported here: the board is computed from this module's plan (``prepare``).
+    from flows.monitoring import create_status_artifact, read_board
+
+    def read(ledger: Ledger) -> list[Board | None]:
+        return [read_board(ledger, job) for job in jobs]
+
+    with Ledger.connect() as ledger:
+        boards = await asyncio.to_thread(read, ledger)
+    for board in boards:
+        if board is not None:
+            await create_status_artifact(board)
+
+
 @flow(name="reconcile", persist_result=False, log_prints=False)
 async def reconcile(job: str | None = None, dry_run: bool = False) -> State[Any]:
     """Compare what every job owes with the ledger and act: run missed occurrences as the job's
@@ -211,6 +230,7 @@ async def reconcile(job: str | None = None, dry_run: bool = False) -> State[Any]
             key="runledger-reconcile", description="; ".join(r.summary() for r in results))
     except Exception:  # monitoring only: the ledger holds every decision
         logger.warning("could not create the reconcile artifact", exc_info=True)
+    await refresh_boards(jobs)
     message = "; ".join(r.summary() for r in results) or "no jobs"
     failed = [t for r in results for t in r.ticks if t.state_name() == "Failed"]
     if failed:

@@ -45,6 +45,7 @@ class Step:
     reason: str
     overdue: bool
     run: RunState | None = None
+    occurrence: Occurrence | None = None
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,12 @@ def _periods(job: Job, since: datetime, now: datetime) -> list[Period]:
     return periods
 
 
-def owed_occurrences(job: Job, owed_from: Mapping[str, datetime], now: datetime) -> list[Owed]:
-    """The occurrences due by ``now`` in the window, for the job's current subjects from the
-    period each is owed from, oldest first."""
-    since = window_start(job, now)
+def owed_occurrences(job: Job, owed_from: Mapping[str, datetime], now: datetime,
+                     since: datetime | None = None) -> list[Owed]:
+    """The occurrences due by ``now`` from the period starting at ``since`` (default: the
+    window's start), for the job's current subjects from the period each is owed from, oldest
+    first."""
+    since = window_start(job, now) if since is None else since
     subjects = [s for s in job.subject_names() if s in owed_from]
     if not subjects:
         return []
@@ -145,7 +148,7 @@ def plan(job: Job, owed: list[Owed], runs: Mapping[str, RunState],
                 capped += 1
                 action, reason = "wait", f"left for the next pass (cap of {cap}); {reason}"
         late = now >= o.due_at + job.grace and state not in ("completed", "skipped")
-        steps.append(Step(o, state, action, reason, late, run))
+        steps.append(Step(o, state, action, reason, late, run, occurrence))
     return Plan(job, now, window_start(job, now), steps, capped)
 
 

@@ -24,7 +24,7 @@ WHERE outbox.message_id BETWEEN %s::VARCHAR AND %s::VARCHAR ORDER BY outbox.mess
 -- name: get_run
 -- A Run by id.
 -- parameters: run_id
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at 
 FROM runs 
 WHERE runs.run_id = %s::VARCHAR;
 
@@ -32,7 +32,7 @@ WHERE runs.run_id = %s::VARCHAR;
 -- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
 -- are compared by the caller).
 -- parameters: run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts
-INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (%s::VARCHAR, %s::VARCHAR, %s::VARCHAR, %s::TIMESTAMP WITH TIME ZONE, %s::VARCHAR, %s::VARCHAR, %s::JSONB, %s::VARCHAR, %s::INTEGER, %s::INTEGER, statement_timestamp(), statement_timestamp()) ON CONFLICT DO NOTHING RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at;
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (%s::VARCHAR, %s::VARCHAR, %s::VARCHAR, %s::TIMESTAMP WITH TIME ZONE, %s::VARCHAR, %s::VARCHAR, %s::JSONB, %s::VARCHAR, %s::INTEGER, %s::INTEGER, statement_timestamp(), statement_timestamp()) ON CONFLICT DO NOTHING RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at;
 
 -- name: claim_run
 -- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
@@ -58,14 +58,14 @@ WITH taken AS
 (INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::INTEGER AS anon_4, (statement_timestamp() + make_interval(secs => %s)) AS db_now_1, statement_timestamp() AS db_now_2, statement_timestamp() AS db_now__1 
 FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
 FROM jsonb_to_record(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given 
-WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at), 
+WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at), 
 closed AS 
 (UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
 opened AS 
 (INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT given.attempt_id AS attempt_id, taken.run_id AS run_id, taken.owner AS owner, taken.fence AS fence, statement_timestamp() AS db_now_3 
 FROM taken JOIN (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
 FROM jsonb_to_record(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given ON taken.run_id = given.run_id)
- SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.created_at, taken.updated_at, taken.completed_at 
+ SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.completed_flow_run_id, taken.completed_task_run_id, taken.model_calls, taken.created_at, taken.updated_at, taken.completed_at 
 FROM taken;
 
 -- name: enter_runs
@@ -77,14 +77,14 @@ WITH taken AS
 (INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::INTEGER AS anon_4, (statement_timestamp() + make_interval(secs => %s)) AS db_now_1, statement_timestamp() AS db_now_2, statement_timestamp() AS db_now__1 
 FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given 
-WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at), 
+WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at), 
 closed AS 
 (UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
 opened AS 
 (INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT given.attempt_id AS attempt_id, taken.run_id AS run_id, taken.owner AS owner, taken.fence AS fence, statement_timestamp() AS db_now_3 
 FROM taken JOIN (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given ON taken.run_id = given.run_id)
- SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.created_at, taken.updated_at, taken.completed_at 
+ SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.completed_flow_run_id, taken.completed_task_run_id, taken.model_calls, taken.created_at, taken.updated_at, taken.completed_at 
 FROM taken;
 
 -- name: renew_leases
@@ -106,13 +106,14 @@ UPDATE runs SET lease_expires_at=(statement_timestamp() + make_interval(secs => 
 UPDATE runs SET raw_input=coalesce(runs.raw_input, %s::JSONB), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.raw_input;
 
 -- name: complete_run
--- Accept the output and clear the lease; only the current fence holder can (PostgreSQL: with the
--- outbox rows and the Attempt's end in the same statement, written only if the Run was accepted).
--- parameters: param_1, output, attempt_id, run_id, fence, owner, status_1, outcome, error, attempt_id, param_2, param_3, param_4, messages
+-- Accept the output, clear the lease, add the Attempt's model calls and record the flow run and
+-- task run that completed it; only the current fence holder can (PostgreSQL: with the outbox rows
+-- and the Attempt's end in the same statement, written only if the Run was accepted).
+-- parameters: param_1, output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner, status_1, outcome, error, model_calls, attempt_id, param_2, param_3, param_4, messages
 WITH accepted AS 
-(UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, output=%s::JSONB, error=NULL, completed_attempt_id=%s::VARCHAR, updated_at=statement_timestamp(), completed_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at), 
+(UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, output=%s::JSONB, error=NULL, completed_attempt_id=%s::VARCHAR, completed_flow_run_id=%s::VARCHAR, completed_task_run_id=%s::VARCHAR, model_calls=(runs.model_calls + %s::INTEGER), updated_at=statement_timestamp(), completed_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at), 
 finished AS 
-(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR WHERE attempts.attempt_id = %s::VARCHAR AND (EXISTS (SELECT accepted.run_id 
+(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR, model_calls=%s::INTEGER WHERE attempts.attempt_id = %s::VARCHAR AND (EXISTS (SELECT accepted.run_id 
 FROM accepted))), 
 queued AS 
 (INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, next_attempt_at, created_at, updated_at) SELECT given.message_id AS message_id, given.run_id AS run_id, given.channel AS channel, given.recipient AS recipient, given.subject AS subject, given.body AS body, given.headers AS headers, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::INTEGER AS anon_3, statement_timestamp() AS db_now_1, statement_timestamp() AS db_now__1, statement_timestamp() AS db_now__2 
@@ -120,29 +121,29 @@ FROM (SELECT given.message_id AS message_id, given.run_id AS run_id, given.chann
 FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64), run_id VARCHAR(64), channel VARCHAR(32), recipient VARCHAR(320), subject TEXT, body TEXT, headers JSONB)) AS given 
 WHERE EXISTS (SELECT accepted.run_id 
 FROM accepted) ON CONFLICT DO NOTHING)
- SELECT accepted.run_id, accepted.job, accepted.subject, accepted.period_start, accepted.version, accepted.params_fingerprint, accepted.params, accepted.status, accepted.fence, accepted.owner, accepted.lease_expires_at, accepted.attempts, accepted.raw_input, accepted.output, accepted.error, accepted.completed_attempt_id, accepted.created_at, accepted.updated_at, accepted.completed_at 
+ SELECT accepted.run_id, accepted.job, accepted.subject, accepted.period_start, accepted.version, accepted.params_fingerprint, accepted.params, accepted.status, accepted.fence, accepted.owner, accepted.lease_expires_at, accepted.attempts, accepted.raw_input, accepted.output, accepted.error, accepted.completed_attempt_id, accepted.completed_flow_run_id, accepted.completed_task_run_id, accepted.model_calls, accepted.created_at, accepted.updated_at, accepted.completed_at 
 FROM accepted;
 
 -- name: finish_attempt
--- End the Attempt with its outcome (completed, released, failed) and error.
--- parameters: outcome, error, attempt_id
-UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR WHERE attempts.attempt_id = %s::VARCHAR;
+-- End the Attempt with its outcome (completed, released, failed), error and model calls.
+-- parameters: outcome, error, model_calls, attempt_id
+UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR, model_calls=%s::INTEGER WHERE attempts.attempt_id = %s::VARCHAR;
 
 -- name: release_or_fail_run
--- Record the error and clear the lease, the Run going back to pending (retryable) or to failed;
--- only the current fence holder can.
--- parameters: status, error, run_id, fence, owner, status_1
-UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, error=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at;
+-- Record the error, add the Attempt's model calls and clear the lease, the Run going back to
+-- pending (retryable) or to failed; only the current fence holder can.
+-- parameters: status, error, model_calls, run_id, fence, owner, status_1
+UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, error=%s::VARCHAR, model_calls=(runs.model_calls + %s::INTEGER), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at;
 
 -- name: requeue_run
 -- Operator action: a failed Run goes back to pending; no other status can.
 -- parameters: status, run_id, status_1
-UPDATE runs SET status=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at;
+UPDATE runs SET status=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at;
 
 -- name: get_runs
 -- Many Runs by id.
 -- parameters: ids
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at 
 FROM runs 
 WHERE runs.run_id IN (SELECT given.run_id 
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64)));
@@ -159,7 +160,7 @@ FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (runs.statu
 -- name: list_runs
 -- The latest Runs, newest period first, optionally of one job and one status.
 -- parameters: job, job, status, status, limit
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at 
 FROM runs 
 WHERE (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR runs.status = CAST(%s::VARCHAR AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject 
  LIMIT %s::INTEGER;
@@ -167,9 +168,18 @@ WHERE (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR 
 -- name: list_attempts
 -- A Run's Attempts in claim (fence) order.
 -- parameters: run_id
-SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error 
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
 FROM attempts 
 WHERE attempts.run_id = %s::VARCHAR ORDER BY attempts.fence;
+
+-- name: list_attempts_of_runs
+-- The Attempts of the Runs whose ids are given, per Run in claim (fence) order: one statement for
+-- a whole list of Runs.
+-- parameters: ids
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
+FROM attempts 
+WHERE attempts.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) ORDER BY attempts.run_id, attempts.fence;
 
 -- name: owe_subjects
 -- Record from which period a job owes each given subject, once: a subject already recorded keeps
@@ -233,7 +243,7 @@ UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, error=%s:
 -- Where each Run of a job stands from a period on (no documents), with whether its lease expired
 -- by the database clock.
 -- parameters: job, since
-SELECT runs.run_id, runs.subject, runs.period_start, runs.version, runs.status, runs.attempts, runs.updated_at, runs.error, coalesce(runs.lease_expires_at <= statement_timestamp(), false) AS lease_expired 
+SELECT runs.run_id, runs.subject, runs.period_start, runs.version, runs.status, runs.attempts, runs.model_calls, runs.updated_at, runs.error, coalesce(runs.lease_expires_at <= statement_timestamp(), false) AS lease_expired 
 FROM runs 
 WHERE runs.job = %s::VARCHAR AND runs.period_start >= %s::TIMESTAMP WITH TIME ZONE ORDER BY runs.period_start, runs.subject;
 
@@ -323,3 +333,40 @@ WHERE delivery_attempts.message_id = %s::VARCHAR ORDER BY delivery_attempts.atte
 -- Outbox messages per status.
 SELECT outbox.status, count(*) AS messages 
 FROM outbox GROUP BY outbox.status;
+
+-- name: count_suppressed
+-- Add one tick's Runs asked for again (completed: duplicates; leased by another worker: in
+-- progress elsewhere) to its job's counts for the UTC day.
+-- parameters: job, day, duplicates, in_progress_elsewhere
+INSERT INTO suppressed_counts (job, day, duplicates, in_progress_elsewhere, updated_at) VALUES (%s::VARCHAR, %s::DATE, %s::INTEGER, %s::INTEGER, statement_timestamp()) ON CONFLICT (job, day) DO UPDATE SET duplicates = (suppressed_counts.duplicates + excluded.duplicates), in_progress_elsewhere = (suppressed_counts.in_progress_elsewhere + excluded.in_progress_elsewhere), updated_at = excluded.updated_at;
+
+-- name: read_completed_since
+-- The Runs completed from a moment on (optionally of one job): job, completion time and attempts,
+-- no documents.
+-- parameters: status_1, since, job, job
+SELECT runs.job, runs.completed_at, runs.attempts 
+FROM runs 
+WHERE runs.status = %s::VARCHAR AND runs.completed_at >= %s::TIMESTAMP WITH TIME ZONE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200)));
+
+-- name: read_attempts_since
+-- The Attempts started or ended from a moment on (optionally of one job's Runs): times, outcome
+-- and model calls.
+-- parameters: since, since, job, job
+SELECT runs.job, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.model_calls 
+FROM attempts JOIN runs ON runs.run_id = attempts.run_id 
+WHERE (attempts.started_at >= %s::TIMESTAMP WITH TIME ZONE OR attempts.finished_at >= %s::TIMESTAMP WITH TIME ZONE) AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200)));
+
+-- name: read_messages_since
+-- The outbox messages queued from a moment on (optionally of one job's Runs): queue time and
+-- status.
+-- parameters: since, job, job
+SELECT runs.job, outbox.created_at, outbox.status 
+FROM outbox JOIN runs ON runs.run_id = outbox.run_id 
+WHERE outbox.created_at >= %s::TIMESTAMP WITH TIME ZONE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200)));
+
+-- name: read_suppressed_since
+-- The suppressed counts from a UTC day on (optionally of one job).
+-- parameters: day, job, job
+SELECT suppressed_counts.job, suppressed_counts.day, suppressed_counts.duplicates, suppressed_counts.in_progress_elsewhere 
+FROM suppressed_counts 
+WHERE suppressed_counts.day >= %s::DATE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR suppressed_counts.job = CAST(%s::VARCHAR AS VARCHAR(200)));

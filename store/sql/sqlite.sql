@@ -29,7 +29,7 @@ WHERE outbox.message_id BETWEEN ? AND ? ORDER BY outbox.message_id
 -- name: get_run
 -- A Run by id.
 -- parameters: run_id
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at 
 FROM runs 
 WHERE runs.run_id = ?;
 
@@ -37,7 +37,7 @@ WHERE runs.run_id = ?;
 -- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
 -- are compared by the caller).
 -- parameters: run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts
-INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at;
 
 -- name: claim_run
 -- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
@@ -63,7 +63,7 @@ INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) VALUES (?, ?
 -- parameters: param_1, param_2, owner, param_3, lease, runs, json_extract_1, runs, json_extract_2, runs, json_extract_3, runs, json_extract_4, runs, json_extract_5, runs, json_extract_6, runs, json_extract_7, runs, json_extract_8, param_4, fence_1, attempts_1, status_1, status_2
 INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
 FROM (SELECT json_extract(?, ?) AS run_id, json_extract(?, ?) AS job, json_extract(?, ?) AS subject, json_extract(?, ?) AS period_start, json_extract(?, ?) AS version, json_extract(?, ?) AS params_fingerprint, json_extract(?, ?) AS params, json_extract(?, ?) AS attempt_id) AS given 
-WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at;
 
 -- name: enter_runs
 -- Register and claim a tick's Runs, given as one JSON array, in one upsert: a new Run is inserted
@@ -73,7 +73,7 @@ WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?,
 INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
 FROM (SELECT json_extract(anon_5.value, ?) AS run_id, json_extract(anon_5.value, ?) AS job, json_extract(anon_5.value, ?) AS subject, json_extract(anon_5.value, ?) AS period_start, json_extract(anon_5.value, ?) AS version, json_extract(anon_5.value, ?) AS params_fingerprint, json_extract(anon_5.value, ?) AS params, json_extract(anon_5.value, ?) AS attempt_id 
 FROM json_each(?) AS anon_5) AS given 
-WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at;
 
 -- name: renew_leases
 -- Extend the lease of every given Run still held under its fence and owner, from the database
@@ -94,10 +94,11 @@ UPDATE runs SET lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%
 UPDATE runs SET raw_input=coalesce(runs.raw_input, ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING raw_input;
 
 -- name: complete_run
--- Accept the output and clear the lease; only the current fence holder can (PostgreSQL: with the
--- outbox rows and the Attempt's end in the same statement, written only if the Run was accepted).
--- parameters: status, output, attempt_id, run_id, fence, owner, status_1
-UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, output=?, error=NULL, completed_attempt_id=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), completed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+-- Accept the output, clear the lease, add the Attempt's model calls and record the flow run and
+-- task run that completed it; only the current fence holder can (PostgreSQL: with the outbox rows
+-- and the Attempt's end in the same statement, written only if the Run was accepted).
+-- parameters: status, output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner, status_1
+UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, output=?, error=NULL, completed_attempt_id=?, completed_flow_run_id=?, completed_task_run_id=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), completed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at;
 
 -- name: queue_messages
 -- The completed Run's outbox rows, one per (run, channel, recipient); a row already queued is left
@@ -109,25 +110,25 @@ FROM json_each(?) AS anon_4) AS given
 WHERE 1 = 1 ON CONFLICT DO NOTHING;
 
 -- name: finish_attempt
--- End the Attempt with its outcome (completed, released, failed) and error.
--- parameters: outcome, error, attempt_id
-UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=? WHERE attempts.attempt_id = ?;
+-- End the Attempt with its outcome (completed, released, failed), error and model calls.
+-- parameters: outcome, error, model_calls, attempt_id
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=?, model_calls=? WHERE attempts.attempt_id = ?;
 
 -- name: release_or_fail_run
--- Record the error and clear the lease, the Run going back to pending (retryable) or to failed;
--- only the current fence holder can.
--- parameters: status, error, run_id, fence, owner, status_1
-UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+-- Record the error, add the Attempt's model calls and clear the lease, the Run going back to
+-- pending (retryable) or to failed; only the current fence holder can.
+-- parameters: status, error, model_calls, run_id, fence, owner, status_1
+UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at;
 
 -- name: requeue_run
 -- Operator action: a failed Run goes back to pending; no other status can.
 -- parameters: status, run_id, status_1
-UPDATE runs SET status=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, created_at, updated_at, completed_at;
+UPDATE runs SET status=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at;
 
 -- name: get_runs
 -- Many Runs by id.
 -- parameters: json_extract_1, ids
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at 
 FROM runs 
 WHERE runs.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
 FROM json_each(?) AS anon_1);
@@ -144,7 +145,7 @@ FROM json_each(?) AS anon_1) AND (runs.status = ? OR runs.status = ?);
 -- name: list_runs
 -- The latest Runs, newest period first, optionally of one job and one status.
 -- parameters: job, job, status, status, limit, param_1
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.created_at, runs.updated_at, runs.completed_at 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at 
 FROM runs 
 WHERE (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (CAST(? AS VARCHAR(16)) IS NULL OR runs.status = CAST(? AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject
  LIMIT ? OFFSET ?;
@@ -152,9 +153,18 @@ WHERE (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AN
 -- name: list_attempts
 -- A Run's Attempts in claim (fence) order.
 -- parameters: run_id
-SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error 
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
 FROM attempts 
 WHERE attempts.run_id = ? ORDER BY attempts.fence;
+
+-- name: list_attempts_of_runs
+-- The Attempts of the Runs whose ids are given, per Run in claim (fence) order: one statement for
+-- a whole list of Runs.
+-- parameters: json_extract_1, ids
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
+FROM attempts 
+WHERE attempts.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) ORDER BY attempts.run_id, attempts.fence;
 
 -- name: owe_subjects
 -- Record from which period a job owes each given subject, once: a subject already recorded keeps
@@ -218,7 +228,7 @@ UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, updated_at
 -- Where each Run of a job stands from a period on (no documents), with whether its lease expired
 -- by the database clock.
 -- parameters: job, since
-SELECT runs.run_id, runs.subject, runs.period_start, runs.version, runs.status, runs.attempts, runs.updated_at, runs.error, coalesce(runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), 0) AS lease_expired 
+SELECT runs.run_id, runs.subject, runs.period_start, runs.version, runs.status, runs.attempts, runs.model_calls, runs.updated_at, runs.error, coalesce(runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), 0) AS lease_expired 
 FROM runs 
 WHERE runs.job = ? AND runs.period_start >= ? ORDER BY runs.period_start, runs.subject;
 
@@ -311,3 +321,40 @@ WHERE delivery_attempts.message_id = ? ORDER BY delivery_attempts.attempt;
 -- Outbox messages per status.
 SELECT outbox.status, count(*) AS messages 
 FROM outbox GROUP BY outbox.status;
+
+-- name: count_suppressed
+-- Add one tick's Runs asked for again (completed: duplicates; leased by another worker: in
+-- progress elsewhere) to its job's counts for the UTC day.
+-- parameters: job, day, duplicates, in_progress_elsewhere
+INSERT INTO suppressed_counts (job, day, duplicates, in_progress_elsewhere, updated_at) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT (job, day) DO UPDATE SET duplicates = (suppressed_counts.duplicates + excluded.duplicates), in_progress_elsewhere = (suppressed_counts.in_progress_elsewhere + excluded.in_progress_elsewhere), updated_at = excluded.updated_at;
+
+-- name: read_completed_since
+-- The Runs completed from a moment on (optionally of one job): job, completion time and attempts,
+-- no documents.
+-- parameters: status_1, since, job, job
+SELECT runs.job, runs.completed_at, runs.attempts 
+FROM runs 
+WHERE runs.status = ? AND runs.completed_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)));
+
+-- name: read_attempts_since
+-- The Attempts started or ended from a moment on (optionally of one job's Runs): times, outcome
+-- and model calls.
+-- parameters: since, since, job, job
+SELECT runs.job, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.model_calls 
+FROM attempts JOIN runs ON runs.run_id = attempts.run_id 
+WHERE (attempts.started_at >= ? OR attempts.finished_at >= ?) AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)));
+
+-- name: read_messages_since
+-- The outbox messages queued from a moment on (optionally of one job's Runs): queue time and
+-- status.
+-- parameters: since, job, job
+SELECT runs.job, outbox.created_at, outbox.status 
+FROM outbox JOIN runs ON runs.run_id = outbox.run_id 
+WHERE outbox.created_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)));
+
+-- name: read_suppressed_since
+-- The suppressed counts from a UTC day on (optionally of one job).
+-- parameters: day, job, job
+SELECT suppressed_counts.job, suppressed_counts.day, suppressed_counts.duplicates, suppressed_counts.in_progress_elsewhere 
+FROM suppressed_counts 
+WHERE suppressed_counts.day >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR suppressed_counts.job = CAST(? AS VARCHAR(200)));

@@ -81,6 +81,7 @@ def walk(ledger: Ledger, subject: str, host: str, port: int, calls: Path) -> Non
     ledger.unskip([skipped.run_id])
     ledger.mark_overdue([main])
     _tick(ledger, main, owner, CallLog(calls))
+    ledger.count_suppressed(JOB, PERIOD.date(), duplicates=1, in_progress_elsewhere=0)
     ledger.mark_recovered(JOB)
     _operate(ledger, identity(subject, 2), owner)
     _deliver(ledger, main.run_id, host, port)

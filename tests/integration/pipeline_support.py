@@ -239,6 +239,20 @@ def pipeline_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         ledger.close()
 
 
+def status_boards(job: str) -> list[list[dict[str, Any]]]:
+    """Every version of the job's status board artifact on the Prefect server, newest first,
+    each as its table's rows."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"runledger-status-{job}"])),
+            sort=ArtifactSort.CREATED_DESC)
+    return [json.loads(a.data) if isinstance(a.data, str) else a.data for a in found]
+
+
 def outcomes(report: TickReport | BaseException) -> dict[str, str]:
     assert isinstance(report, TickReport), report
     return {s.subject: s.outcome for s in report.subjects}

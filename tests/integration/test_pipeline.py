@@ -26,15 +26,18 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.states import Scheduled, State
 from prefect.utilities.collections import visit_collection
 
+from flows.board import Board
 from flows.jobs import register
 from flows.jobs.competitor_summary import job as competitor_summary
 from flows.model import OfflineModel
-from flows.monitoring import label_flow_run
+from flows.monitoring import after_tick, create_status_artifact, label_flow_run
 from flows.outcomes import TickReport
 from flows.pipeline import register_and_claim, run_job
 from flows.settings import RunledgerSettings
+from flows.stats import daily_stats
 from flows.tick import Tick
-from store import Registration, Run
+from store import Ledger, Registration, Run
+from tests.integration.alerts_support import quiet_job
 from tests.integration.loopback import Answer, LoopbackServer, Request, json_answer
 from tests.integration.pipeline_support import (
     ACME,
@@ -46,6 +49,7 @@ from tests.integration.pipeline_support import (
     outcomes,
     pipeline_env,
     probe_job,
+    status_boards,
     wait_until,
 )
 from tests.integration.sql_trace import sent_statements
@@ -309,8 +313,9 @@ def test_a_rerun_of_a_completed_tick_starts_no_task_runs_and_calls_no_model(env:
         assert task_runs(second) == 0
         artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(
             id=FlowRunFilterId(any_=[second.state_details.flow_run_id])))
-    assert [a.key for a in artifacts] == [f"{probe.name}-tick"]
-    assert all(run_id in str(artifacts[0].data) for run_id in run_ids)
+    by_key = {a.key: a for a in artifacts}
+    assert sorted(by_key) == [f"{probe.name}-tick", f"runledger-status-{probe.name}"]
+    assert all(run_id in str(by_key[f"{probe.name}-tick"].data) for run_id in run_ids)
 
 
 def test_a_rerun_of_a_completed_tick_asks_the_ledger_for_no_raw_input(env: Env) -> None:
@@ -322,8 +327,10 @@ def test_a_rerun_of_a_completed_tick_asks_the_ledger_for_no_raw_input(env: Env) 
         second, report = env.run(probe.name, period="2026-01-05")
     assert (first.name, second.name) == ("Completed", "Duplicate")
     assert outcomes(report) == dict.fromkeys(["s0", "s1", "s2"], "duplicate")
+    # The status board read after the tick (read_run_states) names neither column.
     read = [s for s in statements if "FROM runs" in s]
-    assert read and all("runs.output" in s and "raw_input" not in s for s in read), read
+    assert any("runs.output" in s for s in read), read
+    assert all("raw_input" not in s for s in read), read
 
 
 def run_events(name: str, run_ids: list[str]) -> int:
@@ -623,3 +630,123 @@ def assert_every_pending_subject_failed_busy(
         "acme": "failed", "globex": "failed"}
     assert all("LedgerBusy" in (s.error or "") for s in report.subjects)
     assert env.ledger.runs() == [] and env.model_calls() == 0
+
+
+def test_every_model_call_is_counted_on_its_attempt_and_its_run_failed_ones_too(
+        env: Env, model_server: ModelServer) -> None:
+    """A 500 with no retry fails the first Attempt after one call; the next flow run's Attempt
+    gets a 500, retries and completes: the ledger counts 1 + 2 calls, as the server saw them."""
+    env.set(task_retries=0)
+    model_server.script.append(Reply(500))
+    first, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert first.is_failed()
+    env.set(task_retries=2)
+    model_server.script.append(Reply(500))
+    second, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
+    assert second.name == "Completed"
+    run = env.the_run("acme", "2026-01-05")
+    assert run.model_calls == len(model_server.requests) == 3
+    assert [(a.outcome, a.model_calls) for a in env.ledger.attempts(run.run_id)] == [
+        ("released", 1), ("completed", 2)]
+
+
+def test_a_completed_run_records_the_flow_run_and_persist_task_run_that_completed_it(
+        env: Env) -> None:
+    """The Run's output location is the flow run that completed it and its persist task run;
+    a rerun (Duplicate) leaves them as they are."""
+    probe = probe_job(["acme"], ["ops@example.com"])
+    first, _ = env.run(probe.name, period="2026-01-05")
+    second, _ = env.run(probe.name, period="2026-01-05")
+    assert (first.name, second.name) == ("Completed", "Duplicate")
+    run = env.ledger.get(probe.job.identity("acme", probe.job.parse_period("2026-01-05")).run_id)
+    assert run.completed_flow_run_id == str(first.state_details.flow_run_id)
+    assert run.completed_task_run_id is not None
+    with get_client(sync_client=True) as client:
+        task_run = client.read_task_run(run.completed_task_run_id)
+    assert task_run.name == "persist[acme]"
+    assert str(task_run.flow_run_id) == run.completed_flow_run_id
+
+
+def test_each_run_job_flow_run_refreshes_the_jobs_status_board_artifact(env: Env) -> None:
+    """Every flow run of run-job creates the next version of ``runledger-status-<job>``: after
+    yesterday's tick it shows yesterday completed with its attempt and model call."""
+    now = env.ledger.now()
+    probe = probe_job(["acme"], ["ops@example.com"], start=now - timedelta(days=1),
+                      grace=timedelta(days=1))
+    yesterday = probe.job.period_at(now - timedelta(days=1)).label
+    for _ in range(2):
+        state, _ = env.run(probe.name, period=yesterday)
+        assert state.name in ("Completed", "Duplicate")
+    boards = status_boards(probe.name)
+    assert len(boards) == 2
+    [row] = [r for r in boards[0] if r["period"] == yesterday]
+    assert (row["owed"], row["completed"], row["attempts"], row["model_calls"]) == (1, 1, 1, 1)
+
+
+def test_the_stats_agree_with_the_events_the_flows_emit(env: Env) -> None:
+    """Two ticks of four subjects, one held by another worker: per the ledger's stats and per
+    the Prefect events alike, 3 completed, 3 duplicates, 2 in progress elsewhere, and as many
+    model calls as the call log saw."""
+    probe = probe_job(["s0", "s1", "s2", "s3"], ["ops@example.com"])
+    period = probe.job.parse_period("2026-01-05")
+    held = env.ledger.register_and_claim(probe.job.identity("s3", period), owner="other:1",
+                                         lease=600, params=probe.job.run_params("s3", period))
+    assert held.claim is not None
+    since = datetime.combine(env.ledger.now().date(), datetime.min.time(), UTC)
+    for _ in range(2):
+        env.run(probe.name, period="2026-01-05")
+    [day] = daily_stats(env.ledger.activity(since, probe.name), since)
+    run_ids = [probe.job.identity(s, period).run_id for s in ("s0", "s1", "s2", "s3")]
+    expected = {"runledger.run.completed": day.completed,
+                "runledger.run.duplicate": day.duplicates,
+                "runledger.run.in-progress-elsewhere": day.in_progress_elsewhere}
+    assert list(expected.values()) == [3, 3, 2]
+    for name, count in expected.items():
+        wait_until(lambda name=name, count=count: run_events(name, run_ids) == count, 30, name)
+    assert day.model_calls == env.model_calls() == 3
+    assert (day.attempts, dict(day.attempts_per_completed)) == (4, {1: 3})
+
+
+def test_a_refused_status_artifact_is_logged_and_leaves_the_flow_run_completed(
+        prefect_api: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The status board is monitoring: a server error on its artifact call is a warning, and
+    the flow run that created it still completes."""
+    job = quiet_job()
+    now = datetime.now(UTC)
+    upcoming = job.period_at(now)
+    board = Board(job, now, [], upcoming, job.due_at(upcoming))
+    with RefusingApi() as refusing:
+
+        @flow
+        async def refreshed() -> str:
+            with temporary_settings({PREFECT_API_URL: f"{refusing.origin}/api"}):
+                await asyncio.to_thread(asyncio.run, create_status_artifact(board))
+            return "tick done"
+
+        state = asyncio.run(refreshed(return_state=True))
+    assert state.is_completed() and state.result() == "tick done"
+    assert refusing.requests, "the artifact call never reached the refusing server"
+    assert any(r.levelname == "WARNING"
+               and f"could not create the status artifact 'runledger-status-{job.name}'"
+               in r.getMessage() for r in caplog.records)
+
+
+def test_a_ledger_that_cannot_give_the_board_after_a_tick_is_logged_not_raised(
+        empty_db_url: str, prefect_api: str, caplog: pytest.LogCaptureFixture) -> None:
+    """After its work, a tick's board read failing (here: a ledger without its schema) is a
+    warning and no board, not a failed flow run."""
+    job = quiet_job()
+    report = TickReport(job.name, job.version, job.period_at(datetime.now(UTC)), [])
+    ledger = Ledger.connect(empty_db_url)
+
+    @flow
+    def evidence() -> bool:
+        return after_tick(ledger, job, report) is None
+
+    try:
+        state = evidence(return_state=True)
+    finally:
+        ledger.close()
+    assert state.is_completed() and state.result() is True
+    assert any(r.levelname == "WARNING" and "or read its status board" in r.getMessage()
+               for r in caplog.records)

@@ -19,10 +19,18 @@ from flows.jobs import Job, TransientError
 from flows.outcomes import TickReport
 from flows.pipeline import run_ledgered_tick
 from flows.reconcile.flow import JobReconciled, reconcile_jobs
+from flows.reconcile.flow import reconcile as reconcile_flow
 from flows.settings import RunledgerSettings
 from flows.stop import Stop
 from store import RunIdentity
-from tests.integration.pipeline_support import Env, outcomes, pipeline_env, probe_job, wait_until
+from tests.integration.pipeline_support import (
+    Env,
+    outcomes,
+    pipeline_env,
+    probe_job,
+    status_boards,
+    wait_until,
+)
 
 MONDAY = datetime(2026, 1, 5, tzinfo=UTC)
 
@@ -195,8 +203,8 @@ def test_a_stale_scheduled_tick_of_a_skip_job_runs_nothing_and_ends_skipped(env:
     probe = probe_job(["acme", "globex"], ["ops@example.com"], missed_runs="skip")
     monday = probe.job.period_at(at(0))
     identities = {s: probe.job.identity(s, monday) for s in ("acme", "globex")}
-    report = run_ledgered_tick(probe.job, monday, identities, RunledgerSettings(), "test",
-                               Stop(), expected_start=probe.job.due_at(monday))
+    report, _ = run_ledgered_tick(probe.job, monday, identities, RunledgerSettings(), "test",
+                                  Stop(), expected_start=probe.job.due_at(monday))
     assert isinstance(report, TickReport) and report.state_name() == "Skipped"
     assert set(outcomes(report).values()) == {"skipped"}
     assert "period=2026-01-05" in (report.subjects[0].error or "")
@@ -205,3 +213,16 @@ def test_a_stale_scheduled_tick_of_a_skip_job_runs_nothing_and_ends_skipped(env:
         i.run_id for i in identities.values()}
     _, rerun = env.run(probe.name, period="2026-01-05")
     assert outcomes(rerun) == {"acme": "new", "globex": "new"}
+
+
+def test_a_reconcile_flow_run_refreshes_each_jobs_status_board_artifact(env: Env) -> None:
+    """After a pass, ``runledger-status-<job>`` shows what the pass decided: a skip job down for
+    two days and today has every owed period skipped by its policy."""
+    now = env.ledger.now()
+    probe = probe_job(["acme"], ["ops@example.com"], missed_runs="skip",
+                      start=now - timedelta(days=2), grace=timedelta(0),
+                      max_lateness=timedelta(0))
+    state = asyncio.run(reconcile_flow(job=probe.name, return_state=True))
+    assert state.is_completed(), state.message
+    [board, *_] = status_boards(probe.name)
+    assert len(board) == 3 and all((r["owed"], r["skipped"]) == (1, 1) for r in board)

@@ -75,7 +75,8 @@ def test_no_runs_index_holds_a_column_that_transitions_change(ledger: Ledger) ->
     indexed = {c for i in inspector.get_indexes("runs") for c in i["column_names"]}
     indexed |= {c for u in inspector.get_unique_constraints("runs") for c in u["column_names"]}
     changed = {"status", "fence", "owner", "lease_expires_at", "attempts", "raw_input", "output",
-               "error", "updated_at", "completed_at", "completed_attempt_id"}
+               "error", "updated_at", "completed_at", "completed_attempt_id", "model_calls",
+               "completed_flow_run_id", "completed_task_run_id"}
     assert indexed & changed == set()
     if ledger.dialect == "postgresql":
         with ledger.engine.connect() as conn:

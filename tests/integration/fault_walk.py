@@ -27,7 +27,7 @@ from flows.delivery.policy import RetryPolicy
 from flows.mail.settings import SmtpSettings, TlsMode
 from flows.mail.sink import Fault
 from flows.mail.smtp import SmtpTransport
-from flows.model import CallLog, LoggedModel, OfflineModel
+from flows.model import CallCount, CallLog, LoggedModel, OfflineModel
 from store import Claim, Ledger, OutboxMessage, QueuedMessage, Run, RunIdentity
 from tests.integration.ledger_support import wait_for_db_clock
 
@@ -101,7 +101,7 @@ def _tick(ledger: Ledger, main: RunIdentity, owner: str, calls: CallLog) -> None
     ledger.renew_many([claim], RUN_LEASE)
     ledger.renew(claim, RUN_LEASE)
     raw = ledger.save_input(claim, {"text": f"News about {main.subject}. Prices went up."})
-    model = LoggedModel(OfflineModel(), calls, JOB, main.subject, main.run_id)
+    model = LoggedModel(OfflineModel(), calls, JOB, main.subject, main.run_id, CallCount())
     answer = model.generate(raw["text"], system="Summarize.")
     messages = [OutboxMessage(recipient(main.subject, k), f"walk {k}", answer.text)
                 for k in KINDS]

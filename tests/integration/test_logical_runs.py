@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 from prefect.settings import PREFECT_UI_URL, temporary_settings
+from rich.console import Console
 from typer.testing import CliRunner
 
-from flows.cli import app
+from flows.cli import app, ledger_commands
 from store import CompletedBy, InvalidInput, Ledger, RunIdentity, document_digest
 from tests.integration.alerts_support import quiet_job
 from tests.integration.ledger_support import snapshot
@@ -78,7 +79,7 @@ def show(cli: CliRunner, run_id: str) -> dict[str, Any]:
 
 
 def test_runs_show_json_carries_the_period_attempts_input_version_duration_and_location(
-        cli: CliRunner, ledger: Ledger) -> None:
+        cli: CliRunner, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
     """The period in Paris time and UTC (a 23-hour day), attempt numbers 1 and 2, the digest
     of the stored raw input, first claim to completion, the flow run and task run as UI links
     when Prefect's UI URL is known, and the final state."""
@@ -86,8 +87,9 @@ def test_runs_show_json_carries_the_period_attempts_input_version_duration_and_l
     run, attempts = ledger.get(run_id), ledger.attempts(run_id)
     with temporary_settings({PREFECT_UI_URL: "http://prefect.example:4200"}):
         shown = show(cli, run_id)
-        text = cli.invoke(app, ["runs", "show", run_id], catch_exceptions=False,
-                          env={"COLUMNS": "200"}).output
+        # The command's console took its width when first imported, whatever COLUMNS says now.
+        monkeypatch.setattr(ledger_commands, "console", Console(width=200))
+        text = cli.invoke(app, ["runs", "show", run_id], catch_exceptions=False).output
     record = shown["run"]
     assert record["run_key"] == run_id and record["final_state"] == "completed"
     assert record["period_window"] == {

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from prefect.settings import PREFECT_UI_URL, temporary_settings
+from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -119,11 +119,13 @@ def test_runs_list_json_carries_the_same_record_as_runs_show_for_every_run(
     gives it (without its documents), here without UI links: no Prefect address is set."""
     job, run_id = twice_attempted(ledger)
     pending = ledger.register(job.identity("globex", job.parse_period("2026-03-29"))).run_id
-    listed = cli.invoke(app, ["runs", "list", "--job", job.name, "--json"],
-                        catch_exceptions=False)
+    # The session's temporary Prefect server, if a test started it, sets PREFECT_API_URL.
+    with temporary_settings(restore_defaults={PREFECT_API_URL, PREFECT_UI_URL}):
+        listed = cli.invoke(app, ["runs", "list", "--job", job.name, "--json"],
+                            catch_exceptions=False)
+        shown = show(cli, run_id)["run"]
     by_id = {r["run_id"]: r for r in json.loads(listed.output)}
     assert set(by_id) == {run_id, pending}
-    shown = show(cli, run_id)["run"]
     assert by_id[run_id] == {k: v for k, v in shown.items() if k not in ("raw_input", "output")}
     assert by_id[run_id]["output_location"]["flow_run_url"] is None
     assert (by_id[pending]["attempt_numbers"], by_id[pending]["input_version"],

@@ -180,8 +180,10 @@ def test_a_stranded_run_is_re_driven_and_finished_once(env: Env) -> None:
 def test_a_run_failing_transiently_every_time_is_given_up_once_at_its_cap(env: Env) -> None:
     """Every attempt times out: each pass re-drives it until its third attempt, then the next
     pass fails it for good with the give-up event once, and later passes leave it failed."""
+    # No lateness allowed: today's occurrence is missed at once, whatever the hour.
     probe = probe_job(["acme"], ["ops@example.com"], missed_runs="catch-up", max_attempts=3,
-                      transform_errors=[TransientError("timed out")] * 20)
+                      transform_errors=[TransientError("timed out")] * 20,
+                      max_lateness=timedelta(0))
     env.set(task_retries=0)
     identity = probe.job.identity("acme", probe.job.period_at(env.ledger.now()))
     for _ in range(3):

@@ -3,19 +3,23 @@ the per-flow-run artifact and the flow run's final state."""
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from prefect import State
 from prefect.events import emit_event
+from prefect.events.worker import EventsWorker
 from prefect.states import Cancelled, Completed, Failed
 
-from store import Period
+from store import Ledger, Occurrence, Period, unemitted
 
 if TYPE_CHECKING:
     from flows.jobs import Job
-    from flows.reconcile.plan import Owed
+    from flows.reconcile.plan import Step
 
 # "stopped": the flow run was cancelled or timed out before the subject's next stage and its Run
 # was released; an event of its own, so that alerts on failures do not fire for a cancel.
@@ -187,17 +191,57 @@ def _run_resource(job: str, version: str, subject: str, period: Period,
     }
 
 
-def emit_occurrence_event(kind: str, job: Job, owed: Owed | None = None, *, subject: str | None = None,
-                          period: Period | None = None, run_id: str | None = None,
-                          **payload: Any) -> None:
-    """A Prefect event about one owed occurrence (``owed``, or its subject, period and run id),
-    with its Run's resource id even when no Run exists yet."""
-    if owed is not None:
-        subject, period, run_id = owed.subject, owed.period, owed.identity.run_id
-    assert subject is not None and period is not None and run_id is not None
+def emit_occurrence_event(kind: str, job: Job, *, subject: str, period: Period, run_id: str,
+                          event_id: uuid.UUID | None = None, **payload: Any) -> None:
+    """A Prefect event about one owed occurrence, with its Run's resource id even when no Run
+    exists yet."""
     emit_event(event=OCCURRENCE_EVENTS[kind],
                resource=_run_resource(job.name, job.version, subject, period, run_id),
-               related=[_job_resource(job)], payload=payload)
+               related=[_job_resource(job)], payload=payload, id=event_id)
+
+
+# Seconds a pass holds the decisions it emits before another pass may emit them (the lease
+# of a pass that died before recording them emitted).
+EMIT_LEASE_SECONDS = 60.0
+_EVENT_IDS = uuid.UUID("5d0c51b6-31c5-4b8e-9f3c-6e0f8d9a7c21")  # this project's uuid5 namespace
+
+
+def decision_event_id(kind: str, run_id: str, decided_at: datetime) -> uuid.UUID:
+    """The id of the event of one decision: emitted again, it is the same event, which the
+    Prefect server stores once and its triggers count once."""
+    return uuid.uuid5(_EVENT_IDS, f"{OCCURRENCE_EVENTS[kind]}/{run_id}/{decided_at.isoformat()}")
+
+
+def _decision_payload(kind: str, occurrence: Occurrence, step: Step | None) -> dict[str, Any]:
+    """What the event says; ``step`` (this pass's plan of the occurrence) adds why and where."""
+    if kind == "skipped":
+        return {"reason": occurrence.skip_reason}
+    if kind == "recovered" or step is None:
+        return {}
+    if kind == "overdue":
+        return {"state": step.state, "reason": step.reason, "due_at": step.owed.due_at.isoformat()}
+    run = step.run
+    return {"reason": step.reason, "attempts": run.attempts if run else None,
+            "error": run.error if run else None}
+
+
+def emit_decisions(ledger: Ledger, job: Job, steps: Mapping[str, Step]) -> list[str]:
+    """Emit the events of the job's decisions not known to be emitted (this pass's, and any a
+    killed pass left), each under its decision's own id, then record them emitted; the run ids
+    whose events went out. ``steps``: this pass's plan, by run id."""
+    claimed = ledger.claim_events(job.name, EMIT_LEASE_SECONDS)
+    for occurrence in claimed:
+        period = job.period_at(occurrence.period_start)
+        for kind, decided_at in unemitted(occurrence):
+            emit_occurrence_event(
+                kind, job, subject=occurrence.subject, period=period, run_id=occurrence.run_id,
+                event_id=decision_event_id(kind, occurrence.run_id, decided_at),
+                **_decision_payload(kind, occurrence, steps.get(occurrence.run_id)))
+    if claimed:
+        # emit_event only queues: the events leave this process before they count as emitted.
+        EventsWorker.instance().wait_until_empty()
+        ledger.mark_emitted(claimed)
+    return [o.run_id for o in claimed]
 
 
 def _job_resource(job: Job) -> dict[str, str]:

@@ -23,7 +23,7 @@ from store.models import (
     QueuedMessage,
     Run,
 )
-from store.occurrences import RunState
+from store.occurrences import RunState, unemitted
 from store.outbox import MessageClaim, Reply
 from store.period import Period
 from store.runs import Claim, CompletedBy, Completion, FinishedRun, Registration
@@ -37,5 +37,5 @@ __all__ = [
     "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "Period",
     "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity", "RunState",
     "RunledgerError", "create_database_if_missing", "document_digest", "fault_point",
-    "normalize_address", "params_fingerprint",
+    "normalize_address", "params_fingerprint", "unemitted",
 ]

@@ -277,8 +277,19 @@ class Ledger:
         return self._write(faults.AFTER_MARK_RECOVERED_COMMIT, oc.mark_recovered_txn, job)
 
     def give_up(self, run: oc.RunState, max_attempts: int) -> bool:
-        """Fail a stranded Run past ``max_attempts`` for good (see ``give_up_txn``)."""
+        """Fail a stranded Run past ``max_attempts`` for good, recorded on its occurrence (see
+        ``give_up_txn``)."""
         return self._write(faults.AFTER_GIVE_UP_COMMIT, oc.give_up_txn, run, max_attempts)
+
+    def claim_events(self, job: str, lease: timedelta | float) -> list[Occurrence]:
+        """Lease the occurrences of ``job`` whose decisions' events are not known to be emitted
+        (see ``claim_events_txn``); emit them, then ``mark_emitted``."""
+        return self._write(faults.AFTER_CLAIM_EVENTS_COMMIT, oc.claim_events_txn,
+                           job, _lease_seconds(lease))
+
+    def mark_emitted(self, claimed: Sequence[Occurrence]) -> None:
+        """Record the claimed occurrences' unemitted decisions' events as emitted."""
+        self._write(faults.AFTER_MARK_EMITTED_COMMIT, oc.mark_emitted_txn, claimed)
 
     def run_states(self, job: str, since: datetime) -> list[oc.RunState]:
         """Where each Run of ``job`` from period ``since`` on stands, oldest first."""

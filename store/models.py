@@ -211,7 +211,8 @@ class Obligation(SQLModel, table=True):
 
 class Occurrence(SQLModel, table=True):
     """The decisions and alerts about one owed (subject, period) of a job version, keyed like
-    its Run (which may not exist): skipped by the missed-run policy, reported overdue, recovered."""
+    its Run (which may not exist): skipped by the missed-run policy, reported overdue, recovered,
+    its Run given up; each decision's event is known emitted once its ``*_emitted_at`` is set."""
 
     __tablename__ = "occurrences"
     __table_args__ = (sa.Index("ix_occurrences_job_period", "job", "period_start"),)
@@ -227,6 +228,13 @@ class Occurrence(SQLModel, table=True):
     recovered_at: datetime | None = _ts()
     created_at: datetime | None = _ts(nullable=False)
     updated_at: datetime | None = _ts(nullable=False)
+    gave_up_at: datetime | None = _ts()
+    skip_emitted_at: datetime | None = _ts()
+    overdue_emitted_at: datetime | None = _ts()
+    recovered_emitted_at: datetime | None = _ts()
+    gave_up_emitted_at: datetime | None = _ts()
+    # The lease of the pass emitting the row's events (database clock): one pass at a time.
+    emitting_until: datetime | None = _ts()
 
 
 class SuppressedCount(SQLModel, table=True):

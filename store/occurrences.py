@@ -14,18 +14,33 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from store.dialect import db_now, insert_ignoring_conflicts, json_rows, json_timestamp, upsert
+from store.dialect import (
+    check_seconds,
+    db_now,
+    insert_ignoring_conflicts,
+    json_rows,
+    json_timestamp,
+    upsert,
+)
 from store.errors import InvalidInput
 from store.identity import RunIdentity
 from store.models import Occurrence, obligations_table, occurrences_table, runs_table
 from store.runs import error_text
-from store.statement import EVERYWHERE, Statement, param, transition
+from store.statement import EVERYWHERE, NOWHERE, Statement, param, transition
 
 obligations = obligations_table
 occurrences = occurrences_table
 runs = runs_table
 
 GAVE_UP = "gave up after {attempts} attempts: {error}"
+# Each decision about an occurrence (named like its event): when it was made, and when its
+# event was known emitted (None: not yet, so the next pass emits it).
+DECISIONS = {
+    "skipped": (occurrences.c.skipped_at, occurrences.c.skip_emitted_at),
+    "overdue": (occurrences.c.overdue_at, occurrences.c.overdue_emitted_at),
+    "recovered": (occurrences.c.recovered_at, occurrences.c.recovered_emitted_at),
+    "gave-up": (occurrences.c.gave_up_at, occurrences.c.gave_up_emitted_at),
+}
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,7 @@ def _skip(d: str) -> Any:
     return insert.on_conflict_do_update(
         index_elements=[occurrences.c.run_id],
         set_={"skipped_at": insert.excluded.skipped_at, "skip_reason": insert.excluded.skip_reason,
+              "skip_emitted_at": sa.null(),  # skipped again after an unskip: a new event
               "updated_at": insert.excluded.updated_at},
         where=occurrences.c.skipped_at.is_(None),
     ).returning(occurrences.c.run_id)
@@ -147,7 +163,56 @@ _GIVE_UP = Statement(
                   sa.and_(runs.c.status == "running", runs.c.lease_expires_at <= db_now())))
     .values(status="failed", owner=sa.null(), lease_expires_at=sa.null(),
             error=param(runs.c.error), updated_at=db_now())
-    .returning(runs.c.run_id, runs.c.attempts))
+    .returning(runs.c.job, runs.c.subject, runs.c.period_start, runs.c.version))
+
+
+def _gave_up(d: str) -> Any:
+    given = _given(d)
+    now = db_now()
+    insert = upsert(d, occurrences).from_select(
+        [*(c.key for c in _OCCURRENCE), "gave_up_at", "created_at", "updated_at"],
+        sa.select(*given.c, now, now, now).where(sa.true()),
+    )
+    return insert.on_conflict_do_update(
+        index_elements=[occurrences.c.run_id],
+        set_={"gave_up_at": insert.excluded.gave_up_at, "gave_up_emitted_at": sa.null(),
+              "updated_at": insert.excluded.updated_at})
+
+
+_GAVE_UP = Statement(
+    "record_give_up", "A Run given up is recorded on its occurrence (a new give-up after an "
+    "operator's requeue is a new decision, its event not emitted yet).", _gave_up)
+
+
+def _unemitted() -> sa.ColumnElement[bool]:
+    return sa.or_(*(sa.and_(at.is_not(None), emitted.is_(None)) for at, emitted in DECISIONS.values()))
+
+
+_CLAIM_EVENTS = Statement(
+    "claim_decision_events", "Lease the job's occurrences that have a decision whose event is not "
+    "known to be emitted, unless another pass holds them on a live lease (database clock).",
+    lambda d: sa.update(occurrences)
+    .where(occurrences.c.job == param(occurrences.c.job), _unemitted(),
+           sa.or_(occurrences.c.emitting_until.is_(None), occurrences.c.emitting_until <= db_now()))
+    .values(emitting_until=db_now(sa.bindparam("lease", type_=sa.Float())))
+    .returning(*occurrences.c))
+
+
+def _mark_emitted(d: str) -> Any:
+    given = json_rows(d, "emitted", [occurrences.c.run_id, *(at for at, _ in DECISIONS.values())]
+                      ).subquery("given")
+    now = db_now()
+    # Only the decision that was emitted: one made again meanwhile has another time.
+    marks = {emitted.key: sa.case((at == given.c[at.key], now), else_=emitted)
+             for at, emitted in DECISIONS.values()}
+    return sa.update(occurrences).where(occurrences.c.run_id == given.c.run_id).values(
+        **marks, emitting_until=sa.null())
+
+
+_MARK_EMITTED = Statement(
+    "mark_decision_events_emitted", "The given decisions' events were handed to the Prefect "
+    "server: each is recorded emitted (if it is still the decision made then), and the lease is "
+    "given back.", _mark_emitted)
 
 _RUN_STATES = Statement(
     "read_run_states", "Where each Run of a job stands from a period on (no documents), with "
@@ -222,15 +287,53 @@ def mark_recovered_txn(conn: Connection, job: str) -> list[Occurrence]:
     return [Occurrence.model_construct(**row) for row in _RECOVERED.rows(conn, job=job)]
 
 
-@transition(one_statement_on=EVERYWHERE)
+@transition(one_statement_on=NOWHERE)
 def give_up_txn(conn: Connection, run: RunState, max_attempts: int) -> bool:
-    """Fail a stranded Run that used up ``max_attempts`` for good; False if it is live, finished
-    or still has attempts left (another reconciler, or a worker, got there first)."""
+    """Fail a stranded Run that used up ``max_attempts`` for good and record the give-up on its
+    occurrence; False if it is live, finished or still has attempts left (another reconciler,
+    or a worker, got there first)."""
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise InvalidInput(f"max_attempts must be a positive integer, got {max_attempts!r}")
     error = GAVE_UP.format(attempts=run.attempts, error=run.error or "no error recorded")
-    return _GIVE_UP.first(conn, run_id=run.run_id, max_attempts=max_attempts,
-                          error=error_text(error)) is not None
+    failed = _GIVE_UP.first(conn, run_id=run.run_id, max_attempts=max_attempts,
+                            error=error_text(error))
+    if failed is None:
+        return False
+    _GAVE_UP.rows(conn, occurrences=_rows(conn.dialect.name, [RunIdentity(**failed)]))
+    return True
+
+
+def unemitted(occurrence: Occurrence) -> list[tuple[str, datetime]]:
+    """The occurrence's decisions whose events are not known to be emitted, with when each was
+    made (which names the event: emitted again, it is the same event)."""
+    found = []
+    for kind, (at, emitted) in DECISIONS.items():
+        decided = getattr(occurrence, at.key)
+        if decided is not None and getattr(occurrence, emitted.key) is None:
+            found.append((kind, decided))
+    return found
+
+
+@transition(one_statement_on=EVERYWHERE)
+def claim_events_txn(conn: Connection, job: str, lease_seconds: float) -> list[Occurrence]:
+    """Lease the occurrences of ``job`` with decisions whose events are not known to be emitted
+    (this pass's, or a dead pass's), so that one pass at a time emits them."""
+    rows = _CLAIM_EVENTS.rows(conn, job=job, lease=check_seconds(lease_seconds, "lease"))
+    return [Occurrence.model_construct(**row) for row in rows]
+
+
+@transition(one_statement_on=EVERYWHERE)
+def mark_emitted_txn(conn: Connection, claimed: Sequence[Occurrence]) -> None:
+    """Record the events of the claimed occurrences' unemitted decisions as emitted."""
+    d = conn.dialect.name
+    given = []
+    for occurrence in claimed:
+        decided = dict(unemitted(occurrence))
+        given.append({"run_id": occurrence.run_id, **{
+            at.key: json_timestamp(d, decided[kind]) if kind in decided else None
+            for kind, (at, _) in DECISIONS.items()}})
+    if given:
+        _MARK_EMITTED.rows(conn, emitted=given)
 
 
 # --- reads ----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from prefect.artifacts import acreate_table_artifact
 from prefect.states import Completed, Failed
 
 from flows.jobs import Job, get_job, registered_jobs
-from flows.outcomes import TickReport, emit_job_event, emit_occurrence_event
+from flows.outcomes import TickReport, emit_decisions, emit_job_event
 from flows.reconcile.plan import (
     ACTIONS,
     DEFAULT_CAP,
@@ -107,30 +107,26 @@ def prepare(ledger: Ledger, job: Job, now: datetime | None = None, *, dry_run: b
                 max_backoff=max_backoff)
 
 
+def _steps(planned: Plan) -> dict[str, Step]:
+    return {s.owed.identity.run_id: s for s in planned.steps}
+
+
 def decide(ledger: Ledger, planned: Plan) -> JobReconciled:
     """Record the plan's durable decisions before anything runs: the policy's skips, the
-    give-ups and the overdue reports, each with its event when the ledger took it now."""
+    give-ups and the overdue reports; then emit every decision's event not known emitted
+    (these, and any a killed pass left)."""
     done = JobReconciled(planned)
     job = planned.job
     skips = planned.acting("skip")
     done.skipped = ledger.skip([(s.owed.identity, s.reason) for s in skips])
     newly = set(done.skipped)
-    for step in skips:
-        if step.owed.identity.run_id in newly:
-            emit_occurrence_event("skipped", job, step.owed, reason=step.reason)
     for step in planned.acting("give-up"):
         assert step.run is not None
         if ledger.give_up(step.run, job.max_attempts):
             done.gave_up.append(step.owed.identity.run_id)
-            emit_occurrence_event("gave-up", job, step.owed, reason=step.reason,
-                                  attempts=step.run.attempts, error=step.run.error)
     late = [s for s in planned.overdue() if s.owed.identity.run_id not in newly]
     done.overdue = ledger.mark_overdue([s.owed.identity for s in late])
-    reported = set(done.overdue)
-    for step in late:
-        if step.owed.identity.run_id in reported:
-            emit_occurrence_event("overdue", job, step.owed, state=step.state, reason=step.reason,
-                                  due_at=step.owed.due_at.isoformat())
+    emit_decisions(ledger, job, _steps(planned))
     if planned.capped:
         emit_job_event("reconcile.capped", job, left=planned.capped,
                        message=f"{planned.capped} owed occurrences were left for the next pass")
@@ -138,12 +134,10 @@ def decide(ledger: Ledger, planned: Plan) -> JobReconciled:
 
 
 def report_recovered(ledger: Ledger, done: JobReconciled) -> None:
-    """Report the job's overdue occurrences that completed since, once each."""
-    for occurrence in ledger.mark_recovered(done.job.name):
-        done.recovered.append(occurrence)
-        period = done.job.period_at(occurrence.period_start)
-        emit_occurrence_event("recovered", done.job, subject=occurrence.subject, period=period,
-                              run_id=occurrence.run_id)
+    """Report the job's overdue occurrences that completed since, once each, and emit their
+    events (and any other decision's not known emitted)."""
+    done.recovered.extend(ledger.mark_recovered(done.job.name))
+    emit_decisions(ledger, done.job, _steps(done.plan))
 
 
 async def drive(done: JobReconciled, concurrency: int) -> None:

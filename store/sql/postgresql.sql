@@ -206,7 +206,7 @@ FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject,
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), skip_reason TEXT)) AS given 
 WHERE NOT (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = given.run_id)) ON CONFLICT (run_id) DO UPDATE SET skipped_at = excluded.skipped_at, skip_reason = excluded.skip_reason, updated_at = excluded.updated_at WHERE occurrences.skipped_at IS NULL RETURNING occurrences.run_id;
+WHERE runs.run_id = given.run_id)) ON CONFLICT (run_id) DO UPDATE SET skipped_at = excluded.skipped_at, skip_reason = excluded.skip_reason, updated_at = excluded.updated_at, skip_emitted_at = NULL WHERE occurrences.skipped_at IS NULL RETURNING occurrences.run_id;
 
 -- name: unskip_occurrences
 -- An operator runs skipped occurrences on purpose: their skip is cleared (the reason stays until
@@ -231,13 +231,35 @@ WHERE runs.run_id = given.run_id AND runs.status = %s::VARCHAR)) ON CONFLICT (ru
 -- parameters: job, status_1
 UPDATE occurrences SET recovered_at=statement_timestamp(), updated_at=statement_timestamp() WHERE occurrences.job = %s::VARCHAR AND occurrences.overdue_at IS NOT NULL AND occurrences.recovered_at IS NULL AND (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = occurrences.run_id AND runs.status = %s::VARCHAR)) RETURNING occurrences.run_id, occurrences.job, occurrences.subject, occurrences.period_start, occurrences.version, occurrences.skipped_at, occurrences.skip_reason, occurrences.overdue_at, occurrences.recovered_at, occurrences.created_at, occurrences.updated_at;
+WHERE runs.run_id = occurrences.run_id AND runs.status = %s::VARCHAR)) RETURNING occurrences.run_id, occurrences.job, occurrences.subject, occurrences.period_start, occurrences.version, occurrences.skipped_at, occurrences.skip_reason, occurrences.overdue_at, occurrences.recovered_at, occurrences.created_at, occurrences.updated_at, occurrences.gave_up_at, occurrences.skip_emitted_at, occurrences.overdue_emitted_at, occurrences.recovered_emitted_at, occurrences.gave_up_emitted_at, occurrences.emitting_until;
 
 -- name: give_up_run
 -- A stranded Run (pending, or running on an expired lease) that used up its attempts fails for
 -- good, naming its last error; a live or finished Run is left alone.
 -- parameters: status, error, run_id, max_attempts, status_1, status_2
-UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, error=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.attempts >= %s::INTEGER AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR AND runs.lease_expires_at <= statement_timestamp()) RETURNING runs.run_id, runs.attempts;
+UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, error=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.attempts >= %s::INTEGER AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR AND runs.lease_expires_at <= statement_timestamp()) RETURNING runs.job, runs.subject, runs.period_start, runs.version;
+
+-- name: record_give_up
+-- A Run given up is recorded on its occurrence (a new give-up after an operator's requeue is a new
+-- decision, its event not emitted yet).
+-- parameters: occurrences
+INSERT INTO occurrences (run_id, job, subject, period_start, version, gave_up_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, statement_timestamp() AS db_now_1, statement_timestamp() AS db_now__1, statement_timestamp() AS db_now__2 
+FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100))) AS given 
+WHERE true ON CONFLICT (run_id) DO UPDATE SET updated_at = excluded.updated_at, gave_up_at = excluded.gave_up_at, gave_up_emitted_at = NULL;
+
+-- name: claim_decision_events
+-- Lease the job's occurrences that have a decision whose event is not known to be emitted, unless
+-- another pass holds them on a live lease (database clock).
+-- parameters: lease, job
+UPDATE occurrences SET emitting_until=(statement_timestamp() + make_interval(secs => %s)) WHERE occurrences.job = %s::VARCHAR AND (occurrences.skipped_at IS NOT NULL AND occurrences.skip_emitted_at IS NULL OR occurrences.overdue_at IS NOT NULL AND occurrences.overdue_emitted_at IS NULL OR occurrences.recovered_at IS NOT NULL AND occurrences.recovered_emitted_at IS NULL OR occurrences.gave_up_at IS NOT NULL AND occurrences.gave_up_emitted_at IS NULL) AND (occurrences.emitting_until IS NULL OR occurrences.emitting_until <= statement_timestamp()) RETURNING occurrences.run_id, occurrences.job, occurrences.subject, occurrences.period_start, occurrences.version, occurrences.skipped_at, occurrences.skip_reason, occurrences.overdue_at, occurrences.recovered_at, occurrences.created_at, occurrences.updated_at, occurrences.gave_up_at, occurrences.skip_emitted_at, occurrences.overdue_emitted_at, occurrences.recovered_emitted_at, occurrences.gave_up_emitted_at, occurrences.emitting_until;
+
+-- name: mark_decision_events_emitted
+-- The given decisions' events were handed to the Prefect server: each is recorded emitted (if it
+-- is still the decision made then), and the lease is given back.
+-- parameters: emitted
+UPDATE occurrences SET skip_emitted_at=CASE WHEN (occurrences.skipped_at = given.skipped_at) THEN statement_timestamp() ELSE occurrences.skip_emitted_at END, overdue_emitted_at=CASE WHEN (occurrences.overdue_at = given.overdue_at) THEN statement_timestamp() ELSE occurrences.overdue_emitted_at END, recovered_emitted_at=CASE WHEN (occurrences.recovered_at = given.recovered_at) THEN statement_timestamp() ELSE occurrences.recovered_emitted_at END, gave_up_emitted_at=CASE WHEN (occurrences.gave_up_at = given.gave_up_at) THEN statement_timestamp() ELSE occurrences.gave_up_emitted_at END, emitting_until=NULL FROM (SELECT given.run_id AS run_id, given.skipped_at AS skipped_at, given.overdue_at AS overdue_at, given.recovered_at AS recovered_at, given.gave_up_at AS gave_up_at 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), skipped_at TIMESTAMP WITH TIME ZONE, overdue_at TIMESTAMP WITH TIME ZONE, recovered_at TIMESTAMP WITH TIME ZONE, gave_up_at TIMESTAMP WITH TIME ZONE)) AS given WHERE occurrences.run_id = given.run_id;
 
 -- name: read_run_states
 -- Where each Run of a job stands from a period on (no documents), with whether its lease expired
@@ -250,7 +272,7 @@ WHERE runs.job = %s::VARCHAR AND runs.period_start >= %s::TIMESTAMP WITH TIME ZO
 -- name: read_occurrences
 -- The decisions and alerts about a job's occurrences from a period on.
 -- parameters: job, since
-SELECT occurrences.run_id, occurrences.job, occurrences.subject, occurrences.period_start, occurrences.version, occurrences.skipped_at, occurrences.skip_reason, occurrences.overdue_at, occurrences.recovered_at, occurrences.created_at, occurrences.updated_at 
+SELECT occurrences.run_id, occurrences.job, occurrences.subject, occurrences.period_start, occurrences.version, occurrences.skipped_at, occurrences.skip_reason, occurrences.overdue_at, occurrences.recovered_at, occurrences.created_at, occurrences.updated_at, occurrences.gave_up_at, occurrences.skip_emitted_at, occurrences.overdue_emitted_at, occurrences.recovered_emitted_at, occurrences.gave_up_emitted_at, occurrences.emitting_until 
 FROM occurrences 
 WHERE occurrences.job = %s::VARCHAR AND occurrences.period_start >= %s::TIMESTAMP WITH TIME ZONE ORDER BY occurrences.period_start, occurrences.subject;
 

@@ -191,7 +191,7 @@ FROM (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value,
 FROM json_each(?) AS anon_1) AS given 
 WHERE NOT (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = given.run_id)) ON CONFLICT (run_id) DO UPDATE SET skipped_at = excluded.skipped_at, skip_reason = excluded.skip_reason, updated_at = excluded.updated_at WHERE occurrences.skipped_at IS NULL RETURNING run_id;
+WHERE runs.run_id = given.run_id)) ON CONFLICT (run_id) DO UPDATE SET skipped_at = excluded.skipped_at, skip_reason = excluded.skip_reason, updated_at = excluded.updated_at, skip_emitted_at = NULL WHERE occurrences.skipped_at IS NULL RETURNING run_id;
 
 -- name: unskip_occurrences
 -- An operator runs skipped occurrences on purpose: their skip is cleared (the reason stays until
@@ -216,13 +216,35 @@ WHERE runs.run_id = given.run_id AND runs.status = ?)) ON CONFLICT (run_id) DO U
 -- parameters: job, status_1
 UPDATE occurrences SET recovered_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE occurrences.job = ? AND occurrences.overdue_at IS NOT NULL AND occurrences.recovered_at IS NULL AND (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = occurrences.run_id AND runs.status = ?)) RETURNING run_id, job, subject, period_start, version, skipped_at, skip_reason, overdue_at, recovered_at, created_at, updated_at;
+WHERE runs.run_id = occurrences.run_id AND runs.status = ?)) RETURNING run_id, job, subject, period_start, version, skipped_at, skip_reason, overdue_at, recovered_at, created_at, updated_at, gave_up_at, skip_emitted_at, overdue_emitted_at, recovered_emitted_at, gave_up_emitted_at, emitting_until;
 
 -- name: give_up_run
 -- A stranded Run (pending, or running on an expired lease) that used up its attempts fails for
 -- good, naming its last error; a live or finished Run is left alone.
 -- parameters: status, error, run_id, max_attempts, status_1, status_2
-UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.attempts >= ? AND (runs.status = ? OR runs.status = ? AND runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING run_id, attempts;
+UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.attempts >= ? AND (runs.status = ? OR runs.status = ? AND runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING job, subject, period_start, version;
+
+-- name: record_give_up
+-- A Run given up is recorded on its occurrence (a new give-up after an operator's requeue is a new
+-- decision, its event not emitted yet).
+-- parameters: json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, occurrences
+INSERT INTO occurrences (run_id, job, subject, period_start, version, gave_up_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2 
+FROM (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS job, json_extract(anon_1.value, ?) AS subject, json_extract(anon_1.value, ?) AS period_start, json_extract(anon_1.value, ?) AS version 
+FROM json_each(?) AS anon_1) AS given 
+WHERE 1 = 1 ON CONFLICT (run_id) DO UPDATE SET updated_at = excluded.updated_at, gave_up_at = excluded.gave_up_at, gave_up_emitted_at = NULL;
+
+-- name: claim_decision_events
+-- Lease the job's occurrences that have a decision whose event is not known to be emitted, unless
+-- another pass holds them on a live lease (database clock).
+-- parameters: lease, job
+UPDATE occurrences SET emitting_until=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') WHERE occurrences.job = ? AND (occurrences.skipped_at IS NOT NULL AND occurrences.skip_emitted_at IS NULL OR occurrences.overdue_at IS NOT NULL AND occurrences.overdue_emitted_at IS NULL OR occurrences.recovered_at IS NOT NULL AND occurrences.recovered_emitted_at IS NULL OR occurrences.gave_up_at IS NOT NULL AND occurrences.gave_up_emitted_at IS NULL) AND (occurrences.emitting_until IS NULL OR occurrences.emitting_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING run_id, job, subject, period_start, version, skipped_at, skip_reason, overdue_at, recovered_at, created_at, updated_at, gave_up_at, skip_emitted_at, overdue_emitted_at, recovered_emitted_at, gave_up_emitted_at, emitting_until;
+
+-- name: mark_decision_events_emitted
+-- The given decisions' events were handed to the Prefect server: each is recorded emitted (if it
+-- is still the decision made then), and the lease is given back.
+-- parameters: json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, emitted
+UPDATE occurrences SET skip_emitted_at=CASE WHEN (occurrences.skipped_at = given.skipped_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.skip_emitted_at END, overdue_emitted_at=CASE WHEN (occurrences.overdue_at = given.overdue_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.overdue_emitted_at END, recovered_emitted_at=CASE WHEN (occurrences.recovered_at = given.recovered_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.recovered_emitted_at END, gave_up_emitted_at=CASE WHEN (occurrences.gave_up_at = given.gave_up_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.gave_up_emitted_at END, emitting_until=NULL FROM (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS skipped_at, json_extract(anon_1.value, ?) AS overdue_at, json_extract(anon_1.value, ?) AS recovered_at, json_extract(anon_1.value, ?) AS gave_up_at 
+FROM json_each(?) AS anon_1) AS given WHERE occurrences.run_id = given.run_id;
 
 -- name: read_run_states
 -- Where each Run of a job stands from a period on (no documents), with whether its lease expired
@@ -235,7 +257,7 @@ WHERE runs.job = ? AND runs.period_start >= ? ORDER BY runs.period_start, runs.s
 -- name: read_occurrences
 -- The decisions and alerts about a job's occurrences from a period on.
 -- parameters: job, since
-SELECT occurrences.run_id, occurrences.job, occurrences.subject, occurrences.period_start, occurrences.version, occurrences.skipped_at, occurrences.skip_reason, occurrences.overdue_at, occurrences.recovered_at, occurrences.created_at, occurrences.updated_at 
+SELECT occurrences.run_id, occurrences.job, occurrences.subject, occurrences.period_start, occurrences.version, occurrences.skipped_at, occurrences.skip_reason, occurrences.overdue_at, occurrences.recovered_at, occurrences.created_at, occurrences.updated_at, occurrences.gave_up_at, occurrences.skip_emitted_at, occurrences.overdue_emitted_at, occurrences.recovered_emitted_at, occurrences.gave_up_emitted_at, occurrences.emitting_until 
 FROM occurrences 
 WHERE occurrences.job = ? AND occurrences.period_start >= ? ORDER BY occurrences.period_start, occurrences.subject;
 

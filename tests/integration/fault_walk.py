@@ -2,7 +2,8 @@
 named fault point: the job owes it, a neighbouring period is skipped and unskipped, its
 occurrence is reported overdue, its Run is registered and claimed, renewed, given its input and
 the model's answer, completed with four outbox rows and a business effect, reported recovered;
-a side Run is claimed, failed, requeued and given up; the mail is delivered to a sink that
+a side Run is claimed, failed, requeued and given up; the decisions' events are claimed and
+recorded emitted; the mail is delivered to a sink that
 answers 451 once, drops the connection once and refuses one recipient (550), and the refused
 message is requeued once.
 
@@ -28,7 +29,7 @@ from flows.mail.settings import SmtpSettings, TlsMode
 from flows.mail.sink import Fault
 from flows.mail.smtp import SmtpTransport
 from flows.model import CallCount, CallLog, LoggedModel, OfflineModel
-from store import Claim, Ledger, OutboxMessage, QueuedMessage, Run, RunIdentity
+from store import Claim, Ledger, OutboxMessage, QueuedMessage, Run, RunIdentity, unemitted
 from tests.integration.ledger_support import wait_for_db_clock
 
 JOB = "fault-walk"
@@ -84,6 +85,7 @@ def walk(ledger: Ledger, subject: str, host: str, port: int, calls: Path) -> Non
     ledger.count_suppressed(JOB, PERIOD.date(), duplicates=1, in_progress_elsewhere=0)
     ledger.mark_recovered(JOB)
     _operate(ledger, identity(subject, 2), owner)
+    _emit(ledger)
     _deliver(ledger, main.run_id, host, port)
 
 
@@ -126,6 +128,16 @@ def _operate(ledger: Ledger, side: RunIdentity, owner: str) -> None:
     if run.status == "pending":
         (state,) = [s for s in ledger.run_states(JOB, side.period_start) if s.run_id == run.run_id]
         ledger.give_up(state, max_attempts=1)
+
+
+def _emit(ledger: Ledger) -> None:
+    """What reconcile does after its decisions: lease those whose events are not known emitted
+    (a dead walker's lease is waited out), then record them emitted (no Prefect here)."""
+    while not (claimed := ledger.claim_events(JOB, RUN_LEASE)):
+        if not any(unemitted(o) for o in ledger.occurrences(JOB, PERIOD)):
+            return
+        time.sleep(0.1)
+    ledger.mark_emitted(claimed)
 
 
 def _claim_when_free(ledger: Ledger, run: Run, owner: str) -> Claim:

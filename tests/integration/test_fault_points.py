@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from flows.mail.letter import message_id_for
 from flows.mail.sink import Sink
 from flows.model import CallLog
-from store import Ledger
+from store import Ledger, unemitted
 from store.faults import AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK, ENV, POINTS
 from tests.integration import fault_walk as fw
 from tests.integration.armed import FAULTS, PRELOAD, run_armed
@@ -108,6 +108,7 @@ def assert_finished_once(ledger: Ledger, c: Crash, sink: Sink) -> str:
     [neighbour] = [o for o in ledger.occurrences(fw.JOB, fw.PERIOD)
                    if o.run_id == fw.identity(c.subject, 1).run_id]
     assert neighbour.skipped_at is None
+    assert not any(unemitted(o) for o in ledger.occurrences(fw.JOB, fw.PERIOD))
     assert ledger.obligations(fw.JOB) == {c.subject: fw.PERIOD}
     mine = [m for m in sink.messages if m.rcpt_tos[0].endswith(f"-{c.subject}@example.com")]
     copies = Counter(m.message_id for m in mine)

@@ -1,15 +1,16 @@
 """What a job owes and the decisions about it, on both ledgers: obligations keep their first
 period, a skip is recorded only for an occurrence nobody started, an overdue occurrence and its
 recovery are reported once each however many reconcilers ask, a stranded Run past its attempt
-cap fails for good."""
+cap fails for good, and each decision's event is emitted by one pass at a time until recorded."""
 
 from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
 
-from store import Ledger, RunIdentity
+from store import Ledger, RunIdentity, unemitted
 from store.occurrences import GAVE_UP
+from tests.integration.ledger_support import wait_for_db_clock
 
 DAY = datetime(2026, 1, 5, tzinfo=UTC)
 
@@ -101,6 +102,8 @@ def test_a_stranded_run_past_its_attempt_cap_fails_for_good(ledger: Ledger) -> N
     assert run.status == "failed"
     assert run.error == GAVE_UP.format(attempts=3, error="TimeoutError: try 2")
     assert not ledger.give_up(state, max_attempts=3)  # failed already: not again
+    [occurrence] = ledger.occurrences("owed", DAY)  # the decision, its event still to emit
+    assert [kind for kind, _ in unemitted(occurrence)] == ["gave-up"]
 
 
 def test_a_live_lease_is_not_stranded_and_never_given_up(ledger: Ledger) -> None:
@@ -111,3 +114,27 @@ def test_a_live_lease_is_not_stranded_and_never_given_up(ledger: Ledger) -> None
     assert state.status == "running" and not state.lease_expired and not state.stranded
     assert not ledger.give_up(state, max_attempts=1)
     assert ledger.get(live.run_id).status == "running"
+
+
+def test_a_decisions_event_is_emitted_by_one_pass_at_a_time_until_recorded_emitted(
+        ledger: Ledger) -> None:
+    """A decision is claimable until recorded emitted; a live claim keeps other passes off, an
+    expired one (its pass died) lets the next pass emit it; a skip made again after an unskip
+    is a new decision to emit."""
+    late, missed = identity("late"), identity("missed")
+    ledger.mark_overdue([late])
+    ledger.skip([(missed, "missed")])
+    claimed = ledger.claim_events("owed", 0.2)
+    assert sorted(o.run_id for o in claimed) == sorted([late.run_id, missed.run_id])
+    assert ledger.claim_events("owed", 60) == []  # held by the first pass
+    until = max(o.emitting_until for o in claimed if o.emitting_until is not None)
+    wait_for_db_clock(ledger, until)
+    again = ledger.claim_events("owed", 60)  # the first pass died: its lease ran out
+    assert {o.run_id for o in again} == {late.run_id, missed.run_id}
+    ledger.mark_emitted(again)
+    assert ledger.claim_events("owed", 60) == []
+    assert not any(unemitted(o) for o in ledger.occurrences("owed", DAY))
+    ledger.unskip([missed.run_id])
+    ledger.skip([(missed, "missed again")])
+    [skipped] = ledger.claim_events("owed", 60)
+    assert [k for k, _ in unemitted(skipped)] == ["skipped"]

@@ -1,19 +1,22 @@
 """A job that reconcile subprocesses can load (``probe(name)`` registers it): it owes a period a
-day from three days before today (UTC), catches up every one and calls the model. Each test
-names its own, so that its Runs (and their events on the shared Prefect server) are its own."""
+day from three days before today (UTC), catches up every one (or, with $POLICY set, follows that
+missed-run policy) and calls the model. Each test names its own, so that its Runs (and their
+events on the shared Prefect server) are its own."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from flows.jobs import Candidate, Job, register
+from flows.jobs import Candidate, Job, MissedRunPolicy, register
 from flows.model import Model
 from store import OutboxMessage, Period
 
 ENV = "RUNLEDGER_TEST_RECONCILE_PROBE"
+POLICY = "RUNLEDGER_TEST_RECONCILE_POLICY"
 LOAD = (f"import os; from tests.integration.reconcile_support import probe; "
-        f"probe(os.environ[{ENV!r}]); from flows.cli import main; main()")
+        f"probe(os.environ[{ENV!r}], os.environ.get({POLICY!r}, 'catch-up')); "
+        f"from flows.cli import main; main()")
 
 
 def _collect(subject: str, period: Period) -> dict[str, Any]:
@@ -29,11 +32,11 @@ def _messages(subject: str, period: Period, output: dict[str, Any]) -> list[Outb
     return [OutboxMessage(f"{subject}@example.com", f"{subject} {period.label}", output["text"])]
 
 
-def probe(name: str) -> Job:
+def probe(name: str, missed_runs: MissedRunPolicy = "catch-up") -> Job:
     """Register (and return) the probe job called ``name``."""
     return register(Job(
         name=name, version="1", cadence="daily", timezone="UTC", subjects=["acme", "globex"],
         collect=_collect, transform=_transform, validate=lambda candidate: None,
-        messages=_messages, missed_runs="catch-up", grace=timedelta(0), max_lateness=timedelta(0),
+        messages=_messages, missed_runs=missed_runs, grace=timedelta(0), max_lateness=timedelta(0),
         start=datetime.now(UTC) - timedelta(days=3),
     ))

@@ -1,6 +1,7 @@
 """Reconcile against real processes: two `runledger reconcile` passes at the same moment start
-each missing Run once and report each overdue occurrence once, and a worker SIGKILLed in the
-middle of its model call has its Run finished once by reconcile after the lease expires."""
+each missing Run once and report each overdue occurrence once, a worker SIGKILLed in the
+middle of its model call has its Run finished once by reconcile after the lease expires, and a
+pass SIGKILLed right after any decision's commit loses no event: the next pass emits it, once."""
 
 from __future__ import annotations
 
@@ -12,15 +13,26 @@ import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 
+from flows.jobs import Job, MissedRunPolicy
 from flows.jobs.competitor_summary import job as competitor_summary
 from flows.model import CallLog
+from flows.outcomes import OCCURRENCE_EVENTS
 from flows.reconcile.flow import reconcile_jobs
+from store import Ledger
+from store.faults import (
+    AFTER_GIVE_UP_COMMIT,
+    AFTER_MARK_OVERDUE_COMMIT,
+    AFTER_MARK_RECOVERED_COMMIT,
+    AFTER_SKIP_COMMIT,
+    ENV,
+)
 from tests.integration import reconcile_support
 from tests.integration.pipeline_support import (
     SUMMARY,
@@ -96,3 +108,79 @@ def test_a_worker_killed_mid_transform_is_finished_once_by_reconcile(env: Env) -
     acme_calls = [e for e in CallLog(env.calls).entries() if e["run_id"] == run_id]
     assert len(acme_calls) == 2  # the killed one, and the one that completed
     assert [a.outcome for a in env.ledger.attempts(run_id)] == ["expired", "completed"]
+
+
+# Where a pass is killed, and the missed-run policy of its job (each point needs a decision).
+KILLED_AT: dict[str, MissedRunPolicy] = {
+    AFTER_SKIP_COMMIT: "skip", AFTER_GIVE_UP_COMMIT: "catch-up",
+    AFTER_MARK_OVERDUE_COMMIT: "catch-up", AFTER_MARK_RECOVERED_COMMIT: "catch-up"}
+
+
+def decisions(ledger: Ledger, job: Job) -> Counter[tuple[str, str]]:
+    """One (event, resource id) per decision the ledger holds about the job's occurrences."""
+    made: Counter[tuple[str, str]] = Counter()
+    for o in ledger.occurrences(job.name, ledger.now() - timedelta(days=30)):
+        for kind, at in (("skipped", o.skipped_at), ("overdue", o.overdue_at),
+                         ("recovered", o.recovered_at)):
+            if at is not None:
+                made[OCCURRENCE_EVENTS[kind], f"runledger.run.{o.run_id}"] += 1
+    for run in ledger.runs(job=job.name, status="failed"):
+        if (run.error or "").startswith("gave up"):
+            made[OCCURRENCE_EVENTS["gave-up"], f"runledger.run.{run.run_id}"] += 1
+    return made
+
+
+def decision_events(job: Job, resources: list[str]) -> Counter[tuple[str, str]]:
+    """The (event, resource id) of every decision event the Prefect server holds for these."""
+    held: Counter[tuple[str, str]] = Counter()
+    with get_client(sync_client=True) as client:
+        for name in OCCURRENCE_EVENTS.values():
+            page = client.read_events(EventFilter(
+                event=EventNameFilter(name=[name]), resource=EventResourceFilter(id=resources),
+            ), limit=50)
+            held.update((e.event, e.resource.id) for e in page.events)
+    return held
+
+
+def strand_past_its_cap(ledger: Ledger, job: Job) -> None:
+    """acme's Run of two days ago: released by dead workers as many times as the job allows."""
+    period = job.period_at(ledger.now() - timedelta(days=2))
+    for attempt in range(job.max_attempts):
+        claim = ledger.register_and_claim(job.identity("acme", period),
+                                          job.run_params("acme", period),
+                                          owner=f"dead:{attempt}", lease=60).claim
+        assert claim is not None
+        ledger.fail(claim, "TimeoutError: model", retryable=True)
+
+
+def test_a_pass_killed_after_any_decisions_commit_leaves_its_event_to_the_next_pass_once(
+        env: Env) -> None:
+    """A `runledger reconcile` process SIGKILLed right after committing skips, a give-up,
+    overdue reports or recoveries (one job each, all at once); the next pass emits every
+    decision's event: the Prefect server holds exactly one per decision."""
+    jobs = {point: reconcile_support.probe(f"killed-{uuid.uuid4().hex[:8]}", policy)
+            for point, policy in KILLED_AT.items()}
+    strand_past_its_cap(env.ledger, jobs[AFTER_GIVE_UP_COMMIT])
+    killed = {}
+    for point, job in jobs.items():
+        command = [sys.executable, "-c", reconcile_support.LOAD, "reconcile", job.name]
+        killed[point] = subprocess.Popen(command, env={
+            **os.environ, ENV: point, reconcile_support.ENV: job.name,
+            reconcile_support.POLICY: job.missed_runs}, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True, cwd=Path.cwd())
+    for point, running in killed.items():
+        _, err = running.communicate(timeout=300)
+        assert running.returncode == -signal.SIGKILL, (point, err[-2000:])
+    asyncio.run(reconcile_jobs(list(jobs.values())))
+    expected = {point: decisions(env.ledger, job) for point, job in jobs.items()}
+    for point, kind in ((AFTER_SKIP_COMMIT, "skipped"), (AFTER_GIVE_UP_COMMIT, "gave-up"),
+                        (AFTER_MARK_OVERDUE_COMMIT, "overdue"),
+                        (AFTER_MARK_RECOVERED_COMMIT, "recovered")):
+        assert any(name == OCCURRENCE_EVENTS[kind] for name, _ in expected[point]), point
+
+    def held() -> dict[str, Counter[tuple[str, str]]]:
+        return {point: decision_events(job, sorted({r for _, r in expected[point]}))
+                for point, job in jobs.items()}
+
+    wait_until(lambda: held() == expected, 60, "one event per decision")
+    assert held() == expected

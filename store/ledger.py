@@ -328,8 +328,9 @@ class Ledger:
     def mark_sent(
         self, sent: Sequence[tuple[ob.MessageClaim, ob.Reply]]
     ) -> list[ob.MessageClaim]:
-        """Mark the messages sent in one statement or transaction; returns the claims whose
-        lease was lost (their rows are unchanged)."""
+        """Mark the messages sent in one statement or transaction (a message the same claim
+        marked already counts as marked); returns the claims whose lease was lost (their rows
+        are unchanged)."""
         return self._write(faults.AFTER_MARK_SENT_COMMIT, ob.mark_sent_txn, sent)
 
     def schedule_retry(

@@ -219,6 +219,22 @@ _MARK_SENT = Statement(
     "delivery-lease holder (PostgreSQL: with their delivery attempt rows in the same statement).",
     _mark_sent)
 
+def _sent_by(d: str) -> sa.Select[Any]:
+    given = json_rows(d, "sent", [outbox.c.message_id, outbox.c.fence, deliveries.c.owner,
+                                  deliveries.c.attempt]).subquery("given")
+    mine = sa.select(deliveries.c.id).where(
+        deliveries.c.message_id == given.c.message_id, deliveries.c.attempt == given.c.attempt,
+        deliveries.c.owner == given.c.owner, deliveries.c.outcome == "sent")
+    return sa.select(outbox.c.message_id).where(
+        outbox.c.message_id == given.c.message_id, outbox.c.fence == given.c.fence,
+        outbox.c.status == "sent", sa.exists(mine))
+
+
+_SENT_BY = Statement(
+    "read_sent_by_claim", "Which of the given messages are sent already by the given claim (its "
+    "fence, and its attempt recorded sent by its owner): a mark retried after its commit "
+    "succeeded.", _sent_by)
+
 _RELEASE = Statement(
     "release_message", "A claimed message never handed to a transport returns to the status it "
     "was claimed from, due now, and its try is not counted; only its lease holder can.",
@@ -323,8 +339,9 @@ def mark_sent_txn(
     conn: Connection, sent: Sequence[tuple[MessageClaim, Reply]]
 ) -> list[MessageClaim]:
     """sending -> sent for each given message, only by its current lease holder, in one
-    statement (PostgreSQL) or one locked transaction (SQLite). Returns the claims whose lease
-    had moved on: those rows are unchanged and no attempt is recorded for them."""
+    statement (PostgreSQL) or one locked transaction (SQLite); a message this very claim marked
+    sent before (a retry after the reply to its commit was lost) counts as marked. Returns the
+    claims whose lease had moved on: those rows are unchanged and no attempt is recorded."""
     if not sent:
         return []
     given = [{"message_id": c.message_id, "fence": c.fence, "owner": c.owner,
@@ -333,7 +350,14 @@ def mark_sent_txn(
     if not one_statement_writes(conn):
         _RECORD_SENT.rows(conn, sent=given)
     matched = {row["message_id"] for row in _MARK_SENT.rows(conn, sent=given)}
-    return [claim for claim, _ in sent if claim.message_id not in matched]
+    unmatched = [claim for claim, _ in sent if claim.message_id not in matched]
+    if unmatched:
+        # Only then a read more (in autocommit on PostgreSQL: a sent row never changes again).
+        mine = {row["message_id"] for row in _SENT_BY.rows(conn, sent=[
+            {"message_id": c.message_id, "fence": c.fence, "owner": c.owner, "attempt": c.attempt}
+            for c in unmatched])}
+        unmatched = [claim for claim in unmatched if claim.message_id not in mine]
+    return unmatched
 
 
 @transition(one_statement_on=ON_POSTGRES)

@@ -21,7 +21,15 @@ from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import Letter
 from flows.mail.settings import SmtpSettings, load_settings
 from flows.mail.transport import OutcomeKind, SendOutcome, Transport
-from store import AFTER_SEND_BEFORE_MARK, DeliveryLeaseLost, Ledger, MessageClaim, fault_point
+from store import (
+    AFTER_SEND_BEFORE_MARK,
+    DeliveryLeaseLost,
+    Ledger,
+    MessageClaim,
+    Reply,
+    RunledgerError,
+    fault_point,
+)
 
 log = logging.getLogger("runledger.delivery")
 
@@ -222,10 +230,22 @@ class Dispatcher:
         if sent:
             assert self._marker is not None
             future = asyncio.get_running_loop().run_in_executor(
-                self._marker, self.ledger.mark_sent, [(c, o.reply) for c, o in sent])
+                self._marker, self._commit_marks, [(c, o.reply) for c, o in sent])
             self._marking = (sent, future)
         if wait:
             await self._settle(report)
+
+    def _commit_marks(self, sent: list[tuple[MessageClaim, Reply]]) -> list[MessageClaim]:
+        """The sent marks, tried once more after a transient ledger error: the connection may
+        have dropped after the commit, and a mark recognises its own (unmarked, these accepted
+        messages would be sent again once their leases expire)."""
+        try:
+            return self.ledger.mark_sent(sent)
+        except RunledgerError as exc:
+            if not exc.retryable:
+                raise
+            log.warning("sent marks of %d messages failed (%s); trying once more", len(sent), exc)
+            return self.ledger.mark_sent(sent)
 
     async def _settle(self, report: DeliveryReport) -> None:
         if self._marking is None:

@@ -317,6 +317,17 @@ FROM updated)
  SELECT updated.message_id 
 FROM updated;
 
+-- name: read_sent_by_claim
+-- Which of the given messages are sent already by the given claim (its fence, and its attempt
+-- recorded sent by its owner): a mark retried after its commit succeeded.
+-- parameters: sent, status_1, outcome_1
+SELECT outbox.message_id 
+FROM outbox, (SELECT given.message_id AS message_id, given.fence AS fence, given.owner AS owner, given.attempt AS attempt 
+FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64), fence INTEGER, owner VARCHAR(300), attempt INTEGER)) AS given 
+WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.status = %s::VARCHAR AND (EXISTS (SELECT delivery_attempts.id 
+FROM delivery_attempts 
+WHERE delivery_attempts.message_id = given.message_id AND delivery_attempts.attempt = given.attempt AND delivery_attempts.owner = given.owner AND delivery_attempts.outcome = %s::VARCHAR));
+
 -- name: release_message
 -- A claimed message never handed to a transport returns to the status it was claimed from, due
 -- now, and its try is not counted; only its lease holder can.

@@ -305,6 +305,17 @@ WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND ou
 UPDATE outbox SET status=?, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=NULL, last_error=NULL, provider_message_id=given.provider_message_id, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), sent_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') FROM (SELECT json_extract(anon_1.value, ?) AS message_id, json_extract(anon_1.value, ?) AS fence, json_extract(anon_1.value, ?) AS owner, json_extract(anon_1.value, ?) AS reply_code, json_extract(anon_1.value, ?) AS reply_text, json_extract(anon_1.value, ?) AS provider_message_id 
 FROM json_each(?) AS anon_1) AS given WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || ?) = ? RETURNING message_id;
 
+-- name: read_sent_by_claim
+-- Which of the given messages are sent already by the given claim (its fence, and its attempt
+-- recorded sent by its owner): a mark retried after its commit succeeded.
+-- parameters: json_extract_1, json_extract_2, json_extract_3, json_extract_4, sent, status_1, outcome_1
+SELECT outbox.message_id 
+FROM outbox, (SELECT json_extract(anon_1.value, ?) AS message_id, json_extract(anon_1.value, ?) AS fence, json_extract(anon_1.value, ?) AS owner, json_extract(anon_1.value, ?) AS attempt 
+FROM json_each(?) AS anon_1) AS given 
+WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.status = ? AND (EXISTS (SELECT delivery_attempts.id 
+FROM delivery_attempts 
+WHERE delivery_attempts.message_id = given.message_id AND delivery_attempts.attempt = given.attempt AND delivery_attempts.owner = given.owner AND delivery_attempts.outcome = ?));
+
 -- name: release_message
 -- A claimed message never handed to a transport returns to the status it was claimed from, due
 -- now, and its try is not counted; only its lease holder can.

@@ -4,7 +4,8 @@ cuts the connection at the commit of save_input, of a completion with outbox row
 daily-credit job's business effect (an explicit COMMIT; without an effect, the completion's
 implicit commit in autocommit) and of the dispatcher's sent mark: before the server applied it
 and after. The caller gets ``LedgerUnavailable`` either way; its retry with the same claim finds
-its own completion (no second outbox row, no second credit) or does it, once.
+its own completion (no second outbox row, no second credit) or does it, once. The dispatcher
+retries its sent mark itself, which finds its own mark or makes it: one copy at the receiver.
 
 PostgreSQL only, by nature: SQLite has no connection to cut."""
 
@@ -27,7 +28,6 @@ from store.errors import LedgerUnavailable
 from tests.conftest import PostgresDatabases
 from tests.integration.commit_cut import CommitCutProxy
 from tests.integration.delivery_support import FAST, queue, smtp_settings
-from tests.integration.ledger_support import wait_for_db_clock
 
 ACCOUNT = "account-7"
 PERIOD = daily_credit.job.parse_period("2026-03-02")
@@ -144,35 +144,25 @@ def test_a_completion_whose_commit_was_cut_is_retried_into_one_completion(
 
 
 @pytest.mark.parametrize("when", WHEN)
-def test_a_sent_mark_whose_commit_was_cut_ends_sent_with_one_message_id(
+def test_a_sent_mark_whose_commit_was_cut_is_retried_and_the_message_sent_once(
         when: str, proxy: CommitCutProxy, cut: Ledger, direct: Ledger) -> None:
-    """The dispatcher's pass fails on the cut mark; the message ends sent, with one Message-ID
-    at the sink: one copy if the mark had committed, a second copy (same Message-ID) once its
-    delivery lease expired if it had not."""
+    """The dispatcher retries the cut mark in the same pass: after the commit the retry finds
+    its own mark, before it the retry makes it; either way the pass reports the message sent,
+    the sink holds one copy and the outbox one sent attempt."""
     [message] = queue(direct, 1)
-    lease = 2.5
     with Sink() as sink:
-        def deliver() -> None:
-            dispatcher = Dispatcher(cut, SmtpTransport(smtp_settings(sink, timeout=0.2)), FAST,
-                                    lease_seconds=lease)
-            asyncio.run(dispatcher.run_pass(max_seconds=10))
-
+        dispatcher = Dispatcher(cut, SmtpTransport(smtp_settings(sink, timeout=0.2)), FAST,
+                                lease_seconds=2.5)
         armed = proxy.arm(when, "mark_sent")
-        with pytest.raises(LedgerUnavailable):
-            deliver()
+        report = asyncio.run(dispatcher.run_pass(max_seconds=10))
         assert armed.done.is_set()
-        held = direct.message(message.message_id)
-        assert held is not None
-        assert held.status == ("sent" if when == "after" else "sending")
-        if held.lease_expires_at is not None:
-            wait_for_db_clock(direct, held.lease_expires_at)
-        deliver()
+        assert (report.counts["sent"], report.lost) == (1, 0)
         final = direct.message(message.message_id)
         assert final is not None and final.status == "sent"
         copies = [m.message_id for m in sink.messages]
-        assert len(set(copies)) == 1 and len(copies) == (1 if when == "after" else 2)
+        assert len(copies) == 1
         attempts = [(a.attempt, a.outcome) for a in direct.delivery_attempts(message.message_id)]
-        assert attempts == ([(1, "sent")] if when == "after" else [(2, "sent")])
-    print(f"\nmark_sent cut {when} commit: outbox rows 1, status sent, sink copies "
-          f"{len(copies)} of 1 Message-ID, attempts {attempts}")
-
+        assert attempts == [(1, "sent")]
+    print(f"\nmark_sent cut {when} commit: the dispatcher's retry "
+          f"{'found its own mark' if when == 'after' else 'marked it'}; status sent, sink "
+          f"copies {len(copies)} of 1 Message-ID, attempts {attempts}")

@@ -1,5 +1,5 @@
-"""Outbox transitions added for delivery: marking a group sent in one transaction, and giving
-back a claim into the state it was claimed from."""
+"""Outbox transitions added for delivery: marking a group sent in one transaction (again, after
+its commit, as a success), and giving back a claim into the state it was claimed from."""
 
 from __future__ import annotations
 
@@ -37,6 +37,27 @@ def test_a_stale_claim_in_a_group_is_reported_and_left_alone(ledger: Ledger) -> 
     assert ledger.message(kept.message_id).status == "sent"  # type: ignore[union-attr]
     assert ledger.message(stale.message_id).lease_owner == "dispatcher-b"  # type: ignore[union-attr]
     assert ledger.delivery_attempts(stale.message_id) == []
+
+
+def test_a_sent_mark_retried_after_it_committed_reports_success_and_records_nothing_more(
+        ledger: Ledger) -> None:
+    """The same claims marked sent a second time (the reply to the first commit was lost): no
+    claim is reported lost and each message keeps its one sent attempt; a stale claim of a
+    message another dispatcher then sent is still reported lost."""
+    queue(ledger, 3)
+    first, second, third = ledger.claim_messages("dispatcher-a", 10, 60)
+    assert ledger.mark_sent([(first, Reply(250)), (second, Reply(250))]) == []
+    assert ledger.mark_sent([(first, Reply(250)), (second, Reply(250)), (third, Reply(250))]) == []
+    assert ledger.message_counts() == {"sent": 3}
+    for claim in (first, second, third):
+        assert [(a.attempt, a.outcome, a.owner) for a in ledger.delivery_attempts(
+            claim.message_id)] == [(1, "sent", "dispatcher-a")]
+    queue(ledger, 1)
+    [stale] = ledger.claim_messages("dispatcher-a", 1, 0.001)
+    time.sleep(0.05)
+    [taken] = ledger.claim_messages("dispatcher-b", 1, 60)
+    assert ledger.mark_sent([(taken, Reply(250))]) == []
+    assert ledger.mark_sent([(stale, Reply(250))]) == [stale]
 
 
 def test_a_released_uncertain_message_stays_uncertain(ledger: Ledger) -> None:

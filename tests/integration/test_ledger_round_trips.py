@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from store import Claim, Ledger, OutboxMessage, Reply, RunIdentity
+from store import occurrences as oc
 from store import outbox as ob
 from store import runs as rn
 from store.statement import Transition
@@ -33,6 +34,19 @@ def _claimed(ledger: Ledger) -> Claim:
     claim = ledger.register_and_claim(_identity(), owner="w:1", lease=60).claim
     assert claim is not None
     return claim
+
+
+def _stranded(ledger: Ledger) -> oc.RunState:
+    """A Run released once by its worker (pending again): past a cap of one attempt."""
+    claim = _claimed(ledger)
+    ledger.fail(claim, "TimeoutError", retryable=True)
+    [state] = [s for s in ledger.run_states("trips", PERIOD) if s.run_id == claim.run_id]
+    return state
+
+
+def _overdue(ledger: Ledger) -> str:
+    ledger.mark_overdue([_identity()])
+    return "trips"
 
 
 def _effect(claim: Claim) -> Callable[[Session], None]:
@@ -67,6 +81,11 @@ CASES: dict[str, Case] = {
     "requeue_run": (rn.requeue_run_txn,
                     lambda led: (c := _claimed(led), led.fail(c, "boom", retryable=False))[0].run_id,
                     lambda led, run_id: led.requeue_run(run_id), {"postgresql": 1, "sqlite": 1}),
+    "give_up": (oc.give_up_txn, _stranded, lambda led, state: led.give_up(state, 1),
+                {"postgresql": 2, "sqlite": 2}),
+    "claim_events": (oc.claim_events_txn, _overdue, lambda led, job: led.claim_events(job, 60), {}),
+    "mark_emitted": (oc.mark_emitted_txn, lambda led: led.claim_events(_overdue(led), 60),
+                     lambda led, claimed: led.mark_emitted(claimed), {}),
     "claim_messages": (ob.claim_messages_txn, lambda led: queue(led, 2),
                        lambda led, _: led.claim_messages("d:1", 10, 60), {"sqlite": 2}),
     "mark_sent": (ob.mark_sent_txn, lambda led: (queue(led, 2), led.claim_messages("d:1", 10, 60))[1],
@@ -122,3 +141,26 @@ def test_each_transition_sends_the_round_trips_it_declares(
         return
     assert trips[0].startswith("BEGIN") and trips[-1] == "COMMIT", trips
     assert len(trips) - 2 == statements[ledger.dialect], trips
+
+
+def test_a_sent_mark_retried_after_its_commit_costs_one_read_more_and_no_transaction(
+        ledger: Ledger, db_url: str) -> None:
+    """mark_sent of claims already marked by themselves: the update matches nothing and one
+    read finds the claim's own mark (PostgreSQL: still in autocommit, no BEGIN or COMMIT)."""
+    with sent_statements() as sent:
+        traced = Ledger.connect(db_url)
+        try:
+            traced.get_many(["warm-up"])
+            traced.database.write(lambda conn: None)
+            queue(traced, 2)
+            claims = traced.claim_messages("d:1", 10, 60)
+            assert traced.mark_sent([(c, Reply(250)) for c in claims]) == []
+            sent.clear()
+            assert traced.mark_sent([(c, Reply(250)) for c in claims]) == []
+            trips = list(sent)
+        finally:
+            traced.close()
+    if ledger.dialect == "postgresql":
+        assert len(trips) == 2 and not any(t.startswith(("BEGIN", "COMMIT")) for t in trips), trips
+    else:
+        assert trips[0].startswith("BEGIN") and trips[-1] == "COMMIT" and len(trips) == 5, trips

@@ -97,6 +97,8 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
     ("RUNLEDGER_TEST_RECONCILE_PROBE", "tests/integration/reconcile_support.py",
      "Test suite: the name of the job the reconcile process tests register in their "
      "subprocesses; set by those tests."),
+    ("RUNLEDGER_TEST_RECONCILE_POLICY", "tests/integration/reconcile_support.py",
+     "Test suite: the missed-run policy of that job (default `catch-up`); set by those tests."),
     ("RUNLEDGER_BENCH_POSTGRES_URL", "bench/databases.py",
      "Benchmarks: the PostgreSQL admin URL the benchmark databases are created on."),
 ]

@@ -208,27 +208,31 @@ _EVENT_IDS = uuid.UUID("5d0c51b6-31c5-4b8e-9f3c-6e0f8d9a7c21")  # this project's
 
 def decision_event_id(kind: str, run_id: str, decided_at: datetime) -> uuid.UUID:
     """The id of the event of one decision: emitted again, it is the same event, which the
-    Prefect server stores once and its triggers count once."""
+    Prefect server stores once (the id is its key) and its triggers skip (an id seen in the
+    last 30 minutes)."""
     return uuid.uuid5(_EVENT_IDS, f"{OCCURRENCE_EVENTS[kind]}/{run_id}/{decided_at.isoformat()}")
 
 
-def _decision_payload(kind: str, occurrence: Occurrence, step: Step | None) -> dict[str, Any]:
-    """What the event says; ``step`` (this pass's plan of the occurrence) adds why and where."""
+def _decision_payload(kind: str, job: Job, occurrence: Occurrence, period: Period,
+                      step: Step | None) -> dict[str, Any]:
+    """What the event says; ``step`` (this pass's plan of the occurrence, if any) adds where
+    it stands and why."""
     if kind == "skipped":
         return {"reason": occurrence.skip_reason}
+    if kind == "overdue":
+        where = {"state": step.state, "reason": step.reason} if step else {}
+        return {**where, "due_at": job.due_at(period).isoformat()}
     if kind == "recovered" or step is None:
         return {}
-    if kind == "overdue":
-        return {"state": step.state, "reason": step.reason, "due_at": step.owed.due_at.isoformat()}
     run = step.run
     return {"reason": step.reason, "attempts": run.attempts if run else None,
             "error": run.error if run else None}
 
 
-def emit_decisions(ledger: Ledger, job: Job, steps: Mapping[str, Step]) -> list[str]:
+def emit_decisions(ledger: Ledger, job: Job, steps: Mapping[str, Step]) -> None:
     """Emit the events of the job's decisions not known to be emitted (this pass's, and any a
-    killed pass left), each under its decision's own id, then record them emitted; the run ids
-    whose events went out. ``steps``: this pass's plan, by run id."""
+    killed pass left), each under its decision's own id, then record them emitted. ``steps``:
+    this pass's plan, by run id (none for a stale tick)."""
     claimed = ledger.claim_events(job.name, EMIT_LEASE_SECONDS)
     for occurrence in claimed:
         period = job.period_at(occurrence.period_start)
@@ -236,12 +240,11 @@ def emit_decisions(ledger: Ledger, job: Job, steps: Mapping[str, Step]) -> list[
             emit_occurrence_event(
                 kind, job, subject=occurrence.subject, period=period, run_id=occurrence.run_id,
                 event_id=decision_event_id(kind, occurrence.run_id, decided_at),
-                **_decision_payload(kind, occurrence, steps.get(occurrence.run_id)))
+                **_decision_payload(kind, job, occurrence, period, steps.get(occurrence.run_id)))
     if claimed:
         # emit_event only queues: the events leave this process before they count as emitted.
         EventsWorker.instance().wait_until_empty()
         ledger.mark_emitted(claimed)
-    return [o.run_id for o in claimed]
 
 
 def _job_resource(job: Job) -> dict[str, str]:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 from flows.findings import failed_permanently
 from flows.jobs import Job
-from flows.outcomes import SubjectOutcome, TickReport
+from flows.outcomes import SubjectOutcome, TickReport, emit_decisions
 from flows.tick import Tick
 from store import Period, RunIdentity
 
@@ -36,11 +36,13 @@ def stale_reason(job: Job, period: Period, expected_start: datetime,
 
 
 def skip_tick(tick: Tick, identities: dict[str, RunIdentity], reason: str) -> TickReport:
-    """A stale tick runs no stage: each occurrence nobody started is recorded skipped; one
-    already completed is a duplicate; one started is left to its holder or to reconcile."""
+    """A stale tick runs no stage: each occurrence nobody started is recorded skipped, with
+    the skip's event as reconcile emits it; one already completed is a duplicate; one started
+    is left to its holder or to reconcile."""
     finished = tick.ledger.finished([i.run_id for i in identities.values()])
     recorded = set(tick.ledger.skip([(i, reason) for s, i in identities.items()
                                      if i.run_id not in finished]))
+    emit_decisions(tick.ledger, tick.job, {})
     outcomes = []
     for subject, identity in identities.items():
         run = finished.get(identity.run_id)
@@ -53,5 +55,8 @@ def skip_tick(tick: Tick, identities: dict[str, RunIdentity], reason: str) -> Ti
             left = "" if identity.run_id in recorded else " (started before: left to reconcile)"
             outcome = SubjectOutcome(subject, identity.run_id, "skipped",
                                      run.attempts if run else 0, error=reason + left)
+            if identity.run_id in recorded:  # its event is the skip decision's, emitted above
+                outcomes.append(outcome)
+                continue
         outcomes.append(tick.emit(outcome))
     return TickReport(tick.job.name, tick.job.version, tick.period, outcomes)

@@ -22,7 +22,7 @@ from flows.reconcile.flow import JobReconciled, reconcile_jobs
 from flows.reconcile.flow import reconcile as reconcile_flow
 from flows.settings import RunledgerSettings
 from flows.stop import Stop
-from store import RunIdentity
+from store import RunIdentity, unemitted
 from tests.integration.pipeline_support import (
     Env,
     outcomes,
@@ -213,6 +213,10 @@ def test_a_stale_scheduled_tick_of_a_skip_job_runs_nothing_and_ends_skipped(env:
     assert env.model_calls() == 0 and probe.collects == []
     assert {o.run_id for o in env.ledger.occurrences(probe.job.name, MONDAY)} == {
         i.run_id for i in identities.values()}
+    # Each skip's event went out as the decision's (recorded emitted: reconcile will not again).
+    assert not any(unemitted(o) for o in env.ledger.occurrences(probe.job.name, MONDAY))
+    wait_until(lambda: events("runledger.run.skipped", list(identities.values())) == 2, 30,
+               "the skipped events")
     _, rerun = env.run(probe.name, period="2026-01-05")
     assert outcomes(rerun) == {"acme": "new", "globex": "new"}
 

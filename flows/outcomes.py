@@ -3,6 +3,7 @@ the per-flow-run artifact and the flow run's final state."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from collections.abc import Mapping
@@ -11,8 +12,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from prefect import State
-from prefect.events import emit_event
-from prefect.events.worker import EventsWorker
+from prefect.client.orchestration import get_client
+from prefect.events import Event, emit_event
 from prefect.states import Cancelled, Completed, Failed
 
 from store import Ledger, Occurrence, Period, unemitted
@@ -191,13 +192,22 @@ def _run_resource(job: str, version: str, subject: str, period: Period,
     }
 
 
+log = logging.getLogger("runledger.reconcile")
+
+
+def _occurrence_fields(kind: str, job: Job, subject: str, period: Period,
+                       run_id: str) -> dict[str, Any]:
+    """An occurrence event's name and resources: its Run's resource id even when no Run exists
+    yet, and its job."""
+    return {"event": OCCURRENCE_EVENTS[kind],
+            "resource": _run_resource(job.name, job.version, subject, period, run_id),
+            "related": [_job_resource(job)]}
+
+
 def emit_occurrence_event(kind: str, job: Job, *, subject: str, period: Period, run_id: str,
-                          event_id: uuid.UUID | None = None, **payload: Any) -> None:
-    """A Prefect event about one owed occurrence, with its Run's resource id even when no Run
-    exists yet."""
-    emit_event(event=OCCURRENCE_EVENTS[kind],
-               resource=_run_resource(job.name, job.version, subject, period, run_id),
-               related=[_job_resource(job)], payload=payload, id=event_id)
+                          **payload: Any) -> None:
+    """A Prefect event about one owed occurrence, sent in the background."""
+    emit_event(**_occurrence_fields(kind, job, subject, period, run_id), payload=payload)
 
 
 # Seconds a pass holds the decisions it emits before another pass may emit them (the lease
@@ -234,17 +244,28 @@ def emit_decisions(ledger: Ledger, job: Job, steps: Mapping[str, Step]) -> None:
     killed pass left), each under its decision's own id, then record them emitted. ``steps``:
     this pass's plan, by run id (none for a stale tick)."""
     claimed = ledger.claim_events(job.name, EMIT_LEASE_SECONDS)
+    if not claimed:
+        return
+    events = []
     for occurrence in claimed:
         period = job.period_at(occurrence.period_start)
         for kind, decided_at in unemitted(occurrence):
-            emit_occurrence_event(
-                kind, job, subject=occurrence.subject, period=period, run_id=occurrence.run_id,
-                event_id=decision_event_id(kind, occurrence.run_id, decided_at),
-                **_decision_payload(kind, job, occurrence, period, steps.get(occurrence.run_id)))
-    if claimed:
-        # emit_event only queues: the events leave this process before they count as emitted.
-        EventsWorker.instance().wait_until_empty()
-        ledger.mark_emitted(claimed)
+            events.append(Event(
+                **_occurrence_fields(kind, job, occurrence.subject, period, occurrence.run_id),
+                payload=_decision_payload(kind, job, occurrence, period,
+                                          steps.get(occurrence.run_id)),
+                id=decision_event_id(kind, occurrence.run_id, decided_at)))
+    try:
+        # Posted, not queued like emit_event's: the server's 204 says it has them (a queued
+        # event that failed to send would only be logged by Prefect's events worker).
+        with get_client(sync_client=True) as client:
+            client.request("POST", "/events", json=[e.model_dump(mode="json") for e in events]
+                           ).raise_for_status()
+    except Exception:  # the Prefect API is down: a later pass emits them, after the lease
+        log.warning("could not emit %d decision events of %s; a later pass will", len(events),
+                    job.name, exc_info=True)
+        return
+    ledger.mark_emitted(claimed)
 
 
 def _job_resource(job: Job) -> dict[str, str]:

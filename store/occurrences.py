@@ -1,8 +1,9 @@
 """What a job owes and the durable decisions about it: from which period each subject is owed
-(obligations), and per owed (subject, period) whether the missed-run policy skipped it and
-whether it was reported overdue and then recovered (occurrences). Reconcile reads these with
-the job's Runs; each transition here is one guarded statement, so two reconcile passes at once
-decide, and report, each occurrence once."""
+(obligations), and per owed (subject, period) whether the missed-run policy skipped it,
+whether it was reported overdue and then recovered, whether its Run was given up, and whether
+each of these decisions' events is known to be emitted (occurrences). Reconcile reads these
+with the job's Runs; each transition here is one guarded statement (a give-up: one
+transaction), so two reconcile passes at once decide, and report, each occurrence once."""
 
 from __future__ import annotations
 

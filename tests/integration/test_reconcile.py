@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
 from flows.jobs import Job, TransientError
-from flows.outcomes import TickReport
+from flows.outcomes import TickReport, emit_decisions
 from flows.pipeline import run_ledgered_tick
 from flows.reconcile.flow import JobReconciled, reconcile_jobs
 from flows.reconcile.flow import reconcile as reconcile_flow
@@ -232,3 +233,19 @@ def test_a_reconcile_flow_run_refreshes_each_jobs_status_board_artifact(env: Env
     assert state.is_completed(), state.message
     [board, *_] = status_boards(probe.name)
     assert len(board) == 3 and all((r["owed"], r["skipped"]) == (1, 1) for r in board)
+
+
+def test_decisions_whose_events_the_prefect_api_did_not_take_stay_to_be_emitted(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """With the Prefect API unreachable, an overdue report's event is not recorded emitted: the
+    pass warns and goes on, and the decision stays leased for a later pass to emit."""
+    probe = probe_job(["acme"], ["ops@example.com"], missed_runs="catch-up", start=MONDAY)
+    late = probe.job.identity("acme", probe.job.period_at(at(0)))
+    env.ledger.mark_overdue([late])
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api",
+                             PREFECT_CLIENT_MAX_RETRIES: 0}):
+        emit_decisions(env.ledger, probe.job, {})
+    [occurrence] = env.ledger.occurrences(probe.job.name, MONDAY)
+    assert [kind for kind, _ in unemitted(occurrence)] == ["overdue"]
+    assert occurrence.emitting_until is not None
+    assert f"could not emit 1 decision events of {probe.job.name}" in caplog.text

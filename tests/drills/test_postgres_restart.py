@@ -3,8 +3,9 @@
 their periods while two dispatchers deliver, and the cluster is stopped (``fast`` or
 ``immediate``, alternately) and started again R times. A worker whose tick did not finish every
 subject runs it again, as the next scheduled tick would; a dispatcher's next pass follows a
-failed one, as the next deliver-outbox run would. Reduced here (2 workers, 12 Runs, 3
-restarts); RUNLEDGER_FULL=1 runs 4 workers, 200 Runs and 10 restarts.
+failed one, as the next deliver-outbox run would. Each restart waits for a Run leased by a tick,
+so that it falls in the middle of one. Reduced here (2 workers, 8 Runs, 3 restarts);
+RUNLEDGER_FULL=1 runs 4 workers, 200 Runs and 10 restarts.
 
 Printed and asserted: Runs completed = expected, duplicate completions 0, no Run failed, every
 outbox message sent with one unique Message-ID each at the sink, every error a tick or a pass
@@ -17,6 +18,7 @@ import asyncio
 import json
 import os
 import random
+import socket
 import subprocess
 import threading
 import time
@@ -38,19 +40,19 @@ from flows.jobs.competitor_summary import job as competitor_summary
 from flows.jobs.competitor_summary import subscribers
 from flows.mail.letter import message_id_for
 from flows.mail.sink import Sink
+from flows.outcomes import TickReport
 from store import Ledger, RunledgerError
 from tests.drills.private_postgres import PrivateCluster, binaries
 from tests.integration.fault_walk import delivery_pass
-from tests.integration.pipeline_support import RUNLEDGER, copy_sample_data
+from tests.integration.pipeline_support import RUNLEDGER, copy_sample_data, pipeline_env
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 WORKERS = 4 if FULL else 2
-RUNS = 200 if FULL else 12
+RUNS = 200 if FULL else 8
 RESTARTS = 10 if FULL else 3
 DISPATCHERS = 2
 JOB = competitor_summary.name
 DOWN_SECONDS = (0.2, 1.5)  # how long each outage lasts (seeded draw)
-UP_SECONDS = (1.0, 4.0)  # how long the server runs between two outages
 POLICY = RetryPolicy(max_attempts=8, base_delay=0.05, max_delay=0.5, max_window=3600)
 # The states docs/concepts/states.md lists for a tick's flow run (Crashed needs the automation).
 DOCUMENTED = {"Completed", "Duplicate", "InProgressElsewhere", "LeaseLost", "Cancelled", "Failed"}
@@ -100,6 +102,7 @@ class Tally:
     permanent: list[str] = field(default_factory=list)
     passes: Counter[str] = field(default_factory=Counter)  # "ok" / "failed"
     lock: threading.Lock = field(default_factory=threading.Lock)
+    began: float = field(default_factory=time.monotonic)
 
     def error(self, text: str, transient: bool) -> None:
         with self.lock:
@@ -153,6 +156,20 @@ def dispatch(url: str, sink: Sink, stop: threading.Event, tally: Tally) -> None:
             time.sleep(0.1)
 
 
+def wait_for_a_tick_in_flight(url: str, workers: list[threading.Thread], deadline: float) -> None:
+    """Until a Run is leased by a tick (or every worker finished), so that each restart falls
+    in the middle of one; the dispatchers pass every 0.1 s whatever happens."""
+    with Ledger.connect(url) as ledger:
+        while any(w.is_alive() for w in workers):
+            assert time.monotonic() < deadline, "no tick started"
+            try:
+                if ledger.runs(job=JOB, status="running", limit=1):
+                    return
+            except RunledgerError as exc:  # just started: the server may still refuse
+                assert exc.retryable, exc
+            time.sleep(0.05)
+
+
 def flow_run_states(api_started: datetime) -> Counter[str]:
     """The final state of every run-job flow run made since ``api_started``."""
     async def read() -> list[Any]:
@@ -188,7 +205,7 @@ def test_postgresql_restarts_during_ticks_and_deliveries_lose_and_duplicate_noth
             thread.start()
         try:
             for i in range(RESTARTS):
-                time.sleep(rng.uniform(*UP_SECONDS))
+                wait_for_a_tick_in_flight(cluster.url, workers, deadline)
                 cluster.stop("immediate" if i % 2 else "fast")
                 time.sleep(rng.uniform(*DOWN_SECONDS))
                 cluster.start()
@@ -206,6 +223,40 @@ def test_postgresql_restarts_during_ticks_and_deliveries_lose_and_duplicate_noth
             report(ledger, sink, tally, flow_run_states(started))
 
 
+def refuse_then_start(cluster: PrivateCluster) -> threading.Thread:
+    """While the stopped cluster's port is free, answer its first connection by closing it
+    (a server going away), then start the cluster: the caller's first try surely failed."""
+    listener = socket.create_server(("127.0.0.1", cluster.port))
+
+    def serve() -> None:
+        with listener:
+            connection, _ = listener.accept()
+            connection.close()
+        cluster.start()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    return thread
+
+
+def test_a_tick_that_starts_while_the_server_is_away_completes_once_it_is_back(
+        cluster: PrivateCluster, prefect_api: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tick's first ledger read (its finished Runs) is retried on a transient error like
+    its stages, so a tick started during an outage completes instead of failing its flow run
+    (found by drill 3)."""
+    with pipeline_env(cluster.url, tmp_path, monkeypatch) as env:
+        env.set(retry_delay_seconds=0.5, task_retries=4)
+        cluster.stop("fast")
+        starting = refuse_then_start(cluster)
+        try:
+            state, report = env.run(JOB, period="2026-01-01")
+        finally:
+            starting.join(60)
+        assert isinstance(report, TickReport), report
+        assert report.completed_every_subject() and state.name == "Completed"
+
+
 def report(ledger: Ledger, sink: Sink, tally: Tally, states: Counter[str]) -> None:
     """Assert and print the drill's figures."""
     runs = ledger.runs(job=JOB, limit=RUNS + 1)
@@ -214,7 +265,7 @@ def report(ledger: Ledger, sink: Sink, tally: Tally, states: Counter[str]) -> No
     expected_rows = sum(len(subscribers(r.subject)) for r in runs)
     messages = ledger.messages(limit=expected_rows + 1)
     copies = Counter(m.message_id for m in sink.messages)
-    print(f"\n{RESTARTS} restarts; ticks by outcome {dict(tally.ticks)}; delivery passes "
+    print(f"\n{RESTARTS} restarts in {time.monotonic() - tally.began:.0f} s; ticks by outcome {dict(tally.ticks)}; delivery passes "
           f"{dict(tally.passes)}; run-job flow runs by final state {dict(states)}")
     print(f"Runs {len(runs)} of {RUNS}, completed {sum(r.status == 'completed' for r in runs)}, "
           f"duplicate completions {sum(n - 1 for n in completions.values())}; outbox rows "
@@ -222,6 +273,8 @@ def report(ledger: Ledger, sink: Sink, tally: Tally, states: Counter[str]) -> No
           f"{sum(copies.values())} received, {len(copies)} unique Message-IDs")
     print(f"errors met: {len(tally.errors)}, permanent {len(tally.permanent)}; by kind "
           f"{dict(Counter(e.split(':')[0][:60] for e in tally.errors))}")
+    for text, n in Counter(e[:160] for e in tally.errors if e not in tally.permanent).items():
+        print(f"  transient x{n}: {text}")
     for text in tally.permanent:
         print(f"  permanent: {text}")
     assert not tally.permanent

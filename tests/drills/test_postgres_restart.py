@@ -271,8 +271,7 @@ def report(ledger: Ledger, sink: Sink, tally: Tally, states: Counter[str]) -> No
           f"duplicate completions {sum(n - 1 for n in completions.values())}; outbox rows "
           f"{len(messages)} (expected {expected_rows}), statuses {ledger.message_counts()}; sink "
           f"{sum(copies.values())} received, {len(copies)} unique Message-IDs")
-    print(f"errors met: {len(tally.errors)}, permanent {len(tally.permanent)}; by kind "
-          f"{dict(Counter(e.split(':')[0][:60] for e in tally.errors))}")
+    print(f"errors met: {len(tally.errors)}, permanent {len(tally.permanent)}")
     for text, n in Counter(e[:160] for e in tally.errors if e not in tally.permanent).items():
         print(f"  transient x{n}: {text}")
     for text in tally.permanent:

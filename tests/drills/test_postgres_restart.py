@@ -170,14 +170,19 @@ def wait_for_a_tick_in_flight(url: str, workers: list[threading.Thread], deadlin
             time.sleep(0.05)
 
 
-def flow_run_states(api_started: datetime) -> Counter[str]:
-    """The final state of every run-job flow run made since ``api_started``."""
-    async def read() -> list[Any]:
+def flow_runs(api_started: datetime) -> tuple[Counter[str], Counter[str]]:
+    """The final state of every run-job flow run made since ``api_started``, and how many of
+    their stage task runs ran more than once (a transient error retried), by stage."""
+    made = FlowRunFilter(expected_start_time=ExpectedStart(after_=api_started))
+    named = FlowFilter(name=FlowFilterName(any_=["run-job"]))
+
+    async def read() -> tuple[list[Any], list[Any]]:
         async with get_client() as client:
-            return await client.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=["run-job"])),
-                flow_run_filter=FlowRunFilter(expected_start_time=ExpectedStart(after_=api_started)))
-    return Counter(run.state.name if run.state else "None" for run in asyncio.run(read()))
+            return (await client.read_flow_runs(flow_filter=named, flow_run_filter=made),
+                    await client.read_task_runs(flow_filter=named, flow_run_filter=made))
+    runs, tasks = asyncio.run(read())
+    return (Counter(run.state.name if run.state else "None" for run in runs),
+            Counter(task.name.split("[")[0] for task in tasks if task.run_count > 1))
 
 
 def test_postgresql_restarts_during_ticks_and_deliveries_lose_and_duplicate_nothing(
@@ -220,7 +225,7 @@ def test_postgresql_restarts_during_ticks_and_deliveries_lose_and_duplicate_noth
             for thread in dispatchers:
                 thread.join(60)
         with Ledger.connect(cluster.url) as ledger:
-            report(ledger, sink, tally, flow_run_states(started))
+            report(ledger, sink, tally, *flow_runs(started))
 
 
 def refuse_then_start(cluster: PrivateCluster) -> threading.Thread:
@@ -229,10 +234,13 @@ def refuse_then_start(cluster: PrivateCluster) -> threading.Thread:
     listener = socket.create_server(("127.0.0.1", cluster.port))
 
     def serve() -> None:
-        with listener:
-            connection, _ = listener.accept()
-            connection.close()
-        cluster.start()
+        try:
+            with listener:
+                listener.settimeout(60)
+                connection, _ = listener.accept()
+                connection.close()
+        finally:
+            cluster.start()
 
     thread = threading.Thread(target=serve)
     thread.start()
@@ -257,7 +265,8 @@ def test_a_tick_that_starts_while_the_server_is_away_completes_once_it_is_back(
         assert report.completed_every_subject() and state.name == "Completed"
 
 
-def report(ledger: Ledger, sink: Sink, tally: Tally, states: Counter[str]) -> None:
+def report(ledger: Ledger, sink: Sink, tally: Tally, states: Counter[str],
+           retried: Counter[str]) -> None:
     """Assert and print the drill's figures."""
     runs = ledger.runs(job=JOB, limit=RUNS + 1)
     completions = Counter(r.run_id for r in runs for a in ledger.attempts(r.run_id)
@@ -266,7 +275,8 @@ def report(ledger: Ledger, sink: Sink, tally: Tally, states: Counter[str]) -> No
     messages = ledger.messages(limit=expected_rows + 1)
     copies = Counter(m.message_id for m in sink.messages)
     print(f"\n{RESTARTS} restarts in {time.monotonic() - tally.began:.0f} s; ticks by outcome {dict(tally.ticks)}; delivery passes "
-          f"{dict(tally.passes)}; run-job flow runs by final state {dict(states)}")
+          f"{dict(tally.passes)}; run-job flow runs by final state {dict(states)}; stage task "
+          f"runs retried {dict(retried)}")
     print(f"Runs {len(runs)} of {RUNS}, completed {sum(r.status == 'completed' for r in runs)}, "
           f"duplicate completions {sum(n - 1 for n in completions.values())}; outbox rows "
           f"{len(messages)} (expected {expected_rows}), statuses {ledger.message_counts()}; sink "

@@ -77,7 +77,9 @@ class PrivateCluster:
         self.restarts += 1
 
     def destroy(self) -> None:
-        """Stop the server if it runs, and remove its files."""
-        if (self.data / "postmaster.pid").exists():
-            self.stop("immediate")
-        shutil.rmtree(self.home, ignore_errors=True)
+        """Stop the server if it runs, and remove its files (even if stopping failed)."""
+        try:
+            if (self.data / "postmaster.pid").exists():
+                self.stop("immediate")
+        finally:
+            shutil.rmtree(self.home, ignore_errors=True)

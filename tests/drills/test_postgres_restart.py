@@ -111,9 +111,11 @@ class Tally:
                 self.permanent.append(text)
 
 
-def tick_until_done(env: dict[str, str], period: str, tally: Tally, deadline: float) -> None:
-    """`runledger run JOB --period P` until a tick finds every subject completed."""
-    while True:
+def tick_until_done(env: dict[str, str], period: str, tally: Tally, deadline: float,
+                    stop: threading.Event) -> None:
+    """`runledger run JOB --period P` until a tick finds every subject completed (or the
+    drill stops)."""
+    while not stop.is_set():
         assert time.monotonic() < deadline, f"period {period} never finished"
         done = subprocess.run([*RUNLEDGER, "run", JOB, "--period", period, "--json"], env=env,
                               capture_output=True, text=True, timeout=300, check=False)
@@ -135,9 +137,10 @@ def tick_until_done(env: dict[str, str], period: str, tally: Tally, deadline: fl
             return
 
 
-def worker(env: dict[str, str], periods: list[str], tally: Tally, deadline: float) -> None:
+def worker(env: dict[str, str], periods: list[str], tally: Tally, deadline: float,
+           stop: threading.Event) -> None:
     for period in periods:
-        tick_until_done(env, period, tally, deadline)
+        tick_until_done(env, period, tally, deadline, stop)
 
 
 def dispatch(url: str, sink: Sink, stop: threading.Event, tally: Tally) -> None:
@@ -202,10 +205,12 @@ def test_postgresql_restarts_during_ticks_and_deliveries_lose_and_duplicate_noth
     started = datetime.now().astimezone()
     deadline = time.monotonic() + DEADLINE_SECONDS
     with Sink() as sink:
-        workers = [threading.Thread(target=worker, args=(env, periods[i::WORKERS], tally, deadline))
+        # Daemons, and told to stop at the end: a failed drill leaves no thread behind.
+        workers = [threading.Thread(target=worker, daemon=True,
+                                    args=(env, periods[i::WORKERS], tally, deadline, stop))
                    for i in range(WORKERS)]
-        dispatchers = [threading.Thread(target=dispatch, args=(cluster.url, sink, stop, tally))
-                       for _ in range(DISPATCHERS)]
+        dispatchers = [threading.Thread(target=dispatch, args=(cluster.url, sink, stop, tally),
+                                        daemon=True) for _ in range(DISPATCHERS)]
         for thread in [*workers, *dispatchers]:
             thread.start()
         try:

@@ -58,6 +58,7 @@ POLICY = RetryPolicy(max_attempts=8, base_delay=0.05, max_delay=0.5, max_window=
 DOCUMENTED = {"Completed", "Duplicate", "InProgressElsewhere", "LeaseLost", "Cancelled", "Failed"}
 DEADLINE_SECONDS = 1800 if FULL else 240
 REQUIRE_POSTGRES = os.environ.get("RUNLEDGER_REQUIRE_POSTGRES") == "1"
+PAGE = 200
 
 
 def _retryable(kind: type[RunledgerError]) -> set[str]:
@@ -180,9 +181,15 @@ def flow_runs(api_started: datetime) -> tuple[Counter[str], Counter[str]]:
     named = FlowFilter(name=FlowFilterName(any_=["run-job"]))
 
     async def read() -> tuple[list[Any], list[Any]]:
+        runs: list[Any] = []
+        tasks: list[Any] = []
         async with get_client() as client:
-            return (await client.read_flow_runs(flow_filter=named, flow_run_filter=made),
-                    await client.read_task_runs(flow_filter=named, flow_run_filter=made))
+            # Page by page: the API answers at most its default limit (200) per call.
+            for found, reader in ((runs, client.read_flow_runs), (tasks, client.read_task_runs)):
+                while page := await reader(flow_filter=named, flow_run_filter=made,
+                                           limit=PAGE, offset=len(found)):
+                    found += page
+        return runs, tasks
     runs, tasks = asyncio.run(read())
     return (Counter(run.state.name if run.state else "None" for run in runs),
             Counter(task.name.split("[")[0] for task in tasks if task.run_count > 1))

@@ -88,12 +88,13 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
      "Test suite and ledger benchmark: the PostgreSQL server's admin URL (default "
      "`postgresql+psycopg://postgres@127.0.0.1:5432/postgres`); each test gets a database of "
      "its own there."),
-    ("RUNLEDGER_REQUIRE_POSTGRES", "tests/conftest.py",
+    ("RUNLEDGER_REQUIRE_POSTGRES", "tests/conftest.py, tests/drills/test_postgres_restart.py",
      "Test suite: `1` makes an unreachable PostgreSQL fail the suite instead of skipping its "
-     "tests (`.ci/run` sets it)."),
+     "tests (`.ci/run` sets it), and missing initdb/pg_ctl fail drill 3 (a private cluster)."),
     ("RUNLEDGER_FULL", "tests/",
      "Test suite: `1` runs the drills at full size: the tests marked `drill`, and "
-     "tests/drills with 1,000 Runs and 100 kills (`make drills`)."),
+     "tests/drills with 1,000 Runs and 100 kills (drill 1), 200 Runs and 10 PostgreSQL "
+     "restarts (drill 3), 2,000 messages (drill 4) (`make drills`)."),
     ("RUNLEDGER_TEST_RECONCILE_PROBE", "tests/integration/reconcile_support.py",
      "Test suite: the name of the job the reconcile process tests register in their "
      "subprocesses; set by those tests."),

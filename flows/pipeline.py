@@ -56,7 +56,14 @@ from flows.monitoring import (
 )
 from flows.outcomes import Outcome, SubjectOutcome, TickReport, emit_job_event
 from flows.settings import RunledgerSettings
-from flows.stages import STAGE_OPTIONS, lease_lost_state, lost_state, stage_value, with_retries
+from flows.stages import (
+    STAGE_OPTIONS,
+    lease_lost_state,
+    lost_state,
+    retried,
+    stage_value,
+    with_retries,
+)
 from flows.stale import skip_tick, stale_reason
 from flows.stop import FlowRunStopped, Stop, stopped_before
 from flows.tick import Held, Persisted, Tick
@@ -173,7 +180,9 @@ def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentit
 def run_tick(tick: Tick, identities: dict[str, RunIdentity]) -> TickReport:
     """Read the tick's finished Runs at once; only subjects not yet finished are registered
     and claimed (one task run for all of them), and only claimed ones get stage task runs."""
-    finished = tick.ledger.finished([i.run_id for i in identities.values()])
+    # Retried like a stage: a tick that starts while the ledger's server restarts waits for it.
+    finished = retried(lambda: tick.ledger.finished([i.run_id for i in identities.values()]),
+                       tick.settings.task_retries, tick.settings.retry_delay_seconds)
     outcomes: dict[str, SubjectOutcome] = {}
     pending: dict[str, RunIdentity] = {}
     for subject, identity in identities.items():

@@ -4,7 +4,9 @@ a stage returned."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from prefect import State
 from prefect.cache_policies import NO_CACHE
@@ -12,6 +14,7 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.results import ResultRecord  # type: ignore[attr-defined]  # re-exported there
 from prefect.states import Completed
 from prefect.tasks import Task, exponential_backoff
+from prefect.utilities.math import clamped_poisson_interval
 
 from flows.jobs import is_transient
 from flows.lease_keeper import LeaseKeeper
@@ -19,6 +22,7 @@ from store import Claim, LeaseLost
 
 RETRY_JITTER_FACTOR = 0.5
 STAGE_OPTIONS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
+T = TypeVar("T")
 
 
 def with_retries(stage: Task[..., Any], retries: int, delay_seconds: float) -> Task[..., Any]:
@@ -33,6 +37,19 @@ def with_retries(stage: Task[..., Any], retries: int, delay_seconds: float) -> T
 
 def _retry_if_transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
     return isinstance(state.data, BaseException) and is_transient(state.data)
+
+
+def retried(call: Callable[[], T], retries: int, delay_seconds: float) -> T:
+    """``call()`` outside a task run, retried on transient failures with a stage's delays
+    (exponential backoff, the same jitter): a ledger read of the tick itself."""
+    for delay in [*exponential_backoff(delay_seconds)(retries), None]:
+        try:
+            return call()
+        except Exception as exc:
+            if delay is None or not is_transient(exc):
+                raise
+            time.sleep(clamped_poisson_interval(delay, RETRY_JITTER_FACTOR))
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def lost_state(keeper: LeaseKeeper, claim: Claim, consequence: str = "") -> State[Any] | None:

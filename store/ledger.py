@@ -114,7 +114,10 @@ class Ledger:
 
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
-        with self.engine.begin() as conn:
+        # A server that is restarting is a retryable LedgerUnavailable here too, as in every
+        # other ledger call (`runledger run` migrates as it starts).
+        with domain_errors(self.database.busy.postgres_lock_timeout_ms), \
+                self.engine.begin() as conn:
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
 

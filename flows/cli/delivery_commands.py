@@ -123,8 +123,8 @@ def sink(
     dedupe: bool = typer.Option(False, "--dedupe", help="Store one copy per Message-ID."),
     faults: Annotated[list[str] | None, typer.Option(
         "--fault",
-        help="Inject a fault: STAGE:ACTION[:TIMES], optionally @RECIPIENT; e.g. rcpt:451:2, data:drop, "
-             "data:slow=3:always. Repeatable.",
+        help="Inject a fault: STAGE:ACTION[:TIMES[:CHANCE]], optionally @RECIPIENT; e.g. rcpt:451:2, "
+             "data:drop, data:slow=3:always, rcpt:451:always:0.05 (a random 5%). Repeatable.",
     )] = None,
 ) -> None:
     """Run an SMTP sink in the foreground until SIGINT/SIGTERM (for tests and the local stack)."""

@@ -1,7 +1,8 @@
 """An SMTP sink on aiosmtpd for tests and the local stack. It records every accepted message (in
 memory, and as .eml files a person can open), counts received and distinct Message-IDs (and with
 ``dedupe`` stores only the first copy of each), and injects faults: 421/451/550 at RCPT or DATA,
-a connection dropped after DATA without a reply, and a reply slower than the client's timeout.
+a connection dropped after DATA without a reply, and a reply slower than the client's timeout,
+each for the next N messages or for a random (seeded) share of them.
 
 Run it in-process with ``Sink(...).start()`` or in the foreground with
 ``runledger sink --host 127.0.0.1 --port N --maildir DIR [--dedupe] [--fault SPEC]``; the
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -45,7 +47,8 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 @dataclass
 class Fault:
     """Answer ``action`` at ``stage`` for the next ``times`` messages (None: every message),
-    optionally only for one ``recipient``. Actions: ``421``, ``451``, ``550`` (a reply instead of
+    optionally only for one ``recipient``, and of those only for a random share ``chance`` (drawn
+    from the sink's seeded generator). Actions: ``421``, ``451``, ``550`` (a reply instead of
     accepting), ``drop`` (keep the message, close the connection without a reply) and ``slow``
     (keep the message, reply only after ``delay`` seconds)."""
 
@@ -54,6 +57,7 @@ class Fault:
     times: int | None = 1
     recipient: str | None = None
     delay: float = 5.0
+    chance: float = 1.0
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -66,18 +70,21 @@ class Fault:
             raise InvalidInput(f"fault {self.action!r} happens after DATA; use stage 'data'")
         if self.times is not None and self.times < 1:
             raise InvalidInput(f"fault times must be at least 1, got {self.times}")
+        if not 0 < self.chance <= 1:
+            raise InvalidInput(f"fault chance must be in (0, 1], got {self.chance}")
 
     @classmethod
     def parse(cls, spec: str) -> Fault:
-        """``STAGE:ACTION[:TIMES][@RECIPIENT]``, e.g. ``rcpt:451:2``, ``data:drop``,
-        ``data:slow=3:always@a@example.com`` (TIMES is a number or ``always``)."""
+        """``STAGE:ACTION[:TIMES[:CHANCE]][@RECIPIENT]``, e.g. ``rcpt:451:2``, ``data:drop``,
+        ``data:slow=3:always@a@example.com``, ``rcpt:451:always:0.05`` (TIMES is a number or
+        ``always``; CHANCE the share of those messages, 0 to 1)."""
         head, _, recipient = spec.partition("@")
         parts = head.split(":")
-        if len(parts) not in (2, 3):
-            raise InvalidInput(f"fault {spec!r} is not STAGE:ACTION[:TIMES][@RECIPIENT]")
+        if len(parts) not in (2, 3, 4):
+            raise InvalidInput(f"fault {spec!r} is not STAGE:ACTION[:TIMES[:CHANCE]][@RECIPIENT]")
         action, _, delay = parts[1].partition("=")
         times: int | None = 1
-        if len(parts) == 3:
+        if len(parts) >= 3:
             if parts[2] == "always":
                 times = None
             elif parts[2].isdigit():
@@ -88,12 +95,22 @@ class Fault:
             seconds = float(delay) if delay else 5.0
         except ValueError:
             raise InvalidInput(f"fault delay must be a number of seconds, got {delay!r}") from None
+        try:
+            chance = float(parts[3]) if len(parts) == 4 else 1.0
+        except ValueError:
+            raise InvalidInput(f"fault chance must be a number, got {parts[3]!r}") from None
         return cls(stage=parts[0], action=action, times=times, recipient=recipient or None,
-                   delay=seconds)
+                   delay=seconds, chance=chance)
 
     @property
     def reply(self) -> str:
         return REPLIES[self.action]
+
+    @property
+    def label(self) -> str:
+        """``stage:action`` (with ``=delay`` for a slow reply), as the sink's trace names it."""
+        slow = f"={self.delay:g}" if self.action == "slow" else ""
+        return f"{self.stage}:{self.action}{slow}"
 
 
 @dataclass(frozen=True)
@@ -123,17 +140,25 @@ class SinkStats:
         return dict(vars(self))
 
 
+ACCEPTED = "250"  # the trace's word for a message accepted without a fault
+
+
 class SinkHandler:
-    """The aiosmtpd handler: records, dedupes and injects faults (thread-safe counters)."""
+    """The aiosmtpd handler: records, dedupes and injects faults (thread-safe counters).
+
+    ``trace`` has one ``(recipient, what)`` per recipient of each try, in order: the label of
+    the fault that ended it (``rcpt:451``, ``data:drop``, ``data:slow=2``) or ``ACCEPTED``."""
 
     def __init__(self, maildir: Path | None = None, dedupe: bool = False,
-                 faults: Iterable[Fault] = ()) -> None:
+                 faults: Iterable[Fault] = (), seed: int | None = None) -> None:
         self.maildir = maildir
         self.dedupe = dedupe
         self.stats = SinkStats()
         self.messages: list[Received] = []
         self.ids: Counter[str] = Counter()
+        self.trace: list[tuple[str, str]] = []
         self._faults = list(faults)
+        self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._parser = BytesHeaderParser()
         if maildir is not None:
@@ -144,7 +169,8 @@ class SinkHandler:
         with self._lock:
             for fault in self._faults:
                 if fault.stage == stage and (fault.recipient is None or
-                                             fault.recipient.lower() in wanted):
+                                             fault.recipient.lower() in wanted) and (
+                        fault.chance == 1 or self._rng.random() < fault.chance):
                     if fault.times is not None:
                         fault.times -= 1
                         if fault.times == 0:
@@ -158,6 +184,7 @@ class SinkHandler:
         if fault is not None:
             with self._lock:
                 self.stats.rejected += 1
+                self.trace.append((address, fault.label))
             return fault.reply
         envelope.rcpt_tos.append(address)
         return "250 OK"
@@ -167,8 +194,9 @@ class SinkHandler:
         if fault is not None and fault.action in REPLIES:
             with self._lock:
                 self.stats.rejected += 1
+                self.trace += [(r, fault.label) for r in envelope.rcpt_tos]
             return fault.reply
-        seq = self._record(envelope)
+        seq = self._record(envelope, ACCEPTED if fault is None else fault.label)
         if fault is not None and fault.action == "drop":
             with self._lock:
                 self.stats.dropped += 1
@@ -181,11 +209,12 @@ class SinkHandler:
             await asyncio.sleep(fault.delay)
         return f"250 2.0.0 OK: queued as {seq}"
 
-    def _record(self, envelope: Any) -> int:
+    def _record(self, envelope: Any, what: str) -> int:
         data: bytes = envelope.original_content or envelope.content
         message_id = self._parser.parsebytes(data).get("Message-ID")
         message_id = message_id.strip() if message_id else None
         with self._lock:
+            self.trace += [(r, what) for r in envelope.rcpt_tos]
             self.stats.received += 1
             seq = self.stats.received
             seen = message_id is not None and self.ids[message_id] > 0
@@ -240,7 +269,8 @@ class Sink:
     """An SMTP sink in a thread of this process (aiosmtpd's Controller).
 
     ``credentials`` makes AUTH required (offered without TLS: loopback tests only);
-    ``starttls`` offers STARTTLS with that server context; ``implicit_tls`` wraps the port."""
+    ``starttls`` offers STARTTLS with that server context; ``implicit_tls`` wraps the port;
+    ``seed`` seeds the draws of faults with a ``chance``."""
 
     host: str = "127.0.0.1"
     port: int = 0
@@ -250,11 +280,12 @@ class Sink:
     credentials: tuple[str, str] | None = None
     starttls: ssl.SSLContext | None = None
     implicit_tls: ssl.SSLContext | None = None
+    seed: int | None = None
     handler: SinkHandler = field(init=False)
     _controller: Controller | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.handler = SinkHandler(self.maildir, self.dedupe, self.faults)
+        self.handler = SinkHandler(self.maildir, self.dedupe, self.faults, self.seed)
         if not self.port:
             self.port = free_port(self.host)
 
@@ -292,6 +323,10 @@ class Sink:
     @property
     def messages(self) -> list[Received]:
         return list(self.handler.messages)
+
+    @property
+    def trace(self) -> list[tuple[str, str]]:
+        return list(self.handler.trace)
 
     def wait_for(self, received: int, timeout: float = 10.0) -> bool:
         """Wait until at least ``received`` messages were accepted."""

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Connection
 
+from flows.jobs import is_transient
+from flows.mail.sink import free_port
 from store.database import IDLE_PING_SECONDS, KEPT_CONNECTIONS
-from store.errors import LedgerBusy
+from store.errors import LedgerBusy, LedgerUnavailable
 from store.ledger import Ledger
 
 
@@ -110,3 +112,16 @@ def test_an_idle_kept_connection_that_fails_its_ping_is_replaced_and_frees_its_p
     assert kept.opened == 1
     [(replacement, _)] = kept._idle
     assert replacement is not conn
+
+
+def test_migrating_while_the_server_is_down_raises_a_retryable_ledger_error() -> None:
+    """`migrate` (run by `runledger run` as it starts) against a PostgreSQL port where nothing
+    listens raises LedgerUnavailable, which retries classify as transient, not the driver's
+    OperationalError (found by drill 3: a restart as a worker started)."""
+    ledger = Ledger.connect(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/postgres")
+    try:
+        with pytest.raises(LedgerUnavailable) as raised:
+            ledger.migrate()
+    finally:
+        ledger.close()
+    assert is_transient(raised.value)

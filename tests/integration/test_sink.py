@@ -79,8 +79,31 @@ def test_a_fault_can_target_one_recipient() -> None:
         assert Fault.parse("rcpt:550:always@bob@example.com").recipient == "bob@example.com"
 
 
+def test_the_trace_names_what_ended_each_try() -> None:
+    """One trace entry per try, in order: the fault's label, or 250 for a clean acceptance."""
+    faults = [Fault.parse("rcpt:451"), Fault.parse("data:drop"), Fault.parse("data:slow=0.01")]
+    with Sink(faults=faults) as sink:
+        asyncio.run(send_all(sink.port, ["a", "b", "c", "d"]))
+        assert sink.trace == [("ana@example.com", "rcpt:451"), ("ana@example.com", "data:drop"),
+                              ("ana@example.com", "data:slow=0.01"), ("ana@example.com", "250")]
+
+
+def test_a_fault_with_a_chance_hits_a_seeded_random_share() -> None:
+    """rcpt:451:always:0.5 refuses some messages and accepts others; the same seed refuses the
+    same ones."""
+    keys = [f"m{i}" for i in range(30)]
+    outcomes = []
+    for _ in range(2):
+        with Sink(seed=24, faults=[Fault.parse("rcpt:451:always:0.5")]) as sink:
+            outcomes.append(asyncio.run(send_all(sink.port, keys)))
+    assert outcomes[0] == outcomes[1]
+    assert set(outcomes[0]) == {"ok", "SMTPRecipientsRefused"}
+
+
 @pytest.mark.parametrize("spec", ["rcpt", "mail:451", "rcpt:drop", "data:499", "data:451:0",
-                                  "data:slow=x", "data:451:sometimes"])
+                                  "data:slow=x", "data:451:sometimes", "data:451:always:0",
+                                  "data:451:always:1.5", "data:451:always:x",
+                                  "data:451:1:0.5:9"])
 def test_a_malformed_fault_is_refused(spec: str) -> None:
     """Fault specs are checked when parsed, with an error naming the problem."""
     with pytest.raises(InvalidInput, match="fault"):

@@ -12,6 +12,7 @@ from prefect.utilities.collections import visit_collection
 from flows.jobs import TransientError, ValidationFailed, is_transient
 from flows.model import ModelRejected, ModelUnavailable
 from flows.outcomes import SubjectOutcome, TickReport
+from flows.stages import retried
 from flows.tick import Persisted
 from store import InvalidInput, Period, Run
 from store.errors import LedgerBusy, LedgerError, LedgerUnavailable
@@ -107,3 +108,29 @@ def test_timeouts_rate_limits_and_lost_connections_are_transient(error: BaseExce
 def test_invalid_input_rejections_and_bugs_are_permanent(error: BaseException) -> None:
     """Retrying cannot fix these: the Run fails until an operator requeues it."""
     assert not is_transient(error)
+
+
+def test_a_tick_read_is_retried_on_transient_errors_only() -> None:
+    """``retried`` calls again after LedgerUnavailable (up to its retries) and raises a
+    permanent LedgerError at once."""
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise LedgerUnavailable("restarting")
+        return "read"
+
+    assert retried(flaky, 2, 0.0) == "read" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(LedgerUnavailable):
+        retried(flaky, 1, 0.0)
+    permanent: list[int] = []
+
+    def broken() -> str:
+        permanent.append(1)
+        raise LedgerError("schema missing")
+
+    with pytest.raises(LedgerError):
+        retried(broken, 3, 0.0)
+    assert len(permanent) == 1

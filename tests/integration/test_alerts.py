@@ -5,8 +5,10 @@ dead man's switch, which needs nothing but the server)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -32,16 +34,31 @@ from tests.integration.alerts_support import (
 DAY = datetime(2026, 3, 2, tzinfo=UTC)
 
 
+@pytest.fixture(scope="module")
+def alerts_api(prefect_api: str) -> Iterator[str]:
+    """A temporary Prefect server of this module's own: on the session's, the triggers service
+    can lag behind the events of earlier tests (a reconcile test's), past these tests' waits.
+    The events worker is restarted on each side, since it keeps the server it first sent to."""
+    from prefect.events.worker import EventsWorker
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    EventsWorker.drain_all()
+    with prefect_test_harness(server_startup_timeout=90):
+        yield str(PREFECT_API_URL.value())
+        EventsWorker.drain_all()
+
+
 def test_an_overdue_or_given_up_occurrence_reaches_the_webhook_naming_job_subject_period_and_why(
-        prefect_api: str) -> None:
+        alerts_api: str) -> None:
     """Reconcile's overdue and gave-up events each become one POST through the operator's block,
     whose body says which job, subject and period, and why."""
     job = quiet_job()
     period = job.period_at(DAY)
     run_id = job.identity("acme", period).run_id
-    with Webhook() as webhook, webhook_block(prefect_api, webhook, "/alerts") as (_, block_id), \
-            removed_automations(prefect_api, ALERTS):
-        with client(prefect_api) as api:
+    with Webhook() as webhook, webhook_block(alerts_api, webhook, "/alerts") as (_, block_id), \
+            removed_automations(alerts_api, ALERTS):
+        with client(alerts_api) as api:
             assert install_alerts(api, [], block_id, DAY) == [ALERTS]
         emit_occurrence_event("overdue", job, subject="acme", period=period, run_id=run_id,
                               state="missed", reason="missed while nothing ran (policy skip)",
@@ -67,15 +84,15 @@ def test_an_overdue_or_given_up_occurrence_reaches_the_webhook_naming_job_subjec
 
 
 def test_the_dead_mans_switch_notifies_when_ticks_stop_and_stays_quiet_while_they_arrive(
-        prefect_api: str) -> None:
+        alerts_api: str) -> None:
     """With nothing running but the Prefect server, a job without a completed tick for the
     switch's window is notified, window after window; one whose ticks complete in time is not."""
     silent, ticking = quiet_job(), quiet_job()
     window = timedelta(seconds=10)
     names = [DEAD_MANS_SWITCH.format(job=j.name) for j in (silent, ticking)]
-    with Webhook() as webhook, webhook_block(prefect_api, webhook, "/switch") as (_, block_id), \
-            removed_automations(prefect_api, *names):
-        with client(prefect_api) as api:
+    with Webhook() as webhook, webhook_block(alerts_api, webhook, "/switch") as (_, block_id), \
+            removed_automations(alerts_api, *names):
+        with client(alerts_api) as api:
             for job in (ticking, silent):
                 install(api, dead_mans_switch(job, block_id, DAY, within=window))
         started = time.monotonic()
@@ -95,21 +112,21 @@ def test_the_dead_mans_switch_notifies_when_ticks_stop_and_stays_quiet_while_the
 
 
 def test_stack_automations_installs_the_alerts_once_for_every_job_through_the_named_block(
-        prefect_api: str) -> None:
+        alerts_api: str) -> None:
     """`runledger stack automations --notify-block custom-webhook/NAME` creates the alert and
     one switch per registered job; run again it updates them in place."""
     job = quiet_job(cadence="* * * * *", grace=timedelta(seconds=5))
     cli = CliRunner()
-    with Webhook() as webhook, webhook_block(prefect_api, webhook, "/cli") as (name, block_id):
+    with Webhook() as webhook, webhook_block(alerts_api, webhook, "/cli") as (name, block_id):
         from flows.jobs import registered_jobs
 
         switches = [DEAD_MANS_SWITCH.format(job=j) for j in registered_jobs()]
-        with removed_automations(prefect_api, ALERTS, CRASH_DETECTOR, *switches):
+        with removed_automations(alerts_api, ALERTS, CRASH_DETECTOR, *switches):
             for _ in range(2):
                 done = cli.invoke(app, ["stack", "automations", "--notify-block", name],
                                   catch_exceptions=False)
                 assert done.exit_code == 0, done.output
-            with client(prefect_api) as api:
+            with client(alerts_api) as api:
                 installed = {n: api.read_automations_by_name(n) for n in [ALERTS, *switches]}
                 mine = installed[DEAD_MANS_SWITCH.format(job=job.name)]
     assert all(len(found) == 1 for found in installed.values()), installed
@@ -120,12 +137,12 @@ def test_stack_automations_installs_the_alerts_once_for_every_job_through_the_na
 
 
 def test_stack_automations_names_a_notification_block_that_does_not_exist(
-        prefect_api: str) -> None:
+        alerts_api: str) -> None:
     """An unknown block, in either form, is one clear line and exit status 1, nothing installed."""
     cli = CliRunner()
     for name in ("custom-webhook/nobody", "nobody"):
         done = cli.invoke(app, ["stack", "automations", "--notify-block", name])
         assert done.exit_code == 1
         assert f"no block '{name}' on the Prefect server" in done.output
-    with client(prefect_api) as api:
+    with client(alerts_api) as api:
         assert api.read_automations_by_name(ALERTS) == []

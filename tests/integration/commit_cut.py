@@ -102,13 +102,9 @@ class _Link:
             self.server.sendall(self.from_client[:length])
             self.from_client = self.from_client[length:]
             self.started = True
-        while len(self.from_client) >= 5:
-            kind = self.from_client[:1]
-            (length,) = struct.unpack("!I", self.from_client[1:5])
-            if len(self.from_client) < 1 + length:
-                break
-            message, self.from_client = (self.from_client[:1 + length],
-                                         self.from_client[1 + length:])
+        while (found := _first_message(self.from_client)) is not None:
+            kind, message = found
+            self.from_client = self.from_client[len(message):]
             self.batch.append((kind, message))
             if kind in (b"S", b"Q", b"H", b"X") and not self._send_batch():
                 return False
@@ -136,13 +132,9 @@ class _Link:
 
     def _server(self, data: bytes) -> bool:
         self.from_server += data
-        while len(self.from_server) >= 5:
-            kind = self.from_server[:1]
-            (length,) = struct.unpack("!I", self.from_server[1:5])
-            if len(self.from_server) < 1 + length:
-                break
-            message, self.from_server = (self.from_server[:1 + length],
-                                         self.from_server[1 + length:])
+        while (found := _first_message(self.from_server)) is not None:
+            kind, message = found
+            self.from_server = self.from_server[len(message):]
             if kind == b"Z":
                 self.idle = message[5:6] == b"I"
                 if self.cutting is not None:  # the server has applied the commit
@@ -151,6 +143,15 @@ class _Link:
             if self.cutting is None:
                 self.client.sendall(message)
         return True
+
+
+def _first_message(buffer: bytes) -> tuple[bytes, bytes] | None:
+    """The kind and bytes of the first whole wire-protocol message in ``buffer``, or None
+    while it has not all arrived."""
+    if len(buffer) < 5:
+        return None
+    (length,) = struct.unpack("!I", buffer[1:5])
+    return (buffer[:1], buffer[:1 + length]) if len(buffer) >= 1 + length else None
 
 
 class CommitCutProxy:

@@ -8,6 +8,8 @@ from store.errors import (
     DeliveryLeaseLost,
     InvalidInput,
     LeaseLost,
+    RevisionInProgress,
+    RevisionRefused,
     RunConflict,
     RunledgerError,
 )
@@ -26,7 +28,7 @@ from store.models import (
 from store.occurrences import RunState, unemitted
 from store.outbox import MessageClaim, Reply
 from store.period import Period
-from store.runs import Claim, CompletedBy, Completion, FinishedRun, Registration
+from store.runs import Claim, CompletedBy, Completion, FinishedRun, Registration, Revision
 from store.settings import LedgerSettings
 from store.stats import Activity
 
@@ -35,7 +37,8 @@ __all__ = [
     "Activity", "Attempt", "Claim", "CompletedBy", "Completion",
     "DeliveryLeaseLost", "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
     "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "Period",
-    "QueuedMessage", "Registration", "Reply", "Run", "RunConflict", "RunIdentity", "RunState",
+    "QueuedMessage", "Registration", "Reply", "Revision", "RevisionInProgress",
+    "RevisionRefused", "Run", "RunConflict", "RunIdentity", "RunState",
     "RunledgerError", "create_database_if_missing", "document_digest", "fault_point",
     "normalize_address", "params_fingerprint", "unemitted",
 ]

@@ -38,6 +38,16 @@ class RunConflict(RunledgerError):
     """The Run already exists with different parameters; nothing was written."""
 
 
+class RevisionInProgress(RunledgerError):
+    """The Run has an unfinished revision already: at most one revision of a Run is pending or
+    running at a time; wait for it to finish, or resume it."""
+
+
+class RevisionRefused(RunledgerError):
+    """This Run cannot be revised (only a completed Run can, and only by its job's current
+    version, without a business effect); nothing was written."""
+
+
 class RunNotFound(RunledgerError, LookupError):
     """No Run has that id."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from hashlib import sha256
@@ -54,12 +54,14 @@ def _field(value: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """(job, subject, period_start, version): what one logical run is, normalized on creation."""
+    """(job, subject, period_start, version), and which revision of that logical run (0: the
+    original), normalized on creation."""
 
     job: str
     subject: str
     period_start: datetime
     version: str
+    revision: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "job", _field(self.job, "job"))
@@ -67,13 +69,25 @@ class RunIdentity:
         object.__setattr__(self, "version", _field(self.version, "version"))
         start = require_aware(self.period_start, "period_start").replace(microsecond=0)
         object.__setattr__(self, "period_start", start)
+        if isinstance(self.revision, bool) or not isinstance(self.revision, int) \
+                or self.revision < 0:
+            raise InvalidIdentity(f"revision must be an integer of 0 or more, got "
+                                  f"{self.revision!r}")
 
     @cached_property
     def run_id(self) -> str:
-        """sha256 of the normalized identity: stripped fields, period start in UTC, ISO seconds."""
+        """sha256 of the normalized identity: stripped fields, period start in UTC, ISO seconds;
+        a revision N > 0 appends ``rN`` (a fifth field, which no 4-field identity can spell:
+        fields never hold the separator), so revision 0 keeps the id it always had."""
         start = self.period_start.isoformat(timespec="seconds")
-        canonical = SEPARATOR.join([self.job, self.subject, start, self.version])
-        return sha256(canonical.encode("utf-8")).hexdigest()
+        parts = [self.job, self.subject, start, self.version]
+        if self.revision:
+            parts.append(f"r{self.revision}")
+        return sha256(SEPARATOR.join(parts).encode("utf-8")).hexdigest()
+
+    def revised(self, revision: int) -> RunIdentity:
+        """The same logical run at another revision."""
+        return replace(self, revision=revision)
 
 
 def run_key(job: str, subject: str, period_start: datetime, version: str) -> str:

@@ -21,7 +21,7 @@ from store import stats as st
 from store.database import Busy, Database, SQLiteSynchronous
 from store.driver_errors import domain_errors
 from store.errors import IdentityRace, InvalidInput
-from store.identity import RunIdentity
+from store.identity import RunIdentity, params_fingerprint
 from store.message import OutboxMessage
 from store.models import Attempt, DeliveryAttempt, Occurrence, QueuedMessage, Run
 from store.settings import LedgerSettings
@@ -222,6 +222,23 @@ class Ledger:
     def requeue_run(self, run_id: str) -> Run:
         """Operator action: a failed Run goes back to pending (see ``requeue_run_txn``)."""
         return self._write(faults.AFTER_REQUEUE_RUN_COMMIT, rn.requeue_run_txn, run_id)
+
+    def request_revision(self, run_id: str, reason: str, *,
+                         params: dict[str, Any] | None = None, recollect: bool = False,
+                         requested_by: str | None = None) -> rn.Revision:
+        """Operator action: ask for a new output of a completed Run (``run_id``: any of its
+        revisions), as its next revision, pending (see ``request_revision_txn``): ``params``
+        default to its latest completed revision's, whose stored raw input is reused unless
+        ``recollect``; ``RevisionInProgress`` while a revision is unfinished."""
+        reason = rn.revision_reason(reason)
+        if params is not None:
+            params_fingerprint(params)  # not a JSON object: refused before anything is read
+        return self._write(faults.AFTER_REQUEST_REVISION_COMMIT, rn.request_revision_txn,
+                           run_id, reason, params, bool(recollect), requested_by)
+
+    def revisions(self, run_id: str) -> list[Run]:
+        """Every revision of the logical run of ``run_id``, oldest first (no documents)."""
+        return self._read(rn.list_revisions, run_id)
 
     def get(self, run_id: str) -> Run:
         """The Run with this id; ``RunNotFound`` if there is none."""

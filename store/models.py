@@ -75,11 +75,15 @@ class Run(SQLModel, table=True):
 
     __tablename__ = "runs"
     __table_args__ = (
-        sa.UniqueConstraint("job", "subject", "period_start", "version", name="uq_runs_identity"),
+        # One row per identity and revision: a revision N is inserted once, whoever asks.
+        sa.UniqueConstraint("job", "subject", "period_start", "version", "revision",
+                            name="uq_runs_identity"),
         _check_in("status", RUN_STATUSES, "status"),
         sa.CheckConstraint("fence >= 0", name="fence_non_negative"),
+        sa.CheckConstraint("revision >= 0", name="revision_non_negative"),
         # No index holds a column that transitions change (status, fence, lease, output), and
-        # pages keep free room: every Run update is a HOT update that touches no index.
+        # pages keep free room: every Run update is a HOT update that touches no index. (The
+        # revision columns are set on insert and never change.)
         {"postgresql_with": {"fillfactor": RUNS_FILLFACTOR}},
     )
 
@@ -106,6 +110,13 @@ class Run(SQLModel, table=True):
     created_at: datetime | None = _ts(nullable=False)
     updated_at: datetime | None = _ts(nullable=False)
     completed_at: datetime | None = _ts()
+    # An explicit revision (0: the original): the Run it follows, why, and who asked (a revise
+    # flow run's id, so that a retry of that flow run resumes its revision instead of asking
+    # for another).
+    revision: int = _count()
+    revises_run_id: str | None = Field(default=None, max_length=64)
+    revision_reason: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    requested_by: str | None = Field(default=None, max_length=MAX_OWNER)
 
 
 class Attempt(SQLModel, table=True):

@@ -33,6 +33,8 @@ from store.errors import (
     InvalidTransition,
     LeaseLost,
     OutputTooLarge,
+    RevisionInProgress,
+    RevisionRefused,
     RunConflict,
     RunNotFound,
 )
@@ -100,6 +102,16 @@ class FinishedRun:
     attempts: int
     output: dict[str, Any] | None
     error: str | None
+    revision: int = 0
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A requested revision's Run (pending when new), and whether this request inserted it
+    (False: the same request had, e.g. a retried revise flow run)."""
+
+    run: Run
+    new: bool
 
 
 def check_calls(value: int) -> int:
@@ -474,11 +486,68 @@ def _of_runs(d: str, *columns: Any) -> sa.Select[Any]:
 _FINISHED = [runs.c[f.name] for f in fields(FinishedRun)]
 
 _GET_MANY = Statement("get_runs", "Many Runs by id.", lambda d: _of_runs(d, runs))
+
+
+def _finished(d: str) -> sa.Select[Any]:
+    asked = runs.alias("asked")
+    same_identity = sa.and_(*(runs.c[n] == asked.c[n] for n in IDENTITY_COLUMNS))
+    return (
+        sa.select(asked.c.run_id.label("asked_id"), *_FINISHED)
+        .join_from(asked, runs, same_identity)
+        .where(asked.c.run_id.in_(json_rows(d, "ids", [runs.c.run_id])),
+               sa.or_(sa.and_(runs.c.revision == asked.c.revision,
+                              one_of(runs.c.status, ("completed", "failed"))),
+                      sa.and_(runs.c.revision > asked.c.revision, runs.c.status == "completed")))
+    )
+
+
 _GET_FINISHED = Statement(
     "get_finished_runs", "What a rerun needs of the completed and failed Runs among the given "
-    "ids: not their raw inputs, which can be large.",
-    lambda d: _of_runs(d, *_FINISHED).where(one_of(runs.c.status, ("completed", "failed"))))
+    "ids, and of their later completed revisions (the caller keeps the latest): not their raw "
+    "inputs, which can be large.", _finished)
 
+
+_LINEAGE = [c for c in runs.c if c.key not in ("raw_input", "output")]
+IDENTITY_COLUMNS = ("job", "subject", "period_start", "version")
+
+_REVISIONS = Statement(
+    "list_revisions", "Every revision of one logical run, oldest first, without documents.",
+    lambda d: sa.select(*_LINEAGE)
+    .where(*(runs.c[n] == param(runs.c[n]) for n in IDENTITY_COLUMNS))
+    .order_by(runs.c.revision))
+
+
+def _request_revision(d: str) -> sa.Insert:
+    """Insert revision N of a logical run, pending, only if its revision N - 1 is finished: a
+    completed Run, or a revision given up; its stored raw input is copied from ``source`` (the
+    latest completed revision) unless recollecting. Two requests of N clash on the identity
+    key and the second inserts nothing."""
+    source, prev = runs.alias("source"), runs.alias("prev")
+    number = param(runs.c.revision)
+    follows = param(runs.c.revises_run_id)
+    finished = sa.exists(sa.select(prev.c.run_id).where(
+        prev.c.run_id == follows, prev.c.revision == number - 1,
+        sa.or_(prev.c.status == "completed",
+               sa.and_(prev.c.status == "failed", prev.c.revision > 0))))
+    raw = sa.case((sa.bindparam("recollect", type_=sa.Boolean()), sa.null()),
+                  else_=source.c.raw_input)
+    rows = sa.select(
+        param(runs.c.run_id), source.c.job, source.c.subject, source.c.period_start,
+        source.c.version, number, follows, param(runs.c.revision_reason),
+        param(runs.c.requested_by), param(runs.c.params_fingerprint), param(runs.c.params), raw,
+        sa.literal("pending"), sa.literal(0), sa.literal(0), db_now(), db_now(),
+    ).where(source.c.run_id == param(runs.c.run_id, "source_run_id"), finished)
+    return insert_ignoring_conflicts(d, runs).from_select(
+        ["run_id", "job", "subject", "period_start", "version", "revision", "revises_run_id",
+         "revision_reason", "requested_by", "params_fingerprint", "params", "raw_input",
+         "status", "fence", "attempts", "created_at", "updated_at"], rows,
+    ).returning(*runs.c)
+
+
+_REQUEST_REVISION = Statement(
+    "request_revision", "Insert the next revision of a logical run as pending, only if the "
+    "revision before it is finished (at most one unfinished revision per Run); the identity "
+    "key lets one of two concurrent requests win.", _request_revision)
 
 _LIST = Statement(
     "list_runs", "The latest Runs, newest period first, optionally of one job and one status.",
@@ -524,10 +593,28 @@ def get_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, Run]:
 
 
 def get_finished_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, FinishedRun]:
-    """The completed and failed Runs among ``run_ids`` (a rerun of a whole tick reads them all
-    at once)."""
-    rows = _GET_FINISHED.rows(conn, ids=_ids(run_ids))
-    return {row["run_id"]: FinishedRun(**row) for row in rows}
+    """The completed and failed Runs among ``run_ids``, each as its latest completed revision
+    (the result for its job, subject and period), keyed by the id asked for (a rerun of a whole
+    tick reads them all at once)."""
+    found: dict[str, FinishedRun] = {}
+    for row in _GET_FINISHED.rows(conn, ids=_ids(run_ids)):
+        asked = row.pop("asked_id")
+        if asked not in found or row["revision"] > found[asked].revision:
+            found[asked] = FinishedRun(**row)
+    return found
+
+
+def list_revisions(conn: Connection, run_id: str) -> list[Run]:
+    """Every revision of the logical run of ``run_id`` (any of its revisions' ids), oldest
+    first, without raw inputs and outputs; ``RunNotFound`` if there is no such Run."""
+    run = require_run(conn, run_id)
+    return [_run(row) for row in
+            _REVISIONS.rows(conn, **{n: getattr(run, n) for n in IDENTITY_COLUMNS})]
+
+
+def latest_completed(revisions: Sequence[Run]) -> Run | None:
+    """The latest completed of a logical run's revisions (oldest first): its result."""
+    return next((r for r in reversed(revisions) if r.status == "completed"), None)
 
 
 def list_runs(
@@ -594,7 +681,8 @@ def _conflict(identity: RunIdentity, existing: Run, fingerprint: str) -> RunConf
         f"run {identity.run_id} ({identity.job}/{identity.subject}/"
         f"{identity.period_start.isoformat()}/{identity.version}) already exists with different "
         f"parameters (fingerprint {existing.params_fingerprint[:12]}, now {fingerprint[:12]}); "
-        "bump the job version or request a revision to change them"
+        "bump the job version, or revise the Run with the new parameters: "
+        f"`runledger runs revise {existing.run_id} --reason '...' --params '<JSON>'`"
     )
 
 
@@ -766,3 +854,61 @@ def requeue_run_txn(conn: Connection, run_id: str) -> Run:
         run = require_run(conn, run_id)
         raise InvalidTransition(f"run {run_id} is {run.status}; only a failed run can be requeued")
     return _run(row)
+
+
+def revision_reason(reason: str) -> str:
+    """Why a revision is asked for: required text, storable as an error text is."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("a revision needs a reason: say why the Run's output must be redone "
+                           "(e.g. --reason 'recipients changed')")
+    return error_text(reason.strip())
+
+
+def _unfinished(base: Run, revision: Run) -> RevisionInProgress:
+    return RevisionInProgress(
+        f"run {base.run_id} has revision {revision.revision} (run {revision.run_id}) still "
+        f"{revision.status}; at most one revision of a Run is unfinished at a time: wait for it "
+        f"to finish, or resume it with `runledger runs revise {revision.run_id} --reason ...`")
+
+
+def _not_completed(base: Run) -> RevisionRefused:
+    what = {"failed": f"requeue it instead with `runledger runs requeue {base.run_id}`"}.get(
+        base.status, "rerun its period instead (`runledger run JOB --period ...`, or Retry its "
+                     "flow run); a revision redoes a completed result")
+    return RevisionRefused(f"run {base.run_id} is {base.status}, never completed: only a "
+                           f"completed Run can be revised; {what}")
+
+
+@transition(one_statement_on=NOWHERE)
+def request_revision_txn(conn: Connection, run_id: str, reason: str,
+                         params: dict[str, Any] | None, recollect: bool,
+                         requested_by: str | None) -> Revision:
+    """Insert the next revision of a completed Run as pending, in one guarded statement: only
+    when every earlier revision is finished (at most one unfinished revision per Run); the
+    same request (``requested_by``) again returns its revision instead of asking for another."""
+    revisions = list_revisions(conn, run_id)
+    mine = [r for r in revisions if requested_by is not None and r.requested_by == requested_by]
+    if mine:
+        return Revision(mine[-1], new=False)
+    base, latest = revisions[0], revisions[-1]
+    if base.status != "completed":
+        raise _not_completed(base)
+    if latest.status not in ("completed", "failed"):
+        raise _unfinished(base, latest)
+    source = latest_completed(revisions)
+    assert source is not None  # the base is completed
+    chosen = source.params if params is None else params
+    identity = RunIdentity(base.job, base.subject, base.period_start, base.version,
+                           latest.revision + 1)
+    row = _REQUEST_REVISION.first(
+        conn, run_id=identity.run_id, source_run_id=source.run_id, revision=identity.revision,
+        revises_run_id=latest.run_id, revision_reason=reason, requested_by=requested_by,
+        params_fingerprint=params_fingerprint(chosen), params=chosen or {},
+        recollect=recollect)
+    if row is not None:
+        return Revision(_run(row), new=True)
+    # Another request inserted revision N first: it is the unfinished one now.
+    winner = require_run(conn, identity.run_id)
+    if requested_by is not None and winner.requested_by == requested_by:
+        return Revision(winner, new=False)
+    raise _unfinished(base, winner)

@@ -20,8 +20,9 @@ import functools
 import queue
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -66,13 +67,12 @@ from flows.stages import (
 )
 from flows.stale import skip_tick, stale_reason
 from flows.stop import FlowRunStopped, Stop, stopped_before
-from flows.tick import Held, Persisted, Tick
+from flows.tick import Held, Persisted, Revising, Tick
 from store import (
     Claim,
     CompletedBy,
     LeaseLost,
     Ledger,
-    OutboxMessage,
     Period,
     Registration,
     Run,
@@ -158,20 +158,27 @@ def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentit
     (None if it could not be read). A tick of
     no explicit period, expected at ``expected_start``, that starts too late may be skipped by
     its job's missed-run policy (``stale_reason``)."""
-    # One sync Prefect client for every task run of the tick: a sync task run inside an async
-    # flow run otherwise opens a client of its own (about 20 ms of TLS set-up each).
+    with ledgered(job, period, settings, flow_run_id, stop) as tick:
+        stale = (None if expected_start is None
+                 else stale_reason(job, period, expected_start, tick.ledger.now()))
+        report = (run_tick(tick, identities) if stale is None
+                  else skip_tick(tick, identities, stale))
+        return report, after_tick(tick.ledger, job, report)
+
+
+@contextmanager
+def ledgered(job: Job, period: Period, settings: RunledgerSettings, flow_run_id: str,
+             stop: Stop, revising: Revising | None = None) -> Iterator[Tick]:
+    """A Tick with its own ledger connection and model client, closed when it ends, inside one
+    sync Prefect client for all its task runs: a sync task run inside an async flow run
+    otherwise opens a client of its own (about 20 ms of TLS set-up each)."""
     with SyncClientContext.get_or_create():
         ledger = Ledger.connect()
         model = model_from_settings(settings)
         try:
-            tick = Tick(job, period, ledger, model,
-                        CallLog(settings.model_call_log) if settings.model_call_log else None,
-                        settings, flow_run_id, stop)
-            stale = (None if expected_start is None
-                     else stale_reason(job, period, expected_start, ledger.now()))
-            report = (run_tick(tick, identities) if stale is None
-                      else skip_tick(tick, identities, stale))
-            return report, after_tick(ledger, job, report)
+            yield Tick(job, period, ledger, model,
+                       CallLog(settings.model_call_log) if settings.model_call_log else None,
+                       settings, flow_run_id, stop, revising)
         finally:
             model.close()
             ledger.close()
@@ -275,12 +282,10 @@ def persist_output(subject: str, held: Held, candidate: Candidate) -> State[Any]
         return lost
     tick.job.validate(candidate)
     output = candidate.output()
-    messages: list[OutboxMessage] = list(tick.job.messages(subject, tick.period, output))
-    effect = tick.job.effect
+    messages = tick.messages(subject, output)
     try:
         done = tick.ledger.complete(
-            claim, output, messages,
-            None if effect is None else (lambda session: effect(session, output)),
+            claim, output, messages, tick.effect(output),
             CompletedBy(held.calls.value, tick.flow_run_id, str(current_task_run.id)),
         )
     except LeaseLost as exc:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sqlmodel import Session
 
 from flows.jobs import Job
 from flows.lease_keeper import LeaseKeeper
@@ -13,12 +17,25 @@ from flows.model import CallCount, CallLog, Model
 from flows.outcomes import SubjectOutcome, emit_outcome
 from flows.settings import RunledgerSettings
 from flows.stop import Stop, stopped_before
-from store import Claim, Ledger, Period, Run
+from store import Claim, Ledger, OutboxMessage, Period, Run
+
+
+@dataclass(frozen=True)
+class Revising:
+    """What a revise flow run changes in the stages it shares with a tick: the revision
+    number, and whether its messages are queued again (with "revised" in their subject)."""
+
+    number: int
+    resend: bool = True
+
+    def message(self, message: OutboxMessage) -> OutboxMessage:
+        return replace(message, subject=f"{message.subject} (revised, revision {self.number})")
 
 
 @dataclass(frozen=True)
 class Tick:
-    """Everything the stages of one flow run share."""
+    """Everything the stages of one flow run share (a tick of a job, or the revision of one
+    of its Runs)."""
 
     job: Job
     period: Period
@@ -28,6 +45,23 @@ class Tick:
     settings: RunledgerSettings
     flow_run_id: str
     stop: Stop = field(default_factory=Stop)
+    revising: Revising | None = None
+
+    def messages(self, subject: str, output: dict[str, Any]) -> list[OutboxMessage]:
+        """The outbox rows of a completion: the job's messages; a revision's are marked revised,
+        or none without resend (their keys are the revision's own: its run id differs)."""
+        made = list(self.job.messages(subject, self.period, output))
+        if self.revising is None:
+            return made
+        return [self.revising.message(m) for m in made] if self.revising.resend else []
+
+    def effect(self, output: dict[str, Any]) -> Callable[[Session], None] | None:
+        """The job's business effect of a completion; never a revision's (the flow refuses to
+        revise a job with an effect: it would apply twice)."""
+        effect = self.job.effect
+        if effect is None or self.revising is not None:
+            return None
+        return lambda session: effect(session, output)
 
     @property
     def lease_seconds(self) -> float:

@@ -12,6 +12,7 @@ from flows.cli import (
     ledger_commands,  # noqa: F401  (registers db, runs, outbox list)
     overdue_commands,  # noqa: F401  (registers overdue)
     reconcile_commands,  # noqa: F401  (registers reconcile)
+    revise_commands,  # noqa: F401  (registers runs revise)
     run_commands,  # noqa: F401  (registers run)
     stack_commands,  # noqa: F401  (registers serve, stack up|automations)
     stats_commands,  # noqa: F401  (registers stats)

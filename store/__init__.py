@@ -28,7 +28,15 @@ from store.models import (
 from store.occurrences import RunState, unemitted
 from store.outbox import MessageClaim, Reply
 from store.period import Period
-from store.runs import Claim, CompletedBy, Completion, FinishedRun, Registration, Revision
+from store.runs import (
+    Claim,
+    CompletedBy,
+    Completion,
+    FinishedRun,
+    Registration,
+    Revision,
+    latest_completed,
+)
 from store.settings import LedgerSettings
 from store.stats import Activity
 
@@ -39,6 +47,6 @@ __all__ = [
     "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "Period",
     "QueuedMessage", "Registration", "Reply", "Revision", "RevisionInProgress",
     "RevisionRefused", "Run", "RunConflict", "RunIdentity", "RunState",
-    "RunledgerError", "create_database_if_missing", "document_digest", "fault_point",
+    "RunledgerError", "create_database_if_missing", "document_digest", "fault_point", "latest_completed",
     "normalize_address", "params_fingerprint", "unemitted",
 ]

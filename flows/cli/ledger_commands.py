@@ -12,7 +12,7 @@ from rich.markup import escape
 from flows.cli.app import db_app, outbox_app, runs_app
 from flows.cli.logical_runs import attempt_fields, period_label, prefect_ui_url, run_fields
 from flows.cli.tables import EMAIL, FOLD, Col, print_table, short_id, utc
-from store import MESSAGE_STATUSES, RUN_STATUSES, Ledger, Run, RunledgerError
+from store import MESSAGE_STATUSES, RUN_STATUSES, Ledger, Run, RunledgerError, latest_completed
 
 console = Console()
 
@@ -20,7 +20,10 @@ console = Console()
 # narrow console (`runs show` has them). A recipient is worth more than the run id it belongs
 # to (`outbox list --run`, `runs show`).
 RUN_COLUMNS = [Col("run id"), Col("job"), Col("subject", fold=FOLD), Col("period"),
-               Col("version", drop=1), Col("status"), Col("attempts", drop=2)]
+               Col("version", drop=1), Col("rev", drop=3), Col("status"),
+               Col("attempts", drop=2)]
+LINEAGE_COLUMNS = [Col("revision"), Col("run id"), Col("status"), Col("created (UTC)", drop=1),
+                   Col("reason", fold=FOLD, optional=True)]
 ATTEMPT_COLUMNS = [Col("fence"), Col("attempt id", drop=5), Col("owner", fold=FOLD),
                    Col("started (UTC)", drop=2), Col("finished (UTC)", drop=3),
                    Col("duration", drop=1), Col("outcome"), Col("model calls", drop=4),
@@ -87,8 +90,8 @@ def runs_list(
         print_json([run_fields(r, attempts[r.run_id], ui_url) for r in runs])
         return
     print_table(console, RUN_COLUMNS, [
-        [short_id(r.run_id), r.job, r.subject, period_label(r), r.version, r.status,
-         str(r.attempts)] for r in runs])
+        [short_id(r.run_id), r.job, r.subject, period_label(r), r.version, str(r.revision),
+         r.status, str(r.attempts)] for r in runs])
 
 
 @runs_app.command("show")
@@ -106,15 +109,28 @@ def runs_show(
             raise fail(exc) from exc
         attempts = ledger.attempts(run.run_id)
         messages = ledger.messages(run_id=run.run_id, limit=10_000)
+        revisions = ledger.revisions(run.run_id)
     record = run_fields(run, attempts, prefect_ui_url())
+    current = latest_completed(revisions)
+    lineage = [{"revision": r.revision, "run_id": r.run_id, "status": r.status,
+                "reason": r.revision_reason, "revises_run_id": r.revises_run_id,
+                "created_at": utc(r.created_at), "completed_at": utc(r.completed_at),
+                "current": current is not None and r.run_id == current.run_id}
+               for r in revisions]
     if as_json:
         print_json({
             "run": {**record, "raw_input": run.raw_input, "output": run.output},
             "attempts": [attempt_fields(a) for a in attempts],
             "outbox": [m.model_dump(mode="json", exclude={"body"}) for m in messages],
+            "lineage": lineage,
         })
         return
     _print_run(run, record)
+    if len(revisions) > 1:
+        print_table(console, LINEAGE_COLUMNS, [
+            [f"{r.revision}{' (current result)' if r is current else ''}", short_id(r.run_id),
+             r.status, utc(r.created_at), r.revision_reason or ""] for r in revisions],
+            title="revisions (the result is the latest completed)")
     print_table(console, ATTEMPT_COLUMNS, [
         [str(a.fence), a.attempt_id, a.owner, utc(a.started_at), utc(a.finished_at),
          _duration(attempt_fields(a)["duration_seconds"]), a.outcome or "(open)",
@@ -135,6 +151,9 @@ def _print_run(run: Run, record: dict[str, Any]) -> None:
     console.print(f"[bold]{escape(run.job)}[/] / {escape(run.subject)} / {record['period']} / "
                   f"{escape(run.version)}", highlight=False)
     lines = [f"run id {run.run_id} (its run key)"]
+    if run.revision:
+        lines.append(f"revision {run.revision} of run {run.revises_run_id} "
+                     f"(reason: {run.revision_reason})")
     if window["timezone"] is not None:
         lines.append(f"period {window['start']} to {window['end']} ({window['timezone']}); "
                      f"UTC {window['start_utc']} to {window['end_utc']}")

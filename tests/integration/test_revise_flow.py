@@ -221,7 +221,8 @@ def test_runledger_runs_revise_runs_the_flow_and_shows_the_lineage(env: Env) -> 
     assert outbox_recipients(env.ledger, report["run_id"]) == ACME
     shown = runner.invoke(app, ["runs", "show", original.run_id])
     assert shown.exit_code == 0, shown.output
-    assert "revision 1" in shown.stdout and "summary was wrong" in shown.stdout
+    assert "revisions (the result is the latest completed)" in shown.stdout
+    assert "1 (current result)" in shown.stdout and "summary was wrong" in shown.stdout
     listed = json.loads(runner.invoke(app, ["runs", "list", "--json"]).stdout)
     assert sorted((r["revision"], r["revision_reason"]) for r in listed) == [
         (0, None), (1, "summary was wrong")]

@@ -510,11 +510,19 @@ _GET_FINISHED = Statement(
 _LINEAGE = [c for c in runs.c if c.key not in ("raw_input", "output")]
 IDENTITY_COLUMNS = ("job", "subject", "period_start", "version")
 
+
+
+def _revisions(d: str) -> sa.Select[Any]:
+    given = runs.alias("given")
+    return (sa.select(*_LINEAGE)
+            .join_from(given, runs, sa.and_(*(runs.c[n] == given.c[n] for n in IDENTITY_COLUMNS)))
+            .where(given.c.run_id == param(runs.c.run_id))
+            .order_by(runs.c.revision))
+
+
 _REVISIONS = Statement(
-    "list_revisions", "Every revision of one logical run, oldest first, without documents.",
-    lambda d: sa.select(*_LINEAGE)
-    .where(*(runs.c[n] == param(runs.c[n]) for n in IDENTITY_COLUMNS))
-    .order_by(runs.c.revision))
+    "list_revisions", "Every revision of the logical run of the given Run (any of its "
+    "revisions), oldest first, without documents.", _revisions)
 
 
 def _request_revision(d: str) -> sa.Insert:
@@ -607,9 +615,10 @@ def get_finished_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, Fin
 def list_revisions(conn: Connection, run_id: str) -> list[Run]:
     """Every revision of the logical run of ``run_id`` (any of its revisions' ids), oldest
     first, without raw inputs and outputs; ``RunNotFound`` if there is no such Run."""
-    run = require_run(conn, run_id)
-    return [_run(row) for row in
-            _REVISIONS.rows(conn, **{n: getattr(run, n) for n in IDENTITY_COLUMNS})]
+    found = [_run(row) for row in _REVISIONS.rows(conn, run_id=run_id)]
+    if not found:
+        raise RunNotFound(f"no run with id {run_id!r}")
+    return found
 
 
 def latest_completed(revisions: Sequence[Run]) -> Run | None:

@@ -158,11 +158,12 @@ WHERE asked.run_id IN (SELECT given.run_id
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (runs.revision = asked.revision AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) OR runs.revision > asked.revision AND runs.status = %s::VARCHAR);
 
 -- name: list_revisions
--- Every revision of one logical run, oldest first, without documents.
--- parameters: job, subject, period_start, version
+-- Every revision of the logical run of the given Run (any of its revisions), oldest first, without
+-- documents.
+-- parameters: run_id
 SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.requested_by 
-FROM runs 
-WHERE runs.job = %s::VARCHAR AND runs.subject = %s::VARCHAR AND runs.period_start = %s::TIMESTAMP WITH TIME ZONE AND runs.version = %s::VARCHAR ORDER BY runs.revision;
+FROM runs AS given JOIN runs ON runs.job = given.job AND runs.subject = given.subject AND runs.period_start = given.period_start AND runs.version = given.version 
+WHERE given.run_id = %s::VARCHAR ORDER BY runs.revision;
 
 -- name: request_revision
 -- Insert the next revision of a logical run as pending, only if the revision before it is finished

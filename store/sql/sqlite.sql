@@ -143,11 +143,12 @@ WHERE asked.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id
 FROM json_each(?) AS anon_1) AND (runs.revision = asked.revision AND (runs.status = ? OR runs.status = ?) OR runs.revision > asked.revision AND runs.status = ?);
 
 -- name: list_revisions
--- Every revision of one logical run, oldest first, without documents.
--- parameters: job, subject, period_start, version
+-- Every revision of the logical run of the given Run (any of its revisions), oldest first, without
+-- documents.
+-- parameters: run_id
 SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.requested_by 
-FROM runs 
-WHERE runs.job = ? AND runs.subject = ? AND runs.period_start = ? AND runs.version = ? ORDER BY runs.revision;
+FROM runs AS given JOIN runs ON runs.job = given.job AND runs.subject = given.subject AND runs.period_start = given.period_start AND runs.version = given.version 
+WHERE given.run_id = ? ORDER BY runs.revision;
 
 -- name: request_revision
 -- Insert the next revision of a logical run as pending, only if the revision before it is finished

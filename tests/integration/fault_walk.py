@@ -1,7 +1,8 @@
 """One subject's whole life through the real ledger, model wrapper and dispatcher, passing every
 named fault point: the job owes it, a neighbouring period is skipped and unskipped, its
 occurrence is reported overdue, its Run is registered and claimed, renewed, given its input and
-the model's answer, completed with four outbox rows and a business effect, reported recovered;
+the model's answer, completed with four outbox rows and a business effect, a revision of it requested (left
+pending), reported recovered;
 a side Run is claimed, failed, requeued and given up; the decisions' events are claimed and
 recorded emitted; the mail is delivered to a sink that
 answers 451 once, drops the connection once and refuses one recipient (550), and the refused
@@ -82,6 +83,7 @@ def walk(ledger: Ledger, subject: str, host: str, port: int, calls: Path) -> Non
     ledger.unskip([skipped.run_id])
     ledger.mark_overdue([main])
     _tick(ledger, main, owner, CallLog(calls))
+    ledger.request_revision(main.run_id, "walk: revised", requested_by=f"walk:{subject}")
     ledger.count_suppressed(JOB, PERIOD.date(), duplicates=1, in_progress_elsewhere=0)
     ledger.mark_recovered(JOB)
     _operate(ledger, identity(subject, 2), owner)

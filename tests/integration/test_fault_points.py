@@ -93,6 +93,8 @@ def assert_finished_once(ledger: Ledger, c: Crash, sink: Sink) -> str:
     outcomes = [a.outcome for a in ledger.attempts(run.run_id)]
     assert run.status == "completed" and outcomes.count("completed") == 1, outcomes
     assert effects(ledger, c.subject) == 1
+    revisions = ledger.revisions(run.run_id)
+    assert [(r.revision, r.status) for r in revisions] == [(0, "completed"), (1, "pending")]
     calls = len(CallLog(c.calls).entries())
     assert calls == (2 if c.point == AFTER_MODEL_ANSWER else 1), calls
     messages = {m.recipient: m for m in ledger.messages(run_id=run.run_id)}

@@ -81,6 +81,21 @@ def test_the_backfill_deployment_has_no_schedule_and_asks_for_job_start_and_end(
     assert runner_deployment(spec).schedules == []
 
 
+def test_the_revise_deployment_has_no_schedule_and_asks_for_the_run_and_a_reason() -> None:
+    """A person revises a Run from the UI's Custom run: nothing scheduled, nothing pinned, the
+    flow's required parameters are the Run's id and the reason, and its options are the CLI's."""
+    spec = deployment("revise")
+    assert spec.entrypoint == "flows/revision.py:revise" and spec.schedules == []
+    assert spec.parameters == {} and set(spec.tags) == {"runledger", "revise"}
+    flow = load_flow_from_entrypoint(f"{spec.flow_path}:revise")
+    parameters = inspect.signature(flow.fn).parameters
+    required = [name for name, p in parameters.items() if p.default is inspect.Parameter.empty]
+    assert flow.name == "revise" and required == ["run_id", "reason"]
+    assert {n: p.default for n, p in parameters.items() if n not in required} == {
+        "recollect": False, "resend": True, "params": None}
+    assert runner_deployment(spec).schedules == []
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_deployment_parameters_are_parameters_of_its_flow(spec) -> None:  # type: ignore[no-untyped-def]
     """Every entrypoint loads from the project root, and every parameter exists on the flow."""

@@ -217,13 +217,14 @@ _MARK_EMITTED = Statement(
 
 _RUN_STATES = Statement(
     "read_run_states", "Where each Run of a job stands from a period on (no documents), with "
-    "whether its lease expired by the database clock.",
+    "whether its lease expired by the database clock; revision 0 only, what the job owes "
+    "(a revision is an operator's, resumed by its own revise flow run).",
     lambda d: sa.select(
         runs.c.run_id, runs.c.subject, runs.c.period_start, runs.c.version, runs.c.status,
         runs.c.attempts, runs.c.model_calls, runs.c.updated_at, runs.c.error,
         sa.func.coalesce(runs.c.lease_expires_at <= db_now(), sa.false()).label("lease_expired"),
     ).where(runs.c.job == param(runs.c.job),
-            runs.c.period_start >= param(runs.c.period_start, "since"))
+            runs.c.period_start >= param(runs.c.period_start, "since"), runs.c.revision == 0)
     .order_by(runs.c.period_start, runs.c.subject))
 _OCCURRENCES = Statement(
     "read_occurrences", "The decisions and alerts about a job's occurrences from a period on.",

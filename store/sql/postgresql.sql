@@ -282,11 +282,12 @@ FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), skipped_at TIMES
 
 -- name: read_run_states
 -- Where each Run of a job stands from a period on (no documents), with whether its lease expired
--- by the database clock.
--- parameters: job, since
+-- by the database clock; revision 0 only, what the job owes (a revision is an operator's, resumed
+-- by its own revise flow run).
+-- parameters: job, since, revision_1
 SELECT runs.run_id, runs.subject, runs.period_start, runs.version, runs.status, runs.attempts, runs.model_calls, runs.updated_at, runs.error, coalesce(runs.lease_expires_at <= statement_timestamp(), false) AS lease_expired 
 FROM runs 
-WHERE runs.job = %s::VARCHAR AND runs.period_start >= %s::TIMESTAMP WITH TIME ZONE ORDER BY runs.period_start, runs.subject;
+WHERE runs.job = %s::VARCHAR AND runs.period_start >= %s::TIMESTAMP WITH TIME ZONE AND runs.revision = %s::INTEGER ORDER BY runs.period_start, runs.subject;
 
 -- name: read_occurrences
 -- The decisions and alerts about a job's occurrences from a period on.

@@ -267,11 +267,12 @@ FROM json_each(?) AS anon_1) AS given WHERE occurrences.run_id = given.run_id;
 
 -- name: read_run_states
 -- Where each Run of a job stands from a period on (no documents), with whether its lease expired
--- by the database clock.
--- parameters: job, since
+-- by the database clock; revision 0 only, what the job owes (a revision is an operator's, resumed
+-- by its own revise flow run).
+-- parameters: job, since, revision_1
 SELECT runs.run_id, runs.subject, runs.period_start, runs.version, runs.status, runs.attempts, runs.model_calls, runs.updated_at, runs.error, coalesce(runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), 0) AS lease_expired 
 FROM runs 
-WHERE runs.job = ? AND runs.period_start >= ? ORDER BY runs.period_start, runs.subject;
+WHERE runs.job = ? AND runs.period_start >= ? AND runs.revision = ? ORDER BY runs.period_start, runs.subject;
 
 -- name: read_occurrences
 -- The decisions and alerts about a job's occurrences from a period on.

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Coroutine, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prefect import State
 from sqlmodel import Session
 from typer.testing import CliRunner
 
+from flows.board import job_board
 from flows.cli import app
 from flows.revision import RevisionReport, revise
 from store import RevisionInProgress, RunIdentity
@@ -46,7 +50,8 @@ def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 def revised(**parameters: Any) -> tuple[State[Any], RevisionReport | BaseException]:
-    state = asyncio.run(revise(**parameters, return_state=True))
+    state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]",
+                             revise(**parameters, return_state=True)))
     return state, state.result(raise_on_failure=False)
 
 
@@ -82,6 +87,9 @@ def test_a_revision_of_a_completed_run_calls_the_model_once_and_resends_with_new
     state, again = env.run(probe.name, period=PERIOD)
     assert state.name == "Duplicate" and outcomes(again) == {"acme": "duplicate"}
     assert again.subjects[0].run_id == revision.run_id  # type: ignore[union-attr]
+    [period] = job_board(env.ledger, probe.job, datetime(2026, 1, 5, 12, tzinfo=UTC),
+                         periods=1).periods
+    assert dict(period.counts) == {"completed": 1}  # the revision is no second occurrence
 
 
 def test_recollect_collects_again_and_no_resend_queues_nothing(env: Env) -> None:
@@ -112,7 +120,7 @@ def test_rerunning_the_same_revise_request_does_not_make_a_second_revision(env: 
         async def in_flow() -> RevisionReport:
             return await asyncio.to_thread(run_revision, *args, flow_run_id, Stop())
 
-        return asyncio.run(_in_a_flow(in_flow))
+        return cast(RevisionReport, asyncio.run(_in_a_flow(in_flow)))
 
     first = request("11111111-1111-1111-1111-111111111111")
     again = request("11111111-1111-1111-1111-111111111111")
@@ -134,12 +142,10 @@ async def _in_a_flow(call: Any) -> Any:
 
 def test_a_request_while_a_revision_is_unfinished_fails_the_flow_run_naming_it(
         env: Env) -> None:
-    """A revision left pending (its transform failed transiently past the retries) blocks a
-    second request, which fails with RevisionInProgress; revising the pending revision's id
-    resumes and completes it."""
-    from flows.jobs import TransientError
-
-    probe = probe_job(transform_errors=[])
+    """A revision left pending (requested, its flow run gone) blocks a second request, which
+    fails with RevisionInProgress naming it; revising the pending revision's id resumes and
+    completes it."""
+    probe = probe_job()
     env.run(probe.name, period=PERIOD)
     original = env.the_run("acme", PERIOD, probe.job)
     pending = env.ledger.request_revision(original.run_id, "first").run
@@ -149,7 +155,6 @@ def test_a_request_while_a_revision_is_unfinished_fails_the_flow_run_naming_it(
     state, result = revised(run_id=pending.run_id, reason="resume")
     assert state.name == "Revised" and report_of(result).run.run_id == pending.run_id
     assert [r.status for r in env.ledger.revisions(original.run_id)] == ["completed"] * 2
-    del TransientError
 
 
 def test_revising_an_uncompleted_run_fails_and_writes_nothing(env: Env) -> None:
@@ -172,7 +177,7 @@ def test_new_params_for_changed_recipients_go_to_the_new_recipients(env: Env) ->
     env.run(probe.name, period=PERIOD)
     original = env.the_run("acme", PERIOD, probe.job)
     recipients[:] = ["new@example.com"]
-    state, report = env.run(probe.name, period=PERIOD)
+    state, _ = env.run(probe.name, period=PERIOD)
     assert state.is_failed() and "runledger runs revise" in (state.message or "")
     state, result = revised(run_id=original.run_id, reason="recipients changed",
                             params={"recipients": ["other@example.com"]})
@@ -233,8 +238,6 @@ def test_a_worker_killed_mid_revision_leaves_it_claimable_and_the_next_attempt_f
         env: Env) -> None:
     """SIGKILL after the model's answer: the revision stays running on a lease that expires;
     `runs revise <revision id>` then resumes it and completes it once, with one set of rows."""
-    import subprocess
-
     from store import AFTER_MODEL_ANSWER
 
     runner = CliRunner()
@@ -244,7 +247,7 @@ def test_a_worker_killed_mid_revision_leaves_it_claimable_and_the_next_attempt_f
     env.set(faults=AFTER_MODEL_ANSWER, lease_seconds=2)
     killed = subprocess.run(
         [*RUNLEDGER, "runs", "revise", original.run_id, "--reason", "killed", "--json"],
-        capture_output=True, text=True, timeout=180, env=_environ())
+        capture_output=True, text=True, timeout=180, env=dict(os.environ))
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     env.monkeypatch.delenv("RUNLEDGER_FAULTS")
     [_, revision] = env.ledger.revisions(original.run_id)
@@ -252,17 +255,10 @@ def test_a_worker_killed_mid_revision_leaves_it_claimable_and_the_next_attempt_f
     with pytest.raises(RevisionInProgress):
         env.ledger.request_revision(original.run_id, "meanwhile")
     wait_until(lambda: lease_expired(env.ledger, revision.run_id), 30, "the dead lease")
-    state, result = revised(run_id=revision.run_id, reason="resume")
+    state, _ = revised(run_id=revision.run_id, reason="resume")
     assert state.name == "Revised" and env.model_calls() == 3
     assert [a.outcome for a in env.ledger.attempts(revision.run_id)] == ["expired", "completed"]
     assert outbox_recipients(env.ledger, revision.run_id) == ACME
-    del result
-
-
-def _environ() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
 
 
 def test_revision_identity_is_the_runs_identity_with_its_number() -> None:

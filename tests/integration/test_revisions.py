@@ -5,8 +5,8 @@ revision per Run; reads of the result return the latest completed revision."""
 from __future__ import annotations
 
 import threading
-from hashlib import sha256
 from datetime import UTC, datetime, timedelta
+from hashlib import sha256
 
 import pytest
 import sqlalchemy as sa
@@ -114,7 +114,7 @@ def test_revising_a_run_that_never_completed_is_refused_and_writes_nothing(
         ledger: Ledger) -> None:
     """A pending Run is rerun, a failed one requeued: the refusal says which."""
     pending = ledger.register(identity("team-b"), PARAMS)
-    with pytest.raises(RevisionRefused, match="pending, never completed.*rerun its period"):
+    with pytest.raises(RevisionRefused, match=r"pending, never completed.*rerun its period"):
         ledger.request_revision(pending.run_id, "why")
     claim = ledger.claim(pending.run_id, "worker:1", LEASE)
     assert claim is not None

@@ -453,6 +453,7 @@ def states_page() -> str:
         STATE_NAMES,
     )
     from flows.pipeline import collect_input, persist_output, register_and_claim, transform_input
+    from flows.revision import STATE_NAMES as REVISE_STATES
     from store import MESSAGE_STATUSES, RUN_STATUSES
     from store.models import ATTEMPT_OUTCOMES
 
@@ -474,6 +475,10 @@ def states_page() -> str:
             f"A tick of a job that lists no subjects ends `{NO_SUBJECTS}` (Completed type): "
             "nothing ran, which is not a healthy tick. The `reconcile` flow ends `Completed`, "
             "`DryRun` for a dry run, or `Failed` when a period it ran failed.", "",
+            "A `revise` flow run ends in a Completed state named "
+            + ", ".join(f"`{n}` ({o})" for o, n in REVISE_STATES.items())
+            + " of its revision, or `Failed` (its stages failed, or the request was refused: "
+            "`RevisionInProgress`, `RevisionRefused`).", "",
             "Prefect's own states also appear: `Crashed` (the process died; the crash detector "
             "automation sets it when a tagged flow run's heartbeats stop), `TimedOut`, `Late`, "
             "`Scheduled`, `AwaitingRetry`.", "",

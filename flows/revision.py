@@ -66,6 +66,11 @@ async def revise(run_id: str, reason: str, recollect: bool = False, resend: bool
     return report.final_state()
 
 
+# A revise flow run's state per outcome of its revision ("failed" is a Failed state).
+STATE_NAMES = {"new": "Revised", "duplicate": "Duplicate", "stopped": "Cancelled",
+               "in-progress-elsewhere": "InProgressElsewhere", "lease-lost": "LeaseLost"}
+
+
 class RevisionReport:
     """What a revise flow run came to: the revision's Run, its outcome and a readable message.
 
@@ -81,9 +86,7 @@ class RevisionReport:
     def final_state(self) -> State[Any]:
         if self.outcome == "failed":
             return Failed(message=self.message, data=self)
-        names = {"new": "Revised", "duplicate": "Duplicate", "stopped": "Cancelled",
-                 "in-progress-elsewhere": "InProgressElsewhere", "lease-lost": "LeaseLost"}
-        return Completed(name=names[self.outcome], message=self.message, data=self)
+        return Completed(name=STATE_NAMES[self.outcome], message=self.message, data=self)
 
     def as_dict(self) -> dict[str, Any]:
         r = self.run

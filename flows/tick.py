@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-from sqlmodel import Session
 
 from flows.jobs import Job
 from flows.lease_keeper import LeaseKeeper
@@ -17,7 +14,7 @@ from flows.model import CallCount, CallLog, Model
 from flows.outcomes import SubjectOutcome, emit_outcome
 from flows.settings import RunledgerSettings
 from flows.stop import Stop, stopped_before
-from store import Claim, Ledger, OutboxMessage, Period, Run
+from store import Claim, Effect, Ledger, OutboxMessage, Period, Run
 
 
 @dataclass(frozen=True)
@@ -55,7 +52,7 @@ class Tick:
             return made
         return [self.revising.message(m) for m in made] if self.revising.resend else []
 
-    def effect(self, output: dict[str, Any]) -> Callable[[Session], None] | None:
+    def effect(self, output: dict[str, Any]) -> Effect | None:
         """The job's business effect of a completion; never a revision's (the flow refuses to
         revise a job with an effect: it would apply twice)."""
         effect = self.job.effect

@@ -32,6 +32,7 @@ from store.runs import (
     Claim,
     CompletedBy,
     Completion,
+    Effect,
     FinishedRun,
     Registration,
     Revision,
@@ -43,7 +44,7 @@ from store.stats import Activity
 __all__ = [
     "AFTER_MODEL_ANSWER", "AFTER_SEND_BEFORE_MARK", "MESSAGE_STATUSES", "RUN_STATUSES",
     "Activity", "Attempt", "Claim", "CompletedBy", "Completion",
-    "DeliveryLeaseLost", "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
+    "DeliveryLeaseLost", "Effect", "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
     "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "Period",
     "QueuedMessage", "Registration", "Reply", "Revision", "RevisionInProgress",
     "RevisionRefused", "Run", "RunConflict", "RunIdentity", "RunState",

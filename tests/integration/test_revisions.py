@@ -182,3 +182,59 @@ def test_the_conflict_message_tells_the_revise_command(ledger: Ledger) -> None:
     with pytest.raises(RunConflict, match=rf"runledger runs revise {original.run_id} "
                                           r"--reason '\.\.\.' --params"):
         ledger.register(identity(), {"recipients": ["new@example.com"]})
+
+
+def test_migrating_an_existing_ledger_keeps_its_run_ids_and_makes_them_revisable(
+        empty_db_url: str) -> None:
+    """A Run written before migration 0007 is revision 0 under the id it had, can be revised
+    after it; downgrading removes the revisions and keeps the original."""
+    from alembic import command
+    from alembic.config import Config
+
+    from store.ledger import MIGRATIONS
+
+    with Ledger.connect(empty_db_url) as ledger:
+        ledger.migrate("0006")
+        old = identity()
+        with ledger.engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO runs (run_id, job, subject, period_start, version, "
+                "params_fingerprint, params, status, fence, attempts, raw_input, output, "
+                "created_at, updated_at, completed_at) VALUES (:id, 'digest', 'team-a', :start, "
+                "'v1', 'f', '{}', 'completed', 1, 1, '{}', '{}', :start, :start, :start)"),
+                {"id": old.run_id, "start": PERIOD.replace(tzinfo=None)})
+        ledger.migrate()
+        run = ledger.get(old.run_id)
+        assert (run.revision, run.revises_run_id) == (0, None)
+        revision = ledger.request_revision(old.run_id, "after the upgrade").run
+        assert revision.run_id == old.revised(1).run_id
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        with ledger.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0006")
+        assert row_count(ledger) == 1
+
+
+def test_the_guarded_insert_alone_refuses_a_revision_after_an_unfinished_one(
+        ledger: Ledger) -> None:
+    """Without the caller's checks, the statement itself inserts revision 2 only once
+    revision 1 is finished, and never revision 1 twice (the identity key)."""
+    from store import runs as rn
+
+    original = completed(ledger)
+    first = ledger.request_revision(original.run_id, "one").run
+    base = identity()
+
+    def insert(number: int, follows: str) -> object:
+        with ledger.engine.begin() as conn:
+            return rn._REQUEST_REVISION.first(
+                conn, run_id=base.revised(number).run_id, source_run_id=original.run_id,
+                revision=number, revises_run_id=follows, revision_reason="raw",
+                requested_by=None, params_fingerprint="f", params={}, recollect=False)
+
+    assert insert(2, first.run_id) is None  # revision 1 is pending
+    assert insert(1, original.run_id) is None  # revision 1 exists
+    finish(ledger, ledger.get(first.run_id), "second")
+    assert insert(2, first.run_id) is not None
+    assert [r.revision for r in ledger.revisions(original.run_id)] == [0, 1, 2]

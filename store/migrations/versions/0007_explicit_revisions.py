@@ -10,7 +10,9 @@ A revision is a new ``runs`` row of the same (job, subject, period_start, versio
 the operator's reason and the request it came from (``requested_by``: the revise flow run).
 The identity constraint gains ``revision``, so that revision N is inserted once whoever asks
 (the guarded insert of ``request_revision`` relies on it). Every existing Run is revision 0 and
-keeps its id. The revision columns are written on insert only: Run updates stay HOT.
+keeps its id. The revision columns are written on insert only: Run updates stay HOT. On
+PostgreSQL the widened unique index is built under the ALTER TABLE's lock (writers wait for it):
+upgrade a large ledger when no tick runs. SQLite recreates the table (batch mode).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from flows.cli.ledger_commands import RUN_COLUMNS
 from flows.cli.tables import FOLD, Col, fit_table, short_id, utc
 
 RUN_ID = "d4baf766fcbfd7cb6ec98a67bf4ffc791a7a2ab6782994023ea1976848b8fec0"
-RUN_ROW = [short_id(RUN_ID), "competitor-summary", "acme", "2026-12-01", "1", "completed", "1"]
+RUN_ROW = [short_id(RUN_ID), "competitor-summary", "acme", "2026-12-01", "1", "0", "completed",
+           "1"]
 
 
 def render(columns: list[Col], rows: list[list[str | Text]], width: int = 80) -> list[str]:
@@ -32,7 +33,7 @@ def test_a_run_row_at_80_columns_keeps_job_period_and_short_id_whole_on_one_line
     than 80 or has an ellipsis; attempts and version are left out to make room."""
     lines = render(RUN_COLUMNS, [RUN_ROW, [short_id("8c91062d1074" + "0" * 52),
                                            "competitor-summary", "globex", "2026-12-01", "1",
-                                           "pending", "0"]])
+                                           "1", "pending", "0"]])
     row = line_with(lines, "d4baf766fcbf")
     assert "competitor-summary" in row and "2026-12-01" in row and "completed" in row
     assert "d4baf766fcbfd" not in row
@@ -47,9 +48,9 @@ def test_a_wide_console_shows_every_column() -> None:
 
 
 def test_the_highest_drop_goes_first() -> None:
-    """Attempts (drop 2) is left out before version (drop 1)."""
+    """Revision (drop 3) and attempts (drop 2) are left out before version (drop 1)."""
     header = render(RUN_COLUMNS, [RUN_ROW], width=88)[1]
-    assert "version" in header and "attempts" not in header
+    assert "version" in header and "attempts" not in header and "rev" not in header
 
 
 def test_free_text_folds_whole_where_a_long_error_would_be_cut() -> None:

@@ -44,7 +44,7 @@ async def revise(run_id: str, reason: str, recollect: bool = False, resend: bool
 
     Args:
         run_id: The Run to revise (any of its revisions' ids, or a unique prefix); the id of
-            an unfinished revision resumes that revision.
+            an unfinished revision resumes that revision (with its own reason and resend).
         reason: Why the output must be redone, e.g. "recipients changed"; kept on the revision.
         recollect: Collect the input again instead of reusing the stored raw input.
         resend: Queue the revision's messages (new idempotency keys, "revised" in the
@@ -142,13 +142,13 @@ def run_revision(run_id: str, reason: str, recollect: bool, resend: bool,
             revision = target  # resume an unfinished revision, named by its own id
         else:
             revision = ledger.request_revision(
-                target.run_id, reason, params=params, recollect=recollect,
+                target.run_id, reason, params=params, recollect=recollect, resend=resend,
                 requested_by=flow_run_id).run
-    return _drive(job, revision, resend, settings, flow_run_id, stop)
+    return _drive(job, revision, settings, flow_run_id, stop)
 
 
-def _drive(job: Job, revision: Run, resend: bool, settings: RunledgerSettings,
-           flow_run_id: str, stop: Stop) -> RevisionReport:
+def _drive(job: Job, revision: Run, settings: RunledgerSettings, flow_run_id: str,
+           stop: Stop) -> RevisionReport:
     what = (f"revision {revision.revision} of {job.name}/{revision.subject}/"
             f"{_period(job, revision).label} ({revision.revision_reason})")
     if revision.status == "completed":
@@ -158,7 +158,7 @@ def _drive(job: Job, revision: Run, resend: bool, settings: RunledgerSettings,
         return RevisionReport(revision, "failed", f"{what} failed ({revision.error}); ask for "
                                                   "a new revision once the cause is fixed")
     with ledgered(job, _period(job, revision), settings, flow_run_id, stop,
-                  Revising(revision.revision, resend)) as tick:
+                  Revising(revision.revision, revision.resend is not False)) as tick:
         claim = tick.ledger.claim(revision.run_id, tick.owner("revise"), tick.lease_seconds)
         run = tick.ledger.get(revision.run_id)
         if claim is None:

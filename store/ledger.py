@@ -225,16 +225,17 @@ class Ledger:
 
     def request_revision(self, run_id: str, reason: str, *,
                          params: dict[str, Any] | None = None, recollect: bool = False,
-                         requested_by: str | None = None) -> rn.Revision:
+                         resend: bool = True, requested_by: str | None = None) -> rn.Revision:
         """Operator action: ask for a new output of a completed Run (``run_id``: any of its
         revisions), as its next revision, pending (see ``request_revision_txn``): ``params``
         default to its latest completed revision's, whose stored raw input is reused unless
-        ``recollect``; ``RevisionInProgress`` while a revision is unfinished."""
+        ``recollect``; ``resend`` is kept on the revision (whoever resumes it queues its
+        messages, or not); ``RevisionInProgress`` while a revision is unfinished."""
         reason = rn.revision_reason(reason)
         if params is not None:
             params_fingerprint(params)  # not a JSON object: refused before anything is read
         return self._write(faults.AFTER_REQUEST_REVISION_COMMIT, rn.request_revision_txn,
-                           run_id, reason, params, bool(recollect), requested_by)
+                           run_id, reason, params, bool(recollect), bool(resend), requested_by)
 
     def revisions(self, run_id: str) -> list[Run]:
         """Every revision of the logical run of ``run_id``, oldest first (no documents)."""

@@ -110,12 +110,13 @@ class Run(SQLModel, table=True):
     created_at: datetime | None = _ts(nullable=False)
     updated_at: datetime | None = _ts(nullable=False)
     completed_at: datetime | None = _ts()
-    # An explicit revision (0: the original): the Run it follows, why, and who asked (a revise
-    # flow run's id, so that a retry of that flow run resumes its revision instead of asking
-    # for another).
+    # An explicit revision (0: the original): the Run it follows, why, whether its messages
+    # are queued again, and who asked (a revise flow run's id, so that a retry of that flow
+    # run resumes its revision instead of asking for another).
     revision: int = _count()
     revises_run_id: str | None = Field(default=None, max_length=64)
     revision_reason: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    resend: bool | None = None
     requested_by: str | None = Field(default=None, max_length=MAX_OWNER)
 
 

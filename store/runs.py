@@ -541,13 +541,13 @@ def _request_revision(d: str) -> sa.Insert:
                   else_=source.c.raw_input)
     rows = sa.select(
         param(runs.c.run_id), source.c.job, source.c.subject, source.c.period_start,
-        source.c.version, number, follows, param(runs.c.revision_reason),
+        source.c.version, number, follows, param(runs.c.revision_reason), param(runs.c.resend),
         param(runs.c.requested_by), param(runs.c.params_fingerprint), param(runs.c.params), raw,
         sa.literal("pending"), sa.literal(0), sa.literal(0), db_now(), db_now(),
     ).where(source.c.run_id == param(runs.c.run_id, "source_run_id"), finished)
     return insert_ignoring_conflicts(d, runs).from_select(
         ["run_id", "job", "subject", "period_start", "version", "revision", "revises_run_id",
-         "revision_reason", "requested_by", "params_fingerprint", "params", "raw_input",
+         "revision_reason", "resend", "requested_by", "params_fingerprint", "params", "raw_input",
          "status", "fence", "attempts", "created_at", "updated_at"], rows,
     ).returning(*runs.c)
 
@@ -890,7 +890,7 @@ def _not_completed(base: Run) -> RevisionRefused:
 
 @transition(one_statement_on=NOWHERE)
 def request_revision_txn(conn: Connection, run_id: str, reason: str,
-                         params: dict[str, Any] | None, recollect: bool,
+                         params: dict[str, Any] | None, recollect: bool, resend: bool,
                          requested_by: str | None) -> Revision:
     """Insert the next revision of a completed Run as pending, in one guarded statement: only
     when every earlier revision is finished (at most one unfinished revision per Run); the
@@ -911,7 +911,8 @@ def request_revision_txn(conn: Connection, run_id: str, reason: str,
                            latest.revision + 1)
     row = _REQUEST_REVISION.first(
         conn, run_id=identity.run_id, source_run_id=source.run_id, revision=identity.revision,
-        revises_run_id=latest.run_id, revision_reason=reason, requested_by=requested_by,
+        revises_run_id=latest.run_id, revision_reason=reason, resend=resend,
+        requested_by=requested_by,
         params_fingerprint=params_fingerprint(chosen), params=chosen or {},
         recollect=recollect)
     if row is not None:

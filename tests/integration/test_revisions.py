@@ -79,10 +79,13 @@ def test_a_revision_of_a_completed_run_is_a_new_pending_row_linked_to_it_with_it
 
 
 def test_recollect_leaves_the_revision_without_a_stored_input(ledger: Ledger) -> None:
-    """With recollect the revision's collect stage runs again."""
+    """With recollect the revision's collect stage runs again; the resend choice is kept on
+    the revision for whoever resumes it."""
     original = completed(ledger)
-    revision = ledger.request_revision(original.run_id, "source fixed", recollect=True)
-    assert ledger.get(revision.run.run_id).raw_input is None
+    revision = ledger.request_revision(original.run_id, "source fixed", recollect=True,
+                                       resend=False)
+    run = ledger.get(revision.run.run_id)
+    assert run.raw_input is None and run.resend is False
 
 
 def test_a_second_request_while_a_revision_is_unfinished_is_refused_naming_it(
@@ -230,7 +233,7 @@ def test_the_guarded_insert_alone_refuses_a_revision_after_an_unfinished_one(
         with ledger.engine.begin() as conn:
             return rn._REQUEST_REVISION.first(
                 conn, run_id=base.revised(number).run_id, source_run_id=original.run_id,
-                revision=number, revises_run_id=follows, revision_reason="raw",
+                revision=number, revises_run_id=follows, revision_reason="raw", resend=True,
                 requested_by=None, params_fingerprint="f", params={}, recollect=False)
 
     assert insert(2, first.run_id) is None  # revision 1 is pending

@@ -7,7 +7,8 @@ Create Date: 2026-12-02 03:00:00
 
 A revision is a new ``runs`` row of the same (job, subject, period_start, version) with
 ``revision`` N > 0 (the original is 0), linked to the row it follows (``revises_run_id``), with
-the operator's reason and the request it came from (``requested_by``: the revise flow run).
+the operator's reason, whether its messages are queued again (``resend``) and the request it
+came from (``requested_by``: the revise flow run).
 The identity constraint gains ``revision``, so that revision N is inserted once whoever asks
 (the guarded insert of ``request_revision`` relies on it). Every existing Run is revision 0 and
 keeps its id. The revision columns are written on insert only: Run updates stay HOT. On
@@ -34,6 +35,7 @@ def upgrade() -> None:
                                       server_default="0"))
         batch_op.add_column(sa.Column("revises_run_id", sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column("revision_reason", sa.Text(), nullable=True))
+        batch_op.add_column(sa.Column("resend", sa.Boolean(), nullable=True))
         batch_op.add_column(sa.Column("requested_by", sa.String(length=300), nullable=True))
         batch_op.create_check_constraint(op.f("ck_runs_revision_non_negative"), "revision >= 0")
         batch_op.drop_constraint("uq_runs_identity", type_="unique")
@@ -52,6 +54,7 @@ def downgrade() -> None:
         batch_op.create_unique_constraint("uq_runs_identity", IDENTITY)
         batch_op.drop_constraint(op.f("ck_runs_revision_non_negative"), type_="check")
         batch_op.drop_column("requested_by")
+        batch_op.drop_column("resend")
         batch_op.drop_column("revision_reason")
         batch_op.drop_column("revises_run_id")
         batch_op.drop_column("revision")

@@ -106,6 +106,10 @@ class Run(SQLModel, table=True):
     created_at: datetime | None = _ts(nullable=False)
     updated_at: datetime | None = _ts(nullable=False)
     completed_at: datetime | None = _ts()
+    # A tombstone (``runledger prune``): when its documents and children were deleted, and the
+    # sha256 of the canonical JSON of the output it no longer holds.
+    pruned_at: datetime | None = _ts()
+    output_digest: str | None = Field(default=None, max_length=64)
 
 
 class Attempt(SQLModel, table=True):

@@ -100,6 +100,9 @@ class FinishedRun:
     attempts: int
     output: dict[str, Any] | None
     error: str | None
+    # A tombstone's: when retention pruned its output, and the output's sha256.
+    pruned_at: datetime | None = None
+    output_digest: str | None = None
 
 
 def check_calls(value: int) -> int:

@@ -32,7 +32,7 @@ from store.models import (
     outbox_table,
     runs_table,
 )
-from store.statement import NOWHERE, Statement, one_of, optional, param, transition
+from store.statement import NOWHERE, Statement, one_of, optional, transition
 
 runs = runs_table
 attempts = attempts_table

@@ -6,6 +6,7 @@ message still to deliver, a failed and a pending Run are never touched."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -242,3 +243,22 @@ def test_a_run_with_a_message_still_to_deliver_is_never_pruned_until_it_is_deliv
     assert prune_ledger(ledger, RETENTION, [probe.job]).total("runs") == 1
     assert ledger.get(unsent[0].run_id).pruned_at is not None
     assert ledger.message(unsent[0].message_id) is None
+
+
+def test_the_prune_flow_prunes_and_publishes_its_summary_as_an_artifact(env: Env) -> None:
+    """The `prune` deployment's flow refuses nothing at its defaults, prunes the job's old
+    Runs and leaves a markdown artifact (runledger-prune) with the summary."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.retention import ARTIFACT_KEY, prune
+
+    probe = probe_job()
+    seeded = seed(env.ledger, probe.name, 300, old(env.ledger))
+    done = asyncio.run(prune(job=probe.name, batch_size=100))  # type: ignore[arg-type]
+    assert done["totals"]["runs"] == seeded.completed - seeded.unsent
+    assert done["totals"]["batches"] == 3
+    with get_client(sync_client=True) as client:
+        [artifact, *_] = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])))
+    assert isinstance(artifact.data, str) and "Runs pruned" in artifact.data

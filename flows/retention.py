@@ -100,11 +100,10 @@ def selected_jobs(job: str | None) -> list[Job]:
 
 
 @dataclass
-class JobPruned:
-    """One job's part of a pass: what became tombstones and was deleted (or, in a dry run,
-    would be), and the Runs from before the cutoff left alone, by why."""
+class Counts:
+    """What a pass made tombstones of and deleted (or, in a dry run, would), and the Runs from
+    before the cutoff it left alone, by why."""
 
-    job: str
     runs: int = 0
     attempts: int = 0
     outbox: int = 0
@@ -129,24 +128,25 @@ class JobPruned:
         self.tombstones = found.tombstones
 
 
-COUNTED = [f.name for f in fields(JobPruned) if f.name != "job"]
+COUNTED = [f.name for f in fields(Counts)]
 
 
 @dataclass
 class PruneReport:
-    """What one pass did (or would do: ``dry_run``) per job, and the ledger's size before and
-    after (PostgreSQL: after a plain VACUUM)."""
+    """What one pass did (or would do: ``dry_run``) to the Runs of ``jobs``, and the ledger's
+    size before and after (PostgreSQL: after a plain VACUUM)."""
 
     older_than: timedelta
     cutoff: datetime
     dry_run: bool
     dialect: str
+    jobs: list[str]
     before: Storage
     after: Storage | None = None
-    jobs: list[JobPruned] = field(default_factory=list)
+    counts: Counts = field(default_factory=Counts)
 
     def total(self, name: str) -> int:
-        return sum(getattr(j, name) for j in self.jobs)
+        return int(getattr(self.counts, name))
 
     @property
     def reclaimed_bytes(self) -> int | None:
@@ -188,8 +188,7 @@ class PruneReport:
         return {
             "older_than_seconds": self.older_than.total_seconds(),
             "cutoff": self.cutoff.isoformat(), "dry_run": self.dry_run, "dialect": self.dialect,
-            "totals": {name: self.total(name) for name in COUNTED},
-            "jobs": [{"job": j.job, **{n: getattr(j, n) for n in COUNTED}} for j in self.jobs],
+            "jobs": self.jobs, "totals": {name: self.total(name) for name in COUNTED},
             "bytes_before": self.before.total_bytes,
             "free_bytes_before": self.before.free_bytes,
             "bytes_after": None if self.after is None else self.after.total_bytes,
@@ -200,56 +199,49 @@ class PruneReport:
     def markdown(self) -> str:
         mode = " (dry run: nothing written)" if self.dry_run else ""
         lines = [f"# Prune{mode}", "",
-                 f"Runs completed before `{self.cutoff.isoformat()}` (older than "
-                 f"{_days(self.older_than)}), {self.dialect} ledger.", "",
-                 "| | |", "|---|---|"]
+                 f"Runs of {', '.join(f'`{j}`' for j in self.jobs)} completed before "
+                 f"`{self.cutoff.isoformat()}` (older than {_days(self.older_than)}), "
+                 f"{self.dialect} ledger.", "", "| | |", "|---|---|"]
         lines += [f"| {what} | {n} |" for what, n in self.rows()]
-        lines += ["", "| job | Runs | attempts | outbox | delivery attempts | skipped |",
-                  "|---|---|---|---|---|---|"]
-        for j in self.jobs:
-            skipped = j.skipped_unfinished_outbox + j.skipped_failed + j.skipped_unfinished
-            lines.append(f"| {j.job} | {j.runs} | {j.attempts} | {j.outbox} | "
-                         f"{j.delivery_attempts} | {skipped} |")
         return "\n".join(lines) + "\n"
 
 
-Progress = Callable[[str, int, int], None]  # job, Runs done in it so far, Runs it has
+Progress = Callable[[int, int], None]  # Runs pruned so far, Runs the pass found to prune
 
 
 def prune_ledger(ledger: Ledger, older_than: timedelta, jobs: Sequence[Job], *,
                  dry_run: bool = False, batch_size: int = DEFAULT_BATCH,
                  now: datetime | None = None, progress: Progress | None = None) -> PruneReport:
-    """One pass: per job, batches of ``batch_size`` Runs completed before ``now`` (default:
-    the database clock) minus ``older_than`` become tombstones, each batch its own short
-    transaction; a dry run counts the same selection and writes nothing. The caller checks
-    the retention first (``check_retention``)."""
+    """One pass over the ledger: the Runs of ``jobs`` completed before ``now`` (default: the
+    database clock) minus ``older_than`` become tombstones, ``batch_size`` Runs looked at per
+    batch, each batch its own short transaction; a dry run counts the same selection and
+    writes nothing. The caller checks the retention first (``check_retention``)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
             or not 1 <= batch_size <= MAX_BATCH:
         raise InvalidInput(f"--batch-size must be from 1 to {MAX_BATCH} Runs, got {batch_size!r}")
+    names = [job.name for job in jobs]
     cutoff = (now or ledger.now()) - older_than
-    report = PruneReport(older_than, cutoff, dry_run, ledger.dialect, ledger.storage())
-    for job in jobs:
-        done = JobPruned(job.name)
-        report.jobs.append(done)
-        found = ledger.prunable(cutoff, job=job.name)
-        if dry_run:
-            done.add(found)
-            done.left(found)
-            continue
-        cursor = ""
-        while True:
-            batch = ledger.prune_batch(cutoff, job=job.name, limit=batch_size, after=cursor)
-            if batch.cursor is None:
-                break
+    report = PruneReport(older_than, cutoff, dry_run, ledger.dialect, names, ledger.storage())
+    if not names:
+        return report
+    done = report.counts
+    found = ledger.prunable(cutoff, names)
+    if dry_run:
+        done.add(found)
+        done.left(found)
+        return report
+    cursor: str | None = ""
+    while cursor is not None:
+        batch = ledger.prune_batch(cutoff, names, limit=batch_size, after=cursor)
+        cursor = batch.cursor
+        if cursor is not None:
             done.add(batch)
             done.batches += 1
-            cursor = batch.cursor
             if progress is not None:
-                progress(job.name, done.runs, found.runs)
-        done.left(ledger.prunable(cutoff, job=job.name))
-    if not dry_run:
-        ledger.vacuum()
-        report.after = ledger.storage()
+                progress(done.runs, found.runs)
+    done.left(ledger.prunable(cutoff, names))
+    ledger.vacuum()
+    report.after = ledger.storage()
     return report
 
 

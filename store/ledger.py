@@ -323,17 +323,17 @@ class Ledger:
 
     # --- Retention ------------------------------------------------------------------------
 
-    def prune_batch(self, cutoff: datetime, *, job: str | None = None, limit: int = 1000,
+    def prune_batch(self, cutoff: datetime, jobs: Sequence[str], *, limit: int = 1000,
                     after: str = "") -> tb.Pruned:
-        """Make tombstones of at most ``limit`` completed Runs completed before ``cutoff``, in
-        one short transaction (see ``prune_batch_txn``); pass the returned cursor as ``after``
-        to the next batch."""
+        """Make tombstones of the Runs of ``jobs`` completed before ``cutoff`` among the next
+        ``limit`` after ``after``, in one short transaction (see ``prune_batch_txn``); pass
+        the returned cursor as ``after`` to the next batch, until it is None."""
         return self._write(faults.AFTER_PRUNE_BATCH_COMMIT, tb.prune_batch_txn,
-                           cutoff, job, limit, after)
+                           cutoff, jobs, limit, after)
 
-    def prunable(self, cutoff: datetime, *, job: str | None = None) -> tb.Prunable:
-        """What pruning with ``cutoff`` would do and leave alone, without writing (a dry run)."""
-        return self._read(tb.count_prunable, cutoff, job)
+    def prunable(self, cutoff: datetime, jobs: Sequence[str]) -> tb.Prunable:
+        """What pruning ``jobs`` with ``cutoff`` would do and leave alone, without writing."""
+        return self._read(tb.count_prunable, cutoff, jobs)
 
     def storage(self) -> Storage:
         """The space the ledger's tables take, as the database reports it."""

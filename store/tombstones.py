@@ -15,6 +15,7 @@ briefly on SQLite)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -32,7 +33,7 @@ from store.models import (
     outbox_table,
     runs_table,
 )
-from store.statement import NOWHERE, Statement, one_of, optional, transition
+from store.statement import NOWHERE, Statement, one_of, transition
 
 runs = runs_table
 attempts = attempts_table
@@ -50,7 +51,7 @@ MAX_BATCH = 10_000  # Runs per transaction: beyond this a batch holds its locks 
 class Pruned:
     """What one batch did: the Runs it made tombstones and the rows it deleted, the bytes of
     documents it nulled (as the database sizes them), and the cursor for the next batch (the
-    last Run id it looked at; None: no Run was left to look at)."""
+    last Run id of its window; None: no Run was left to look at)."""
 
     runs: int
     attempts: int
@@ -63,7 +64,7 @@ class Pruned:
 
 @dataclass(frozen=True)
 class Prunable:
-    """What a pass with the same cutoff and job would do (``--dry-run``), and the Runs before
+    """What a pass with the same cutoff and jobs would do (``--dry-run``), and the Runs before
     the cutoff it leaves alone, by why: completed with a message still to deliver, failed
     (awaiting an operator), not finished (pending or running), already tombstones."""
 
@@ -83,16 +84,21 @@ def _cutoff() -> sa.BindParameter[Any]:
     return sa.bindparam("cutoff", type_=runs.c.completed_at.type)
 
 
+def _of_jobs(d: str) -> sa.ColumnElement[bool]:
+    """The Run is of one of the jobs given as one JSON array (``jobs``)."""
+    return runs.c.job.in_(json_rows(d, "jobs", [runs.c.job]))
+
+
 def _unfinished_message(run_id: Any) -> sa.Exists:
     return sa.exists().where(outbox.c.run_id == run_id,
                              one_of(outbox.c.status, UNFINISHED_MESSAGE_STATUSES))
 
 
-def _eligible() -> sa.ColumnElement[bool]:
-    """A completed Run, not a tombstone yet, completed before the cutoff, of the job if one is
-    given, without a message still to deliver."""
+def _eligible(d: str) -> sa.ColumnElement[bool]:
+    """A completed Run, not a tombstone yet, completed before the cutoff, of one of the given
+    jobs, without a message still to deliver."""
     return sa.and_(runs.c.status == "completed", runs.c.pruned_at.is_(None),
-                   runs.c.completed_at < _cutoff(), optional(runs.c.job),
+                   runs.c.completed_at < _cutoff(), _of_jobs(d),
                    ~_unfinished_message(runs.c.run_id))
 
 
@@ -103,10 +109,24 @@ def _document_bytes() -> sa.ColumnElement[Any]:
     return total
 
 
+_AFTER = sa.bindparam("after", type_=runs.c.run_id.type)
+_UNTIL = sa.bindparam("until", type_=runs.c.run_id.type)
+
+# A batch looks at the next ``limit`` Runs in id order (the primary key index), whatever
+# their job or state, so that its reads are bounded as well as its writes, and a pass reads
+# the table once, whatever the planner knows of it.
+_WINDOW = Statement(
+    "prune_window", "The id of the last of the next Runs in id order after the cursor (at most "
+    "limit of them): the end of a prune batch's window.",
+    lambda d: sa.select(sa.func.max(sa.literal_column("run_id")).label("until")).select_from(
+        sa.select(runs.c.run_id).where(runs.c.run_id > _AFTER).order_by(runs.c.run_id)
+        .limit(sa.bindparam("limit", type_=sa.Integer())).subquery("window")))
+
+
 def _pick(d: str) -> sa.Select[Any]:
     query = (sa.select(runs.c.run_id, runs.c.output, _document_bytes().label("document_bytes"))
-             .where(_eligible(), runs.c.run_id > sa.bindparam("after", type_=runs.c.run_id.type))
-             .order_by(runs.c.run_id).limit(sa.bindparam("limit", type_=sa.Integer())))
+             .where(runs.c.run_id > _AFTER, runs.c.run_id <= _UNTIL, _eligible(d))
+             .order_by(runs.c.run_id))
     # Locked in id order, like a tick's upsert locks its Runs: the two cannot deadlock.
     return query.with_for_update(of=runs) if d == "postgresql" else query
 
@@ -116,9 +136,10 @@ def _given(d: str) -> sa.Select[Any]:
 
 
 _PICK = Statement(
-    "pick_prunable_runs", "Lock the next completed Runs (in id order, after the cursor) that "
-    "were completed before the cutoff, are not tombstones and have no outbox message still to "
-    "deliver, with their outputs (to digest) and their documents' stored size.", _pick)
+    "pick_prunable_runs", "Lock the Runs of the batch's window (ids after the cursor, up to its "
+    "end) that are completed before the cutoff, of the given jobs, not tombstones and without "
+    "an outbox message still to deliver, with their outputs (to digest) and their documents' "
+    "stored size.", _pick)
 _LOCK_MESSAGES = Statement(
     "lock_pruned_messages", "Lock the outbox rows of the picked Runs and read their status "
     "again: a message requeued since the pick keeps its Run out of the batch.",
@@ -181,7 +202,7 @@ _BURY = Statement(
 
 
 def _count(d: str) -> sa.Select[Any]:
-    picked = sa.select(runs.c.run_id, _document_bytes().label("size")).where(_eligible()).cte(
+    picked = sa.select(runs.c.run_id, _document_bytes().label("size")).where(_eligible(d)).cte(
         "picked")
     ids = sa.select(picked.c.run_id)
     before = runs.c.created_at < _cutoff()
@@ -201,19 +222,19 @@ def _count(d: str) -> sa.Select[Any]:
         count(sa.select(sa.func.coalesce(sa.func.sum(picked.c.size), 0))).label("document_bytes"),
         count(sa.select(sa.func.count()).where(
             runs.c.status == "completed", runs.c.pruned_at.is_(None),
-            runs.c.completed_at < _cutoff(), optional(runs.c.job),
+            runs.c.completed_at < _cutoff(), _of_jobs(d),
             _unfinished_message(runs.c.run_id))).label("unfinished_outbox"),
         count(sa.select(sa.func.count()).where(runs.c.status == "failed", before,
-                                                optional(runs.c.job))).label("failed"),
+                                                _of_jobs(d))).label("failed"),
         count(sa.select(sa.func.count()).where(one_of(runs.c.status, ("pending", "running")),
-                                                before, optional(runs.c.job))).label("unfinished"),
+                                                before, _of_jobs(d))).label("unfinished"),
         count(sa.select(sa.func.count()).where(runs.c.pruned_at.isnot(None),
-                                                optional(runs.c.job))).label("tombstones"),
+                                                _of_jobs(d))).label("tombstones"),
     )
 
 
 _COUNT = Statement(
-    "count_prunable", "What a prune pass with this cutoff and job would make tombstones and "
+    "count_prunable", "What a prune pass with this cutoff and these jobs would make tombstones and "
     "delete (a dry run), and the Runs from before the cutoff it leaves alone, by why.", _count)
 
 
@@ -224,18 +245,26 @@ def check_batch(limit: int) -> int:
     return limit
 
 
+def _jobs(jobs: Sequence[str]) -> list[dict[str, str]]:
+    if isinstance(jobs, str) or not jobs or not all(isinstance(j, str) for j in jobs):
+        raise InvalidInput(f"jobs must be a non-empty list of job names, got {jobs!r}")
+    return [{"job": job} for job in jobs]
+
+
 @transition(one_statement_on=NOWHERE)
-def prune_batch_txn(conn: Connection, cutoff: datetime, job: str | None, limit: int,
+def prune_batch_txn(conn: Connection, cutoff: datetime, jobs: Sequence[str], limit: int,
                     after: str = "") -> Pruned:
-    """Make tombstones of at most ``limit`` completed Runs completed before ``cutoff`` (after
-    the cursor ``after``), none with a message still to deliver: digest each output, delete
-    the Run's Attempts, final messages, their delivery attempts and settled alerts, null its
-    documents."""
+    """Make tombstones of the Runs among the next ``limit`` after the cursor ``after`` that
+    are completed before ``cutoff``, of ``jobs``, with no message still to deliver: digest
+    each output, delete its Attempts, final messages, their delivery attempts and settled
+    alerts, null its documents."""
     require_aware(cutoff, "cutoff", InvalidInput)
-    picked = _PICK.rows(conn, cutoff=cutoff, job=job, limit=check_batch(limit), after=after)
-    if not picked:
+    given = _jobs(jobs)
+    window = _WINDOW.first(conn, after=after, limit=check_batch(limit))
+    cursor = window["until"] if window else None
+    if cursor is None:
         return Pruned(0, 0, 0, 0, 0, 0, None)
-    cursor = picked[-1]["run_id"]
+    picked = _PICK.rows(conn, cutoff=cutoff, jobs=given, after=after, until=cursor)
     ids = [{"run_id": row["run_id"]} for row in picked]
     if conn.dialect.name == "postgresql":
         # The pick read the outbox without locking it: an operator may have requeued a dead
@@ -257,9 +286,9 @@ def prune_batch_txn(conn: Connection, cutoff: datetime, job: str | None, limit: 
                   sum(int(row["document_bytes"] or 0) for row in picked), cursor)
 
 
-def count_prunable(conn: Connection, cutoff: datetime, job: str | None) -> Prunable:
-    """What ``prune_batch_txn`` batches with ``cutoff`` and ``job`` would do, without writing."""
+def count_prunable(conn: Connection, cutoff: datetime, jobs: Sequence[str]) -> Prunable:
+    """What ``prune_batch_txn`` batches with ``cutoff`` and ``jobs`` would do, without writing."""
     require_aware(cutoff, "cutoff", InvalidInput)
-    row = _COUNT.first(conn, cutoff=cutoff, job=job)
+    row = _COUNT.first(conn, cutoff=cutoff, jobs=_jobs(jobs))
     assert row is not None
     return Prunable(**{k: int(v or 0) for k, v in row.items()})

@@ -50,12 +50,12 @@ def prune(
         show = not as_json and console.is_terminal
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, disable=not show) as bar:
-            tasks: dict[str, TaskID] = {}
+            task: list[TaskID] = []
 
-            def progress(name: str, done: int, total: int) -> None:
-                if name not in tasks:
-                    tasks[name] = bar.add_task(f"pruning {name}", total=total)
-                bar.update(tasks[name], completed=done)
+            def progress(done: int, total: int) -> None:
+                if not task:
+                    task.append(bar.add_task("pruning Runs", total=total))
+                bar.update(task[0], completed=done)
 
             try:
                 report = checked_pass(ledger, older_than, job, dry_run=dry_run,

@@ -404,17 +404,27 @@ SELECT suppressed_counts.job, suppressed_counts.day, suppressed_counts.duplicate
 FROM suppressed_counts 
 WHERE suppressed_counts.day >= %s::DATE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR suppressed_counts.job = CAST(%s::VARCHAR AS VARCHAR(200)));
 
+-- name: prune_window
+-- The id of the last of the next Runs in id order after the cursor (at most limit of them): the
+-- end of a prune batch's window.
+-- parameters: after, limit
+SELECT max(run_id) AS until 
+FROM (SELECT runs.run_id AS run_id 
+FROM runs 
+WHERE runs.run_id > %s::VARCHAR ORDER BY runs.run_id 
+ LIMIT %s::INTEGER) AS "window";
+
 -- name: pick_prunable_runs
--- Lock the next completed Runs (in id order, after the cursor) that were completed before the
--- cutoff, are not tombstones and have no outbox message still to deliver, with their outputs (to
--- digest) and their documents' stored size.
--- parameters: status_1, cutoff, job, job, status_2, status_3, status_4, status_5, after, limit
+-- Lock the Runs of the batch's window (ids after the cursor, up to its end) that are completed
+-- before the cutoff, of the given jobs, not tombstones and without an outbox message still to
+-- deliver, with their outputs (to digest) and their documents' stored size.
+-- parameters: after, until, status_1, cutoff, jobs, status_2, status_3, status_4, status_5
 SELECT runs.run_id, runs.output, coalesce(pg_column_size(runs.raw_input), 0) + coalesce(pg_column_size(runs.output), 0) + coalesce(pg_column_size(runs.error), 0) + coalesce(pg_column_size(runs.params), 0) AS document_bytes 
 FROM runs 
-WHERE runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND NOT (EXISTS (SELECT * 
+WHERE runs.run_id > %s::VARCHAR AND runs.run_id <= %s::VARCHAR AND runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200))) AND NOT (EXISTS (SELECT * 
 FROM outbox 
-WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR))) AND runs.run_id > %s::VARCHAR ORDER BY runs.run_id 
- LIMIT %s::INTEGER FOR UPDATE OF runs;
+WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR))) ORDER BY runs.run_id FOR UPDATE OF runs;
 
 -- name: lock_pruned_messages
 -- Lock the outbox rows of the picked Runs and read their status again: a message requeued since
@@ -461,13 +471,14 @@ UPDATE runs SET params=NULL, raw_input=NULL, output=NULL, error=NULL, updated_at
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), output_digest VARCHAR(64))) AS buried WHERE runs.run_id = buried.run_id AND runs.status = %s::VARCHAR AND runs.pruned_at IS NULL RETURNING runs.run_id;
 
 -- name: count_prunable
--- What a prune pass with this cutoff and job would make tombstones and delete (a dry run), and the
--- Runs from before the cutoff it leaves alone, by why.
--- parameters: status_1, cutoff, job, job, status_2, status_3, status_4, status_5, coalesce_2, status_6, cutoff, job, job, status_7, status_8, status_9, status_10, status_11, cutoff, job, job, status_12, status_13, cutoff, job, job, job, job
+-- What a prune pass with this cutoff and these jobs would make tombstones and delete (a dry run),
+-- and the Runs from before the cutoff it leaves alone, by why.
+-- parameters: status_1, cutoff, jobs, status_2, status_3, status_4, status_5, coalesce_2, status_6, cutoff, jobs, status_7, status_8, status_9, status_10, status_11, cutoff, jobs, status_12, status_13, cutoff, jobs, jobs
 WITH picked AS 
 (SELECT runs.run_id AS run_id, coalesce(pg_column_size(runs.raw_input), 0) + coalesce(pg_column_size(runs.output), 0) + coalesce(pg_column_size(runs.error), 0) + coalesce(pg_column_size(runs.params), 0) AS size 
 FROM runs 
-WHERE runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND NOT (EXISTS (SELECT * 
+WHERE runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200))) AND NOT (EXISTS (SELECT * 
 FROM outbox 
 WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR))))
  SELECT (SELECT count(*) AS count_1 
@@ -488,12 +499,16 @@ WHERE occurrences.run_id IN (SELECT picked.run_id
 FROM picked) AND occurrences.skipped_at IS NULL AND (occurrences.overdue_at IS NULL OR occurrences.overdue_emitted_at IS NOT NULL) AND (occurrences.recovered_at IS NULL OR occurrences.recovered_emitted_at IS NOT NULL) AND (occurrences.gave_up_at IS NULL OR occurrences.gave_up_emitted_at IS NOT NULL)) AS occurrences, (SELECT coalesce(sum(picked.size), %s::INTEGER) AS coalesce_1 
 FROM picked) AS document_bytes, (SELECT count(*) AS count_6 
 FROM runs 
-WHERE runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND (EXISTS (SELECT * 
+WHERE runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200))) AND (EXISTS (SELECT * 
 FROM outbox 
 WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR)))) AS unfinished_outbox, (SELECT count(*) AS count_7 
 FROM runs 
-WHERE runs.status = %s::VARCHAR AND runs.created_at < %s::TIMESTAMP WITH TIME ZONE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200)))) AS failed, (SELECT count(*) AS count_8 
+WHERE runs.status = %s::VARCHAR AND runs.created_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200)))) AS failed, (SELECT count(*) AS count_8 
 FROM runs 
-WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND runs.created_at < %s::TIMESTAMP WITH TIME ZONE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200)))) AS unfinished, (SELECT count(*) AS count_9 
+WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND runs.created_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200)))) AS unfinished, (SELECT count(*) AS count_9 
 FROM runs 
-WHERE runs.pruned_at IS NOT NULL AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200)))) AS tombstones;
+WHERE runs.pruned_at IS NOT NULL AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200)))) AS tombstones;

@@ -392,17 +392,27 @@ SELECT suppressed_counts.job, suppressed_counts.day, suppressed_counts.duplicate
 FROM suppressed_counts 
 WHERE suppressed_counts.day >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR suppressed_counts.job = CAST(? AS VARCHAR(200)));
 
+-- name: prune_window
+-- The id of the last of the next Runs in id order after the cursor (at most limit of them): the
+-- end of a prune batch's window.
+-- parameters: after, limit, param_1
+SELECT max(run_id) AS until 
+FROM (SELECT runs.run_id AS run_id 
+FROM runs 
+WHERE runs.run_id > ? ORDER BY runs.run_id
+ LIMIT ? OFFSET ?) AS window;
+
 -- name: pick_prunable_runs
--- Lock the next completed Runs (in id order, after the cursor) that were completed before the
--- cutoff, are not tombstones and have no outbox message still to deliver, with their outputs (to
--- digest) and their documents' stored size.
--- parameters: status_1, cutoff, job, job, status_2, status_3, status_4, status_5, after, limit, param_1
+-- Lock the Runs of the batch's window (ids after the cursor, up to its end) that are completed
+-- before the cutoff, of the given jobs, not tombstones and without an outbox message still to
+-- deliver, with their outputs (to digest) and their documents' stored size.
+-- parameters: after, until, status_1, cutoff, json_extract_1, jobs, status_2, status_3, status_4, status_5
 SELECT runs.run_id, runs.output, coalesce(length(CAST(runs.raw_input AS BLOB)), 0) + coalesce(length(CAST(runs.output AS BLOB)), 0) + coalesce(length(CAST(runs.error AS BLOB)), 0) + coalesce(length(CAST(runs.params AS BLOB)), 0) AS document_bytes 
 FROM runs 
-WHERE runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND NOT (EXISTS (SELECT * 
+WHERE runs.run_id > ? AND runs.run_id <= ? AND runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_1.value, ?) AS job 
+FROM json_each(?) AS anon_1) AND NOT (EXISTS (SELECT * 
 FROM outbox 
-WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?))) AND runs.run_id > ? ORDER BY runs.run_id
- LIMIT ? OFFSET ?;
+WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?))) ORDER BY runs.run_id;
 
 -- name: delete_pruned_delivery_attempts
 -- Delete the delivery attempts of the pruned Runs' sent and dead messages.
@@ -440,13 +450,14 @@ UPDATE runs SET params=NULL, raw_input=NULL, output=NULL, error=NULL, updated_at
 FROM json_each(?) AS anon_1) AS buried WHERE runs.run_id = buried.run_id AND runs.status = ? AND runs.pruned_at IS NULL RETURNING run_id;
 
 -- name: count_prunable
--- What a prune pass with this cutoff and job would make tombstones and delete (a dry run), and the
--- Runs from before the cutoff it leaves alone, by why.
--- parameters: status_1, cutoff, job, job, status_2, status_3, status_4, status_5, coalesce_2, status_6, cutoff, job, job, status_7, status_8, status_9, status_10, status_11, cutoff, job, job, status_12, status_13, cutoff, job, job, job, job
+-- What a prune pass with this cutoff and these jobs would make tombstones and delete (a dry run),
+-- and the Runs from before the cutoff it leaves alone, by why.
+-- parameters: status_1, cutoff, json_extract_1, jobs, status_2, status_3, status_4, status_5, coalesce_2, status_6, cutoff, json_extract_2, jobs, status_7, status_8, status_9, status_10, status_11, cutoff, json_extract_3, jobs, status_12, status_13, cutoff, json_extract_4, jobs, json_extract_5, jobs
 WITH picked AS 
 (SELECT runs.run_id AS run_id, coalesce(length(CAST(runs.raw_input AS BLOB)), 0) + coalesce(length(CAST(runs.output AS BLOB)), 0) + coalesce(length(CAST(runs.error AS BLOB)), 0) + coalesce(length(CAST(runs.params AS BLOB)), 0) AS size 
 FROM runs 
-WHERE runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND NOT (EXISTS (SELECT * 
+WHERE runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_1.value, ?) AS job 
+FROM json_each(?) AS anon_1) AND NOT (EXISTS (SELECT * 
 FROM outbox 
 WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?))))
  SELECT (SELECT count(*) AS count_1 
@@ -467,12 +478,16 @@ WHERE occurrences.run_id IN (SELECT picked.run_id
 FROM picked) AND occurrences.skipped_at IS NULL AND (occurrences.overdue_at IS NULL OR occurrences.overdue_emitted_at IS NOT NULL) AND (occurrences.recovered_at IS NULL OR occurrences.recovered_emitted_at IS NOT NULL) AND (occurrences.gave_up_at IS NULL OR occurrences.gave_up_emitted_at IS NOT NULL)) AS occurrences, (SELECT coalesce(sum(picked.size), ?) AS coalesce_1 
 FROM picked) AS document_bytes, (SELECT count(*) AS count_6 
 FROM runs 
-WHERE runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (EXISTS (SELECT * 
+WHERE runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_2.value, ?) AS job 
+FROM json_each(?) AS anon_2) AND (EXISTS (SELECT * 
 FROM outbox 
 WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?)))) AS unfinished_outbox, (SELECT count(*) AS count_7 
 FROM runs 
-WHERE runs.status = ? AND runs.created_at < ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)))) AS failed, (SELECT count(*) AS count_8 
+WHERE runs.status = ? AND runs.created_at < ? AND runs.job IN (SELECT json_extract(anon_3.value, ?) AS job 
+FROM json_each(?) AS anon_3)) AS failed, (SELECT count(*) AS count_8 
 FROM runs 
-WHERE (runs.status = ? OR runs.status = ?) AND runs.created_at < ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)))) AS unfinished, (SELECT count(*) AS count_9 
+WHERE (runs.status = ? OR runs.status = ?) AND runs.created_at < ? AND runs.job IN (SELECT json_extract(anon_4.value, ?) AS job 
+FROM json_each(?) AS anon_4)) AS unfinished, (SELECT count(*) AS count_9 
 FROM runs 
-WHERE runs.pruned_at IS NOT NULL AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)))) AS tombstones;
+WHERE runs.pruned_at IS NOT NULL AND runs.job IN (SELECT json_extract(anon_5.value, ?) AS job 
+FROM json_each(?) AS anon_5)) AS tombstones;

@@ -139,7 +139,9 @@ def _prune(ledger: Ledger, old: RunIdentity, owner: str) -> None:
     if found.run.status != "completed":
         claim = found.claim or _claim_when_free(ledger, found.run, owner)
         ledger.complete(claim, {"text": "to be pruned"})
-    ledger.prune_batch(ledger.now() + timedelta(days=1), job=PRUNED_JOB, limit=10)
+    cutoff, cursor = ledger.now() + timedelta(days=1), ""
+    while (cursor := ledger.prune_batch(cutoff, [PRUNED_JOB], limit=10, after=cursor).cursor):
+        pass
 
 
 def _emit(ledger: Ledger) -> None:

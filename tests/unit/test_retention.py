@@ -31,7 +31,7 @@ def test_anything_else_is_refused_with_the_grammar(text: str) -> None:
 
 def test_a_retention_shorter_than_a_jobs_reconcile_window_names_catch_up_window() -> None:
     """The job's own window is named, with the job."""
-    with pytest.raises(RetentionTooShort, match="competitor-summary.*catch_up_window"):
+    with pytest.raises(RetentionTooShort, match=r"competitor-summary.*catch_up_window"):
         check_retention(competitor_summary.catch_up_window - timedelta(minutes=1),
                         [competitor_summary], DeliverySettings())
     check_retention(competitor_summary.catch_up_window, [competitor_summary], DeliverySettings())

@@ -12,8 +12,10 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -22,8 +24,9 @@ from typer.testing import CliRunner
 from flows.cli.app import app
 from flows.retention import prune_ledger
 from store import Ledger, OutputPruned, Reply
-from tests.integration.pipeline_support import Env, pipeline_env, probe_job
+from tests.integration.pipeline_support import Env, pipeline_env, probe_job, wait_until
 from tests.integration.retention_support import (
+    DEAD_EVERY,
     UNSENT_EVERY,
     Writer,
     checksum,
@@ -262,3 +265,35 @@ def test_the_prune_flow_prunes_and_publishes_its_summary_as_an_artifact(env: Env
         [artifact, *_] = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])))
     assert isinstance(artifact.data, str) and "Runs pruned" in artifact.data
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_dead_message_requeued_while_a_batch_picks_its_run_keeps_the_run_whole(
+        ledger: Ledger, db_url: str, postgres_databases: Any) -> None:
+    """PostgreSQL: an operator's requeue of a dead message, uncommitted while a batch picks
+    its Run, makes the batch wait for the outbox row, read its new status and leave that Run
+    out, documents, attempts and message intact; the other Runs of the batch are pruned."""
+    probe = probe_job()
+    seed(ledger, probe.name, DEAD_EVERY, old(ledger))
+    [dead] = [m for m in ledger.messages(limit=1000) if m.status == "dead"]
+    requeue = postgres_databases.hold(
+        db_url, f"UPDATE outbox SET status = 'pending' WHERE message_id = '{dead.message_id}'")
+    try:
+        cutoff = ledger.now() - RETENTION
+        pruning = ThreadPoolExecutor(1).submit(ledger.prune_batch, cutoff, [probe.name],
+                                               limit=1000)
+        with ledger.engine.connect() as conn:  # the batch waits on the requeued row's lock
+            wait_until(lambda: conn.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
+                "query LIKE '%FROM outbox%FOR UPDATE%'")).scalar_one() == 1, 60,
+                "the batch to wait for the outbox row")
+        requeue.commit()
+        done = pruning.result(60)
+    finally:
+        requeue.close()
+    assert done.runs == DEAD_EVERY - 1  # every seeded Run but the requeued one's
+    run = ledger.get(dead.run_id)
+    assert run.pruned_at is None and run.output is not None and ledger.attempts(run.run_id)
+    message = ledger.message(dead.message_id)
+    assert message is not None and message.status == "pending"
+    assert ledger.delivery_attempts(dead.message_id)

@@ -410,7 +410,8 @@ RUN_STATUS_MEANINGS = {
     "pending": "registered, or released after a retryable failure or a stop; claimable",
     "running": "leased to an attempt until `lease_expires_at` (database clock); claimable "
                "again once that passes",
-    "completed": "the accepted output is stored; never changes, never claimable",
+    "completed": "the accepted output is stored; never changes, never claimable (a tombstone, "
+                 "once pruned: its output is gone, its digest and the status stay)",
     "failed": "a permanent failure; only `runledger runs requeue` makes it pending again",
 }
 ATTEMPT_OUTCOME_MEANINGS = {
@@ -453,6 +454,7 @@ def states_page() -> str:
         STATE_NAMES,
     )
     from flows.pipeline import collect_input, persist_output, register_and_claim, transform_input
+    from flows.retention import ARTIFACT_KEY as PRUNE_ARTIFACT_KEY
     from flows.revision import STATE_NAMES as REVISE_STATES
     from store import MESSAGE_STATUSES, RUN_STATUSES
     from store.models import ATTEMPT_OUTCOMES
@@ -530,7 +532,9 @@ def states_page() -> str:
     out += [f"| `{ARTIFACT_KEY}` | each `deliver-outbox` flow run | messages sent, retried, "
             "uncertain and dead in the pass |",
             "| `runledger-reconcile` | each `reconcile` flow run | the owed occurrences not "
-            "completed, with their state, action and reason |", "",
+            "completed, with their state, action and reason |",
+            f"| `{PRUNE_ARTIFACT_KEY}` | each `prune` flow run | what the pass made tombstones "
+            "of and deleted, what it left alone and why, and the bytes reclaimed |", "",
             f"A job of your own gets `<job>-tick` and `{status_artifact_key('<job>')}` (one key "
             "per job: the Artifacts page keeps every version, the board's history).", "",
             "## Deployments", "", "From `deployments/prefect.yaml`.", "",

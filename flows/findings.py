@@ -35,6 +35,20 @@ def finding(registration: Registration) -> Finding:
     return "in-progress-elsewhere"
 
 
+def pruned_note(run: Run | FinishedRun) -> str | None:
+    """What a tombstone says of its output, or None for a Run that still has it."""
+    if run.pruned_at is None:
+        return None
+    return (f"pruned on {run.pruned_at.date().isoformat()}, output sha256 "
+            f"{run.output_digest or '?'}")
+
+
+def duplicate_outcome(subject: str, run: Run | FinishedRun) -> SubjectOutcome:
+    """A completed Run asked for again: its stored output, or its tombstone's note."""
+    return SubjectOutcome(subject, run.run_id, "duplicate", run.attempts, output=run.output,
+                          pruned=pruned_note(run))
+
+
 def describe(error: BaseException) -> str:
     """An error as outcomes and the ledger name it: its type, then its message."""
     return f"{type(error).__name__}: {error}"
@@ -50,7 +64,7 @@ def unclaimed_outcome(subject: str, registration: Registration) -> SubjectOutcom
     if found == "failed":
         return failed_permanently(subject, run)
     if found == "duplicate":
-        return SubjectOutcome(subject, run.run_id, "duplicate", run.attempts, output=run.output)
+        return duplicate_outcome(subject, run)
     # What on-call needs to decide whether to wait: who holds the Run, and until when.
     until = run.lease_expires_at.isoformat(timespec="seconds") if run.lease_expires_at else "?"
     return SubjectOutcome(subject, run.run_id, "in-progress-elsewhere", run.attempts,
@@ -69,7 +83,7 @@ def finished_outcome(tick: Tick, subject: str, identity: RunIdentity,
         except RunledgerError as exc:
             return SubjectOutcome(subject, run.run_id, "failed", run.attempts,
                                   error=describe(exc))
-    return SubjectOutcome(subject, run.run_id, "duplicate", run.attempts, output=run.output)
+    return duplicate_outcome(subject, run)
 
 
 def failed_permanently(subject: str, run: Run | FinishedRun) -> SubjectOutcome:

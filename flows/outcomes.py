@@ -16,7 +16,7 @@ from prefect.client.orchestration import get_client
 from prefect.events import Event, emit_event
 from prefect.states import Cancelled, Completed, Failed
 
-from store import Ledger, Occurrence, Period, unemitted
+from store import Ledger, Occurrence, OutputPruned, Period, unemitted
 
 if TYPE_CHECKING:
     from flows.jobs import Job
@@ -65,9 +65,23 @@ class SubjectOutcome:
     outbox_rows: int = 0
     error: str | None = None
     output: dict[str, Any] | None = field(default=None, repr=False)
+    # A duplicate whose Run is a tombstone: when its output was pruned, and its digest.
+    pruned: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def require_output(self) -> dict[str, Any]:
+        """The Run's output, for a caller that needs it; ``OutputPruned`` when retention
+        pruned it (nothing is recomputed), ``LookupError`` when the subject has none."""
+        if self.pruned is not None:
+            raise OutputPruned(f"run {self.run_id} ({self.subject}) is completed but its output "
+                               f"was pruned: {self.pruned}; nothing was recomputed. Request a "
+                               "revision to compute it anew")
+        if self.output is None:
+            raise LookupError(f"run {self.run_id} ({self.subject}) has no output: "
+                              f"{self.outcome}{f' ({self.error})' if self.error else ''}")
+        return self.output
 
 
 class TickReport:
@@ -133,6 +147,10 @@ class TickReport:
             behind = [s for s in self.subjects if s.outcome == outcome and s.error]
             if behind:
                 message += f" ({'; '.join(f'{s.subject}: {s.error}' for s in behind[:5])})"
+        pruned = [s for s in self.subjects if s.pruned]
+        if pruned:  # a rerun that finds tombstones says so, instead of recomputing
+            message += (f" (output pruned, not recomputed: "
+                        f"{'; '.join(f'{s.subject}: {s.pruned}' for s in pruned[:5])})")
         if outcome == "failed":
             return Failed(message=message, data=self)
         if outcome == "stopped":
@@ -153,7 +171,8 @@ class TickReport:
             "|---|---|---|---|---|---|",
         ]
         for s in self.subjects:
-            error = (s.error or "").replace("|", "\\|").replace("\n", " ")
+            error = (s.error or (f"output pruned: {s.pruned}" if s.pruned else "")
+                     ).replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {s.subject} | `{s.run_id}` | {s.outcome} | {s.attempts} | "
                          f"{s.outbox_rows} | {error} |")
         return "\n".join(lines) + "\n"
@@ -286,5 +305,6 @@ def emit_outcome(job: str, version: str, period: Period, outcome: SubjectOutcome
         event=EVENTS[outcome.outcome],
         resource=_run_resource(job, version, outcome.subject, period, outcome.run_id),
         payload={"attempts": outcome.attempts, "outbox_rows": outcome.outbox_rows,
-                 "error": outcome.error},
+                 "error": outcome.error,
+                 **({"output_pruned": outcome.pruned} if outcome.pruned else {})},
     )

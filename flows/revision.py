@@ -95,11 +95,11 @@ class RevisionReport:
                 "reason": r.revision_reason, "status": r.status, "attempts": r.attempts}
 
 
-def check_revisable(job: Job, run: Run, params: dict[str, Any] | None) -> None:
+def check_revisable(job: Job, run: Run, params: dict[str, Any] | None) -> dict[str, Any]:
     """Refuse, before anything is written, a revision the job cannot make truthfully: of
     another version than the job's code, of a job with a business effect (it would apply
     twice), or with params other than those the job computes now (its messages come from
-    them)."""
+    them); return the revision's params (the job's current ones)."""
     if run.version != job.version:
         raise RevisionRefused(
             f"run {run.run_id} is of {job.name} version {run.version}, and this code is "
@@ -110,15 +110,14 @@ def check_revisable(job: Job, run: Run, params: dict[str, Any] | None) -> None:
             f"job {job.name} applies a business effect when a Run completes; a revision would "
             "apply it a second time, so its Runs are not revised: correct the business rows "
             "by hand, or bump the job's version to compute the period anew")
-    if params is None:
-        return
     period = _period(job, run)
     current = job.run_params(run.subject, period)
-    if params_fingerprint(params) != params_fingerprint(current):
+    if params is not None and params_fingerprint(params) != params_fingerprint(current):
         raise RevisionRefused(
             f"--params {params} are not what job {job.name} computes now for {run.subject} "
             f"{period.label} ({current}): the revision's messages come from the job's current "
             f"configuration, so its params must be those; pass --params '{_json(current)}'")
+    return current
 
 
 def _json(value: dict[str, Any]) -> str:
@@ -137,7 +136,7 @@ def run_revision(run_id: str, reason: str, recollect: bool, resend: bool,
     with Ledger.connect() as ledger:
         target = ledger.get(ledger.resolve_run_id(run_id))
         job = get_job(target.job)
-        check_revisable(job, target, params)
+        params = check_revisable(job, target, params)
         if target.revision > 0 and target.status in ("pending", "running"):
             revision = target  # resume an unfinished revision, named by its own id
         else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from flows.findings import failed_permanently
+from flows.findings import duplicate_outcome, failed_permanently
 from flows.jobs import Job
 from flows.outcomes import SubjectOutcome, TickReport, emit_decisions
 from flows.tick import Tick
@@ -47,8 +47,7 @@ def skip_tick(tick: Tick, identities: dict[str, RunIdentity], reason: str) -> Ti
     for subject, identity in identities.items():
         run = finished.get(identity.run_id)
         if run is not None and run.status == "completed":
-            outcome = SubjectOutcome(subject, identity.run_id, "duplicate", run.attempts,
-                                     output=run.output)
+            outcome = duplicate_outcome(subject, run)
         elif run is not None:
             outcome = failed_permanently(subject, run)
         else:

@@ -4,10 +4,12 @@ These names are the ledger's public surface, what ``flows`` and a job's own code
 modules behind them are private (an import-linter contract in ``make lint`` keeps it so)."""
 
 from store.database import create_database_if_missing
+from store.dialect import Storage
 from store.errors import (
     DeliveryLeaseLost,
     InvalidInput,
     LeaseLost,
+    OutputPruned,
     RevisionInProgress,
     RevisionRefused,
     RunConflict,
@@ -40,14 +42,17 @@ from store.runs import (
 )
 from store.settings import LedgerSettings
 from store.stats import Activity
+from store.tombstones import MAX_BATCH, Prunable, Pruned
 
 __all__ = [
-    "AFTER_MODEL_ANSWER", "AFTER_SEND_BEFORE_MARK", "MESSAGE_STATUSES", "RUN_STATUSES",
+    "AFTER_MODEL_ANSWER", "AFTER_SEND_BEFORE_MARK", "MAX_BATCH", "MESSAGE_STATUSES",
+    "RUN_STATUSES",
     "Activity", "Attempt", "Claim", "CompletedBy", "Completion",
     "DeliveryLeaseLost", "Effect", "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
-    "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "Period",
-    "QueuedMessage", "Registration", "Reply", "Revision", "RevisionInProgress",
-    "RevisionRefused", "Run", "RunConflict", "RunIdentity", "RunState",
-    "RunledgerError", "create_database_if_missing", "document_digest", "fault_point", "latest_completed",
+    "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "OutputPruned", "Period",
+    "Prunable", "Pruned", "QueuedMessage", "Registration", "Reply", "Revision",
+    "RevisionInProgress", "RevisionRefused", "Run", "RunConflict", "RunIdentity", "RunState",
+    "RunledgerError", "Storage", "create_database_if_missing", "document_digest",
+    "fault_point", "latest_completed",
     "normalize_address", "params_fingerprint", "unemitted",
 ]

@@ -5,6 +5,7 @@ whether a transition's follow-up writes ride in its statement. Connections: ``st
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -121,6 +122,61 @@ def skip_locked(query: sa.Select[Any], dialect: str) -> sa.Select[Any]:
     """Rows another transaction has locked are skipped, not waited for (PostgreSQL); SQLite's
     writers already hold the whole database (BEGIN IMMEDIATE), so nobody else has any."""
     return query.with_for_update(skip_locked=True) if dialect == "postgresql" else query
+
+
+class stored_size(FunctionElement[Any]):
+    """The bytes a value takes as stored (0 for NULL): PostgreSQL's ``pg_column_size``,
+    SQLite's length of the stored text or blob."""
+
+    type = sa.BigInteger()
+    inherit_cache = True
+    name = "stored_size"
+
+
+@compiles(stored_size, "postgresql")
+def _pg_size(element: stored_size, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"coalesce(pg_column_size({compiler.process(element.clauses, **kw)}), 0)"
+
+
+@compiles(stored_size, "sqlite")
+def _sqlite_size(element: stored_size, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"coalesce(length(CAST({compiler.process(element.clauses, **kw)} AS BLOB)), 0)"
+
+
+LEDGER_TABLES = ("runs", "attempts", "outbox", "delivery_attempts", "occurrences")
+
+
+@dataclass(frozen=True)
+class Storage:
+    """The space the ledger's tables take, as the database reports it: PostgreSQL, their
+    total relation size (with indexes and TOAST); SQLite, the database file's pages, and of
+    them the free pages (``free_bytes``: space SQLite reuses before growing the file)."""
+
+    total_bytes: int
+    free_bytes: int | None
+
+
+def ledger_storage(conn: Connection) -> Storage:
+    """The ledger tables' size now (an operator read, not a named statement: no parameters,
+    catalog functions)."""
+    if conn.dialect.name == "postgresql":
+        total = conn.exec_driver_sql(
+            "SELECT " + " + ".join(f"pg_total_relation_size('{t}')" for t in LEDGER_TABLES)
+        ).scalar_one()
+        return Storage(int(total), None)
+    pages = conn.exec_driver_sql("PRAGMA page_count").scalar_one()
+    free = conn.exec_driver_sql("PRAGMA freelist_count").scalar_one()
+    size = conn.exec_driver_sql("PRAGMA page_size").scalar_one()
+    return Storage(int(pages) * int(size), int(free) * int(size))
+
+
+def vacuum(conn: Connection) -> None:
+    """PostgreSQL: a plain VACUUM of the ledger tables, in autocommit: the space of deleted
+    rows and nulled documents becomes reusable by new rows (no exclusive lock; the files are
+    not shrunk). SQLite: nothing (its freed pages are on the freelist already; shrinking the
+    file takes a full VACUUM, which locks the database while it copies it)."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("VACUUM " + ", ".join(LEDGER_TABLES))
 
 
 # Straight on the driver: exec_driver_sql's full execution path cost each SQLite write

@@ -60,6 +60,12 @@ class AmbiguousId(InvalidInput, LookupError):
     """The id prefix matches more than one row; give more of its characters."""
 
 
+class OutputPruned(RunledgerError, LookupError):
+    """The Run is completed but retention pruned its output (only its tombstone is left);
+    nothing is recomputed: read the output from where its delivery went, or request a
+    revision to compute it anew."""
+
+
 class LeaseLost(RunledgerError):
     """The lease moved to another owner (the fence changed); this write changed nothing."""
 

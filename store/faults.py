@@ -40,6 +40,7 @@ AFTER_MARK_DEAD_COMMIT = "after_mark_dead_commit"
 AFTER_RELEASE_MESSAGE_COMMIT = "after_release_message_commit"
 AFTER_REQUEUE_MESSAGE_COMMIT = "after_requeue_message_commit"
 AFTER_COUNT_SUPPRESSED_COMMIT = "after_count_suppressed_commit"  # the end of a tick
+AFTER_PRUNE_BATCH_COMMIT = "after_prune_batch_commit"  # one batch of tombstones (prune)
 
 # Stage boundaries that are not commits.
 AFTER_MODEL_ANSWER = "after_model_answer"  # flows/model/call_log.py: answered, nothing stored
@@ -55,6 +56,7 @@ LEDGER_POINTS = (
     AFTER_CLAIM_MESSAGES_COMMIT, AFTER_MARK_SENT_COMMIT,
     AFTER_SCHEDULE_RETRY_COMMIT, AFTER_MARK_UNCERTAIN_COMMIT, AFTER_MARK_DEAD_COMMIT,
     AFTER_RELEASE_MESSAGE_COMMIT, AFTER_REQUEUE_MESSAGE_COMMIT, AFTER_COUNT_SUPPRESSED_COMMIT,
+    AFTER_PRUNE_BATCH_COMMIT,
 )
 POINTS = (*LEDGER_POINTS, AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK)
 

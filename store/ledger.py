@@ -18,7 +18,9 @@ from store import occurrences as oc
 from store import outbox as ob
 from store import runs as rn
 from store import stats as st
+from store import tombstones as tb
 from store.database import Busy, Database, SQLiteSynchronous
+from store.dialect import Storage, ledger_storage, vacuum
 from store.driver_errors import domain_errors
 from store.errors import IdentityRace, InvalidInput
 from store.identity import RunIdentity, params_fingerprint
@@ -336,6 +338,31 @@ class Ledger:
     def now(self) -> datetime:
         """The database clock, which leases and due times are judged by."""
         return self.database.now()
+
+    # --- Retention ------------------------------------------------------------------------
+
+    def prune_batch(self, cutoff: datetime, jobs: Sequence[str], *, limit: int = 1000,
+                    after: str = "") -> tb.Pruned:
+        """Make tombstones of the Runs of ``jobs`` completed before ``cutoff`` among the next
+        ``limit`` after ``after``, in one short transaction (see ``prune_batch_txn``); pass
+        the returned cursor as ``after`` to the next batch, until it is None."""
+        return self._write(faults.AFTER_PRUNE_BATCH_COMMIT, tb.prune_batch_txn,
+                           cutoff, jobs, limit, after)
+
+    def prunable(self, cutoff: datetime, jobs: Sequence[str]) -> tb.Prunable:
+        """What pruning ``jobs`` with ``cutoff`` would do and leave alone, without writing."""
+        return self._read(tb.count_prunable, cutoff, jobs)
+
+    def storage(self) -> Storage:
+        """The space the ledger's tables take, as the database reports it."""
+        return self._read(ledger_storage)
+
+    def vacuum(self) -> None:
+        """Make the space freed by pruning reusable (PostgreSQL: a plain VACUUM; see
+        ``store.dialect.vacuum``)."""
+        with domain_errors(self.database.busy.postgres_lock_timeout_ms), \
+                self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            vacuum(conn)
 
     # --- Outbox ---------------------------------------------------------------------------
 

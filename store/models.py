@@ -118,6 +118,10 @@ class Run(SQLModel, table=True):
     revision_reason: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
     resend: bool | None = None
     requested_by: str | None = Field(default=None, max_length=MAX_OWNER)
+    # A tombstone (``runledger prune``): when its documents and children were deleted, and the
+    # sha256 of the canonical JSON of the output it no longer holds.
+    pruned_at: datetime | None = _ts()
+    output_digest: str | None = Field(default=None, max_length=64)
 
 
 class Attempt(SQLModel, table=True):

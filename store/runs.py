@@ -103,6 +103,9 @@ class FinishedRun:
     output: dict[str, Any] | None
     error: str | None
     revision: int = 0
+    # A tombstone's: when retention pruned its output, and the output's sha256.
+    pruned_at: datetime | None = None
+    output_digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -906,6 +909,11 @@ def request_revision_txn(conn: Connection, run_id: str, reason: str,
         raise _unfinished(base, latest)
     source = latest_completed(revisions)
     assert source is not None  # the base is completed
+    if source.pruned_at is not None and not recollect:
+        raise RevisionRefused(
+            f"run {source.run_id}'s stored input was pruned on "
+            f"{source.pruned_at.date().isoformat()} (`runledger prune`): a revision of it must "
+            "collect its input again; pass --recollect")
     chosen = source.params if params is None else params
     identity = RunIdentity(base.job, base.subject, base.period_start, base.version,
                            latest.revision + 1)

@@ -11,6 +11,7 @@ from flows.cli import (
     demo,  # noqa: F401  (registers demo)
     ledger_commands,  # noqa: F401  (registers db, runs, outbox list)
     overdue_commands,  # noqa: F401  (registers overdue)
+    prune_commands,  # noqa: F401  (registers prune)
     reconcile_commands,  # noqa: F401  (registers reconcile)
     revise_commands,  # noqa: F401  (registers runs revise)
     run_commands,  # noqa: F401  (registers run)

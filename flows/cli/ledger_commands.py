@@ -164,7 +164,13 @@ def _print_run(run: Run, record: dict[str, Any]) -> None:
                  f"(numbers {', '.join(map(str, record['attempt_numbers'])) or '-'}), "
                  f"model calls {run.model_calls}, owner {run.owner or '-'}, "
                  f"lease until {run.lease_expires_at or '-'}")
-    lines.append(f"input version {record['input_version'] or '- (no raw input stored)'}")
+    if run.pruned_at is not None:
+        lines.append(f"tombstone: output pruned on {utc(run.pruned_at)} UTC (sha256 "
+                     f"{run.output_digest}); its raw input, output, params, attempts, sent and "
+                     "dead outbox rows were deleted by `runledger prune`; a rerun of its period "
+                     "is still a duplicate")
+    gone = "- (pruned)" if run.pruned_at is not None else "- (no raw input stored)"
+    lines.append(f"input version {record['input_version'] or gone}")
     lines.append(f"duration {_duration(record['duration_seconds'])} (first claim to "
                  f"completion, {utc(run.completed_at)} UTC)")
     where = record["output_location"]

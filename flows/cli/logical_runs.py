@@ -99,6 +99,8 @@ def run_fields(run: Run, attempts: list[Attempt], ui_url: str | None) -> dict[st
         "duration_seconds": _seconds(first_claim, run.completed_at),
         "output_location": output_location(run, ui_url),
         "final_state": run.status,
+        # A tombstone has no documents or attempts left: say so rather than show nothing.
+        "pruned": run.pruned_at is not None,
     }
 
 

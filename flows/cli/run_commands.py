@@ -118,3 +118,7 @@ def _print(report: TickReport) -> None:
     print_table(Console(), TICK_COLUMNS, [
         [s.subject, Text(s.outcome, style=STYLES[s.outcome]), short_id(s.run_id), str(s.attempts),
          str(s.outbox_rows), s.error or ""] for s in report.subjects], title=report.summary())
+    for s in report.subjects:
+        if s.pruned:  # a tombstone: the stored output is gone, and nothing was recomputed
+            Console().print(f"{s.subject}: output {s.pruned} (not recomputed)", markup=False,
+                            highlight=False)

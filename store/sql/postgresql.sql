@@ -24,7 +24,7 @@ WHERE outbox.message_id BETWEEN %s::VARCHAR AND %s::VARCHAR ORDER BY outbox.mess
 -- name: get_run
 -- A Run by id.
 -- parameters: run_id
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs 
 WHERE runs.run_id = %s::VARCHAR;
 
@@ -32,7 +32,7 @@ WHERE runs.run_id = %s::VARCHAR;
 -- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
 -- are compared by the caller).
 -- parameters: run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts
-INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (%s::VARCHAR, %s::VARCHAR, %s::VARCHAR, %s::TIMESTAMP WITH TIME ZONE, %s::VARCHAR, %s::VARCHAR, %s::JSONB, %s::VARCHAR, %s::INTEGER, %s::INTEGER, statement_timestamp(), statement_timestamp()) ON CONFLICT DO NOTHING RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by;
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (%s::VARCHAR, %s::VARCHAR, %s::VARCHAR, %s::TIMESTAMP WITH TIME ZONE, %s::VARCHAR, %s::VARCHAR, %s::JSONB, %s::VARCHAR, %s::INTEGER, %s::INTEGER, statement_timestamp(), statement_timestamp()) ON CONFLICT DO NOTHING RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
 
 -- name: claim_run
 -- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
@@ -58,14 +58,14 @@ WITH taken AS
 (INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::INTEGER AS anon_4, (statement_timestamp() + make_interval(secs => %s)) AS db_now_1, statement_timestamp() AS db_now_2, statement_timestamp() AS db_now__1 
 FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
 FROM jsonb_to_record(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given 
-WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by), 
+WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest), 
 closed AS 
 (UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
 opened AS 
 (INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT given.attempt_id AS attempt_id, taken.run_id AS run_id, taken.owner AS owner, taken.fence AS fence, statement_timestamp() AS db_now_3 
 FROM taken JOIN (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
 FROM jsonb_to_record(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given ON taken.run_id = given.run_id)
- SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.completed_flow_run_id, taken.completed_task_run_id, taken.model_calls, taken.created_at, taken.updated_at, taken.completed_at, taken.revision, taken.revises_run_id, taken.revision_reason, taken.resend, taken.requested_by 
+ SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.completed_flow_run_id, taken.completed_task_run_id, taken.model_calls, taken.created_at, taken.updated_at, taken.completed_at, taken.revision, taken.revises_run_id, taken.revision_reason, taken.resend, taken.requested_by, taken.pruned_at, taken.output_digest 
 FROM taken;
 
 -- name: enter_runs
@@ -77,14 +77,14 @@ WITH taken AS
 (INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::INTEGER AS anon_4, (statement_timestamp() + make_interval(secs => %s)) AS db_now_1, statement_timestamp() AS db_now_2, statement_timestamp() AS db_now__1 
 FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given 
-WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by), 
+WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest), 
 closed AS 
 (UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
 opened AS 
 (INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT given.attempt_id AS attempt_id, taken.run_id AS run_id, taken.owner AS owner, taken.fence AS fence, statement_timestamp() AS db_now_3 
 FROM taken JOIN (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given ON taken.run_id = given.run_id)
- SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.completed_flow_run_id, taken.completed_task_run_id, taken.model_calls, taken.created_at, taken.updated_at, taken.completed_at, taken.revision, taken.revises_run_id, taken.revision_reason, taken.resend, taken.requested_by 
+ SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.completed_flow_run_id, taken.completed_task_run_id, taken.model_calls, taken.created_at, taken.updated_at, taken.completed_at, taken.revision, taken.revises_run_id, taken.revision_reason, taken.resend, taken.requested_by, taken.pruned_at, taken.output_digest 
 FROM taken;
 
 -- name: renew_leases
@@ -111,7 +111,7 @@ UPDATE runs SET raw_input=coalesce(runs.raw_input, %s::JSONB), updated_at=statem
 -- and the Attempt's end in the same statement, written only if the Run was accepted).
 -- parameters: param_1, output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner, status_1, outcome, error, model_calls, attempt_id, param_2, param_3, param_4, messages
 WITH accepted AS 
-(UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, output=%s::JSONB, error=NULL, completed_attempt_id=%s::VARCHAR, completed_flow_run_id=%s::VARCHAR, completed_task_run_id=%s::VARCHAR, model_calls=(runs.model_calls + %s::INTEGER), updated_at=statement_timestamp(), completed_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by), 
+(UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, output=%s::JSONB, error=NULL, completed_attempt_id=%s::VARCHAR, completed_flow_run_id=%s::VARCHAR, completed_task_run_id=%s::VARCHAR, model_calls=(runs.model_calls + %s::INTEGER), updated_at=statement_timestamp(), completed_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest), 
 finished AS 
 (UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR, model_calls=%s::INTEGER WHERE attempts.attempt_id = %s::VARCHAR AND (EXISTS (SELECT accepted.run_id 
 FROM accepted))), 
@@ -121,7 +121,7 @@ FROM (SELECT given.message_id AS message_id, given.run_id AS run_id, given.chann
 FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64), run_id VARCHAR(64), channel VARCHAR(32), recipient VARCHAR(320), subject TEXT, body TEXT, headers JSONB)) AS given 
 WHERE EXISTS (SELECT accepted.run_id 
 FROM accepted) ON CONFLICT DO NOTHING)
- SELECT accepted.run_id, accepted.job, accepted.subject, accepted.period_start, accepted.version, accepted.params_fingerprint, accepted.params, accepted.status, accepted.fence, accepted.owner, accepted.lease_expires_at, accepted.attempts, accepted.raw_input, accepted.output, accepted.error, accepted.completed_attempt_id, accepted.completed_flow_run_id, accepted.completed_task_run_id, accepted.model_calls, accepted.created_at, accepted.updated_at, accepted.completed_at, accepted.revision, accepted.revises_run_id, accepted.revision_reason, accepted.resend, accepted.requested_by 
+ SELECT accepted.run_id, accepted.job, accepted.subject, accepted.period_start, accepted.version, accepted.params_fingerprint, accepted.params, accepted.status, accepted.fence, accepted.owner, accepted.lease_expires_at, accepted.attempts, accepted.raw_input, accepted.output, accepted.error, accepted.completed_attempt_id, accepted.completed_flow_run_id, accepted.completed_task_run_id, accepted.model_calls, accepted.created_at, accepted.updated_at, accepted.completed_at, accepted.revision, accepted.revises_run_id, accepted.revision_reason, accepted.resend, accepted.requested_by, accepted.pruned_at, accepted.output_digest 
 FROM accepted;
 
 -- name: finish_attempt
@@ -133,17 +133,17 @@ UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, erro
 -- Record the error, add the Attempt's model calls and clear the lease, the Run going back to
 -- pending (retryable) or to failed; only the current fence holder can.
 -- parameters: status, error, model_calls, run_id, fence, owner, status_1
-UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, error=%s::VARCHAR, model_calls=(runs.model_calls + %s::INTEGER), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by;
+UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, error=%s::VARCHAR, model_calls=(runs.model_calls + %s::INTEGER), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
 
 -- name: requeue_run
 -- Operator action: a failed Run goes back to pending; no other status can.
 -- parameters: status, run_id, status_1
-UPDATE runs SET status=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by;
+UPDATE runs SET status=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
 
 -- name: get_runs
 -- Many Runs by id.
 -- parameters: ids
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs 
 WHERE runs.run_id IN (SELECT given.run_id 
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64)));
@@ -152,7 +152,7 @@ FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64)));
 -- What a rerun needs of the completed and failed Runs among the given ids, and of their later
 -- completed revisions (the caller keeps the latest): not their raw inputs, which can be large.
 -- parameters: ids, status_1, status_2, status_3
-SELECT asked.run_id AS asked_id, runs.run_id, runs.status, runs.params_fingerprint, runs.attempts, runs.output, runs.error, runs.revision 
+SELECT asked.run_id AS asked_id, runs.run_id, runs.status, runs.params_fingerprint, runs.attempts, runs.output, runs.error, runs.revision, runs.pruned_at, runs.output_digest 
 FROM runs AS asked JOIN runs ON runs.job = asked.job AND runs.subject = asked.subject AND runs.period_start = asked.period_start AND runs.version = asked.version 
 WHERE asked.run_id IN (SELECT given.run_id 
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (runs.revision = asked.revision AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) OR runs.revision > asked.revision AND runs.status = %s::VARCHAR);
@@ -161,7 +161,7 @@ FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (runs.revis
 -- Every revision of the logical run of the given Run (any of its revisions), oldest first, without
 -- documents.
 -- parameters: run_id
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs AS given JOIN runs ON runs.job = given.job AND runs.subject = given.subject AND runs.period_start = given.period_start AND runs.version = given.version 
 WHERE given.run_id = %s::VARCHAR ORDER BY runs.revision;
 
@@ -174,12 +174,12 @@ INSERT INTO runs (run_id, job, subject, period_start, version, revision, revises
 FROM runs AS source 
 WHERE source.run_id = %s::VARCHAR AND (EXISTS (SELECT prev.run_id 
 FROM runs AS prev 
-WHERE prev.run_id = %s::VARCHAR AND prev.revision = %s::INTEGER - %s::INTEGER AND (prev.status = %s::VARCHAR OR prev.status = %s::VARCHAR AND prev.revision > %s::INTEGER))) ON CONFLICT DO NOTHING RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by;
+WHERE prev.run_id = %s::VARCHAR AND prev.revision = %s::INTEGER - %s::INTEGER AND (prev.status = %s::VARCHAR OR prev.status = %s::VARCHAR AND prev.revision > %s::INTEGER))) ON CONFLICT DO NOTHING RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
 
 -- name: list_runs
 -- The latest Runs, newest period first, optionally of one job and one status.
 -- parameters: job, job, status, status, limit
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs 
 WHERE (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR runs.status = CAST(%s::VARCHAR AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject 
  LIMIT %s::INTEGER;
@@ -423,3 +423,112 @@ WHERE outbox.created_at >= %s::TIMESTAMP WITH TIME ZONE AND (CAST(%s::VARCHAR AS
 SELECT suppressed_counts.job, suppressed_counts.day, suppressed_counts.duplicates, suppressed_counts.in_progress_elsewhere 
 FROM suppressed_counts 
 WHERE suppressed_counts.day >= %s::DATE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR suppressed_counts.job = CAST(%s::VARCHAR AS VARCHAR(200)));
+
+-- name: prune_window
+-- The id of the last of the next Runs in id order after the cursor (at most limit of them): the
+-- end of a prune batch's window.
+-- parameters: after, limit
+SELECT max(run_id) AS until 
+FROM (SELECT runs.run_id AS run_id 
+FROM runs 
+WHERE runs.run_id > %s::VARCHAR ORDER BY runs.run_id 
+ LIMIT %s::INTEGER) AS "window";
+
+-- name: pick_prunable_runs
+-- Lock the Runs of the batch's window (ids after the cursor, up to its end) that are completed
+-- before the cutoff, of the given jobs, not tombstones and without an outbox message still to
+-- deliver, with their outputs (to digest) and their documents' stored size.
+-- parameters: after, until, status_1, cutoff, jobs, status_2, status_3, status_4, status_5
+SELECT runs.run_id, runs.output, coalesce(pg_column_size(runs.raw_input), 0) + coalesce(pg_column_size(runs.output), 0) + coalesce(pg_column_size(runs.error), 0) + coalesce(pg_column_size(runs.params), 0) AS document_bytes 
+FROM runs 
+WHERE runs.run_id > %s::VARCHAR AND runs.run_id <= %s::VARCHAR AND runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200))) AND NOT (EXISTS (SELECT * 
+FROM outbox 
+WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR))) ORDER BY runs.run_id FOR UPDATE OF runs;
+
+-- name: lock_pruned_messages
+-- Lock the outbox rows of the picked Runs and read their status again: a message requeued since
+-- the pick keeps its Run out of the batch.
+-- parameters: ids
+SELECT outbox.run_id, outbox.status 
+FROM outbox 
+WHERE outbox.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) FOR UPDATE;
+
+-- name: delete_pruned_delivery_attempts
+-- Delete the delivery attempts of the pruned Runs' sent and dead messages.
+-- parameters: ids, status_1, status_2
+DELETE FROM delivery_attempts WHERE delivery_attempts.message_id IN (SELECT outbox.message_id 
+FROM outbox 
+WHERE outbox.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR)) RETURNING delivery_attempts.id;
+
+-- name: delete_pruned_messages
+-- Delete the pruned Runs' sent and dead outbox rows (never a message still to deliver).
+-- parameters: ids, status_1, status_2
+DELETE FROM outbox WHERE outbox.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR) RETURNING outbox.message_id;
+
+-- name: delete_pruned_attempts
+-- Delete the pruned Runs' Attempts.
+-- parameters: ids
+DELETE FROM attempts WHERE attempts.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) RETURNING attempts.attempt_id;
+
+-- name: delete_pruned_occurrences
+-- Delete the pruned Runs' alert occurrences (overdue, recovered) whose events are known emitted; a
+-- skip decision is kept.
+-- parameters: ids
+DELETE FROM occurrences WHERE occurrences.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND occurrences.skipped_at IS NULL AND (occurrences.overdue_at IS NULL OR occurrences.overdue_emitted_at IS NOT NULL) AND (occurrences.recovered_at IS NULL OR occurrences.recovered_emitted_at IS NOT NULL) AND (occurrences.gave_up_at IS NULL OR occurrences.gave_up_emitted_at IS NOT NULL) RETURNING occurrences.run_id;
+
+-- name: bury_runs
+-- Turn the picked completed Runs into tombstones: record their output digests and the prune time
+-- (database clock), null their raw input, output, error and params; identity, status, fence,
+-- fingerprint, counts and completion stay.
+-- parameters: digests, status_1
+UPDATE runs SET params=NULL, raw_input=NULL, output=NULL, error=NULL, updated_at=statement_timestamp(), pruned_at=statement_timestamp(), output_digest=buried.output_digest FROM (SELECT given.run_id AS run_id, given.output_digest AS output_digest 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), output_digest VARCHAR(64))) AS buried WHERE runs.run_id = buried.run_id AND runs.status = %s::VARCHAR AND runs.pruned_at IS NULL RETURNING runs.run_id;
+
+-- name: count_prunable
+-- What a prune pass with this cutoff and these jobs would make tombstones and delete (a dry run),
+-- and the Runs from before the cutoff it leaves alone, by why.
+-- parameters: status_1, cutoff, jobs, status_2, status_3, status_4, status_5, coalesce_2, status_6, cutoff, jobs, status_7, status_8, status_9, status_10, status_11, cutoff, jobs, status_12, status_13, cutoff, jobs, jobs
+WITH picked AS 
+(SELECT runs.run_id AS run_id, coalesce(pg_column_size(runs.raw_input), 0) + coalesce(pg_column_size(runs.output), 0) + coalesce(pg_column_size(runs.error), 0) + coalesce(pg_column_size(runs.params), 0) AS size 
+FROM runs 
+WHERE runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200))) AND NOT (EXISTS (SELECT * 
+FROM outbox 
+WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR))))
+ SELECT (SELECT count(*) AS count_1 
+FROM picked) AS runs, (SELECT count(*) AS count_2 
+FROM attempts 
+WHERE attempts.run_id IN (SELECT picked.run_id 
+FROM picked)) AS attempts, (SELECT count(*) AS count_3 
+FROM outbox 
+WHERE outbox.run_id IN (SELECT picked.run_id 
+FROM picked)) AS outbox, (SELECT count(*) AS count_4 
+FROM delivery_attempts 
+WHERE delivery_attempts.message_id IN (SELECT outbox.message_id 
+FROM outbox 
+WHERE outbox.run_id IN (SELECT picked.run_id 
+FROM picked))) AS delivery_attempts, (SELECT count(*) AS count_5 
+FROM occurrences 
+WHERE occurrences.run_id IN (SELECT picked.run_id 
+FROM picked) AND occurrences.skipped_at IS NULL AND (occurrences.overdue_at IS NULL OR occurrences.overdue_emitted_at IS NOT NULL) AND (occurrences.recovered_at IS NULL OR occurrences.recovered_emitted_at IS NOT NULL) AND (occurrences.gave_up_at IS NULL OR occurrences.gave_up_emitted_at IS NOT NULL)) AS occurrences, (SELECT coalesce(sum(picked.size), %s::INTEGER) AS coalesce_1 
+FROM picked) AS document_bytes, (SELECT count(*) AS count_6 
+FROM runs 
+WHERE runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200))) AND (EXISTS (SELECT * 
+FROM outbox 
+WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR)))) AS unfinished_outbox, (SELECT count(*) AS count_7 
+FROM runs 
+WHERE runs.status = %s::VARCHAR AND runs.created_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200)))) AS failed, (SELECT count(*) AS count_8 
+FROM runs 
+WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND runs.created_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200)))) AS unfinished, (SELECT count(*) AS count_9 
+FROM runs 
+WHERE runs.pruned_at IS NOT NULL AND runs.job IN (SELECT given.job 
+FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200)))) AS tombstones;

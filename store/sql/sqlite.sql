@@ -29,7 +29,7 @@ WHERE outbox.message_id BETWEEN ? AND ? ORDER BY outbox.message_id
 -- name: get_run
 -- A Run by id.
 -- parameters: run_id
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs 
 WHERE runs.run_id = ?;
 
@@ -37,7 +37,7 @@ WHERE runs.run_id = ?;
 -- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
 -- are compared by the caller).
 -- parameters: run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts
-INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by;
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
 
 -- name: claim_run
 -- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
@@ -63,7 +63,7 @@ INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) VALUES (?, ?
 -- parameters: param_1, param_2, owner, param_3, lease, runs, json_extract_1, runs, json_extract_2, runs, json_extract_3, runs, json_extract_4, runs, json_extract_5, runs, json_extract_6, runs, json_extract_7, runs, json_extract_8, param_4, fence_1, attempts_1, status_1, status_2
 INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
 FROM (SELECT json_extract(?, ?) AS run_id, json_extract(?, ?) AS job, json_extract(?, ?) AS subject, json_extract(?, ?) AS period_start, json_extract(?, ?) AS version, json_extract(?, ?) AS params_fingerprint, json_extract(?, ?) AS params, json_extract(?, ?) AS attempt_id) AS given 
-WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by;
+WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
 
 -- name: enter_runs
 -- Register and claim a tick's Runs, given as one JSON array, in one upsert: a new Run is inserted
@@ -73,7 +73,7 @@ WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?,
 INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
 FROM (SELECT json_extract(anon_5.value, ?) AS run_id, json_extract(anon_5.value, ?) AS job, json_extract(anon_5.value, ?) AS subject, json_extract(anon_5.value, ?) AS period_start, json_extract(anon_5.value, ?) AS version, json_extract(anon_5.value, ?) AS params_fingerprint, json_extract(anon_5.value, ?) AS params, json_extract(anon_5.value, ?) AS attempt_id 
 FROM json_each(?) AS anon_5) AS given 
-WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by;
+WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
 
 -- name: renew_leases
 -- Extend the lease of every given Run still held under its fence and owner, from the database
@@ -98,7 +98,7 @@ UPDATE runs SET raw_input=coalesce(runs.raw_input, ?), updated_at=(strftime('%Y-
 -- task run that completed it; only the current fence holder can (PostgreSQL: with the outbox rows
 -- and the Attempt's end in the same statement, written only if the Run was accepted).
 -- parameters: status, output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner, status_1
-UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, output=?, error=NULL, completed_attempt_id=?, completed_flow_run_id=?, completed_task_run_id=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), completed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by;
+UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, output=?, error=NULL, completed_attempt_id=?, completed_flow_run_id=?, completed_task_run_id=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), completed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
 
 -- name: queue_messages
 -- The completed Run's outbox rows, one per (run, channel, recipient); a row already queued is left
@@ -118,17 +118,17 @@ UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'),
 -- Record the error, add the Attempt's model calls and clear the lease, the Run going back to
 -- pending (retryable) or to failed; only the current fence holder can.
 -- parameters: status, error, model_calls, run_id, fence, owner, status_1
-UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by;
+UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
 
 -- name: requeue_run
 -- Operator action: a failed Run goes back to pending; no other status can.
 -- parameters: status, run_id, status_1
-UPDATE runs SET status=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by;
+UPDATE runs SET status=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
 
 -- name: get_runs
 -- Many Runs by id.
 -- parameters: json_extract_1, ids
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs 
 WHERE runs.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
 FROM json_each(?) AS anon_1);
@@ -137,7 +137,7 @@ FROM json_each(?) AS anon_1);
 -- What a rerun needs of the completed and failed Runs among the given ids, and of their later
 -- completed revisions (the caller keeps the latest): not their raw inputs, which can be large.
 -- parameters: json_extract_1, ids, status_1, status_2, status_3
-SELECT asked.run_id AS asked_id, runs.run_id, runs.status, runs.params_fingerprint, runs.attempts, runs.output, runs.error, runs.revision 
+SELECT asked.run_id AS asked_id, runs.run_id, runs.status, runs.params_fingerprint, runs.attempts, runs.output, runs.error, runs.revision, runs.pruned_at, runs.output_digest 
 FROM runs AS asked JOIN runs ON runs.job = asked.job AND runs.subject = asked.subject AND runs.period_start = asked.period_start AND runs.version = asked.version 
 WHERE asked.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
 FROM json_each(?) AS anon_1) AND (runs.revision = asked.revision AND (runs.status = ? OR runs.status = ?) OR runs.revision > asked.revision AND runs.status = ?);
@@ -146,7 +146,7 @@ FROM json_each(?) AS anon_1) AND (runs.revision = asked.revision AND (runs.statu
 -- Every revision of the logical run of the given Run (any of its revisions), oldest first, without
 -- documents.
 -- parameters: run_id
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs AS given JOIN runs ON runs.job = given.job AND runs.subject = given.subject AND runs.period_start = given.period_start AND runs.version = given.version 
 WHERE given.run_id = ? ORDER BY runs.revision;
 
@@ -159,12 +159,12 @@ INSERT INTO runs (run_id, job, subject, period_start, version, revision, revises
 FROM runs AS source 
 WHERE source.run_id = ? AND (EXISTS (SELECT prev.run_id 
 FROM runs AS prev 
-WHERE prev.run_id = ? AND prev.revision = ? - ? AND (prev.status = ? OR prev.status = ? AND prev.revision > ?))) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by;
+WHERE prev.run_id = ? AND prev.revision = ? - ? AND (prev.status = ? OR prev.status = ? AND prev.revision > ?))) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
 
 -- name: list_runs
 -- The latest Runs, newest period first, optionally of one job and one status.
 -- parameters: job, job, status, status, limit, param_1
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs 
 WHERE (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (CAST(? AS VARCHAR(16)) IS NULL OR runs.status = CAST(? AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject
  LIMIT ? OFFSET ?;
@@ -411,3 +411,103 @@ WHERE outbox.created_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = 
 SELECT suppressed_counts.job, suppressed_counts.day, suppressed_counts.duplicates, suppressed_counts.in_progress_elsewhere 
 FROM suppressed_counts 
 WHERE suppressed_counts.day >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR suppressed_counts.job = CAST(? AS VARCHAR(200)));
+
+-- name: prune_window
+-- The id of the last of the next Runs in id order after the cursor (at most limit of them): the
+-- end of a prune batch's window.
+-- parameters: after, limit, param_1
+SELECT max(run_id) AS until 
+FROM (SELECT runs.run_id AS run_id 
+FROM runs 
+WHERE runs.run_id > ? ORDER BY runs.run_id
+ LIMIT ? OFFSET ?) AS window;
+
+-- name: pick_prunable_runs
+-- Lock the Runs of the batch's window (ids after the cursor, up to its end) that are completed
+-- before the cutoff, of the given jobs, not tombstones and without an outbox message still to
+-- deliver, with their outputs (to digest) and their documents' stored size.
+-- parameters: after, until, status_1, cutoff, json_extract_1, jobs, status_2, status_3, status_4, status_5
+SELECT runs.run_id, runs.output, coalesce(length(CAST(runs.raw_input AS BLOB)), 0) + coalesce(length(CAST(runs.output AS BLOB)), 0) + coalesce(length(CAST(runs.error AS BLOB)), 0) + coalesce(length(CAST(runs.params AS BLOB)), 0) AS document_bytes 
+FROM runs 
+WHERE runs.run_id > ? AND runs.run_id <= ? AND runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_1.value, ?) AS job 
+FROM json_each(?) AS anon_1) AND NOT (EXISTS (SELECT * 
+FROM outbox 
+WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?))) ORDER BY runs.run_id;
+
+-- name: delete_pruned_delivery_attempts
+-- Delete the delivery attempts of the pruned Runs' sent and dead messages.
+-- parameters: json_extract_1, ids, status_1, status_2
+DELETE FROM delivery_attempts WHERE delivery_attempts.message_id IN (SELECT outbox.message_id 
+FROM outbox 
+WHERE outbox.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) AND (outbox.status = ? OR outbox.status = ?)) RETURNING id;
+
+-- name: delete_pruned_messages
+-- Delete the pruned Runs' sent and dead outbox rows (never a message still to deliver).
+-- parameters: json_extract_1, ids, status_1, status_2
+DELETE FROM outbox WHERE outbox.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) AND (outbox.status = ? OR outbox.status = ?) RETURNING message_id;
+
+-- name: delete_pruned_attempts
+-- Delete the pruned Runs' Attempts.
+-- parameters: json_extract_1, ids
+DELETE FROM attempts WHERE attempts.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) RETURNING attempt_id;
+
+-- name: delete_pruned_occurrences
+-- Delete the pruned Runs' alert occurrences (overdue, recovered) whose events are known emitted; a
+-- skip decision is kept.
+-- parameters: json_extract_1, ids
+DELETE FROM occurrences WHERE occurrences.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) AND occurrences.skipped_at IS NULL AND (occurrences.overdue_at IS NULL OR occurrences.overdue_emitted_at IS NOT NULL) AND (occurrences.recovered_at IS NULL OR occurrences.recovered_emitted_at IS NOT NULL) AND (occurrences.gave_up_at IS NULL OR occurrences.gave_up_emitted_at IS NOT NULL) RETURNING run_id;
+
+-- name: bury_runs
+-- Turn the picked completed Runs into tombstones: record their output digests and the prune time
+-- (database clock), null their raw input, output, error and params; identity, status, fence,
+-- fingerprint, counts and completion stay.
+-- parameters: json_extract_1, json_extract_2, digests, status_1
+UPDATE runs SET params=NULL, raw_input=NULL, output=NULL, error=NULL, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), pruned_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), output_digest=buried.output_digest FROM (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS output_digest 
+FROM json_each(?) AS anon_1) AS buried WHERE runs.run_id = buried.run_id AND runs.status = ? AND runs.pruned_at IS NULL RETURNING run_id;
+
+-- name: count_prunable
+-- What a prune pass with this cutoff and these jobs would make tombstones and delete (a dry run),
+-- and the Runs from before the cutoff it leaves alone, by why.
+-- parameters: status_1, cutoff, json_extract_1, jobs, status_2, status_3, status_4, status_5, coalesce_2, status_6, cutoff, json_extract_2, jobs, status_7, status_8, status_9, status_10, status_11, cutoff, json_extract_3, jobs, status_12, status_13, cutoff, json_extract_4, jobs, json_extract_5, jobs
+WITH picked AS 
+(SELECT runs.run_id AS run_id, coalesce(length(CAST(runs.raw_input AS BLOB)), 0) + coalesce(length(CAST(runs.output AS BLOB)), 0) + coalesce(length(CAST(runs.error AS BLOB)), 0) + coalesce(length(CAST(runs.params AS BLOB)), 0) AS size 
+FROM runs 
+WHERE runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_1.value, ?) AS job 
+FROM json_each(?) AS anon_1) AND NOT (EXISTS (SELECT * 
+FROM outbox 
+WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?))))
+ SELECT (SELECT count(*) AS count_1 
+FROM picked) AS runs, (SELECT count(*) AS count_2 
+FROM attempts 
+WHERE attempts.run_id IN (SELECT picked.run_id 
+FROM picked)) AS attempts, (SELECT count(*) AS count_3 
+FROM outbox 
+WHERE outbox.run_id IN (SELECT picked.run_id 
+FROM picked)) AS outbox, (SELECT count(*) AS count_4 
+FROM delivery_attempts 
+WHERE delivery_attempts.message_id IN (SELECT outbox.message_id 
+FROM outbox 
+WHERE outbox.run_id IN (SELECT picked.run_id 
+FROM picked))) AS delivery_attempts, (SELECT count(*) AS count_5 
+FROM occurrences 
+WHERE occurrences.run_id IN (SELECT picked.run_id 
+FROM picked) AND occurrences.skipped_at IS NULL AND (occurrences.overdue_at IS NULL OR occurrences.overdue_emitted_at IS NOT NULL) AND (occurrences.recovered_at IS NULL OR occurrences.recovered_emitted_at IS NOT NULL) AND (occurrences.gave_up_at IS NULL OR occurrences.gave_up_emitted_at IS NOT NULL)) AS occurrences, (SELECT coalesce(sum(picked.size), ?) AS coalesce_1 
+FROM picked) AS document_bytes, (SELECT count(*) AS count_6 
+FROM runs 
+WHERE runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_2.value, ?) AS job 
+FROM json_each(?) AS anon_2) AND (EXISTS (SELECT * 
+FROM outbox 
+WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?)))) AS unfinished_outbox, (SELECT count(*) AS count_7 
+FROM runs 
+WHERE runs.status = ? AND runs.created_at < ? AND runs.job IN (SELECT json_extract(anon_3.value, ?) AS job 
+FROM json_each(?) AS anon_3)) AS failed, (SELECT count(*) AS count_8 
+FROM runs 
+WHERE (runs.status = ? OR runs.status = ?) AND runs.created_at < ? AND runs.job IN (SELECT json_extract(anon_4.value, ?) AS job 
+FROM json_each(?) AS anon_4)) AS unfinished, (SELECT count(*) AS count_9 
+FROM runs 
+WHERE runs.pruned_at IS NOT NULL AND runs.job IN (SELECT json_extract(anon_5.value, ?) AS job 
+FROM json_each(?) AS anon_5)) AS tombstones;

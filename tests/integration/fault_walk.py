@@ -3,8 +3,8 @@ named fault point: the job owes it, a neighbouring period is skipped and unskipp
 occurrence is reported overdue, its Run is registered and claimed, renewed, given its input and
 the model's answer, completed with four outbox rows and a business effect, a revision of it requested (left
 pending), reported recovered;
-a side Run is claimed, failed, requeued and given up; the decisions' events are claimed and
-recorded emitted; the mail is delivered to a sink that
+a side Run is claimed, failed, requeued and given up; a Run of another job is completed and
+pruned to its tombstone; the decisions' events are claimed and recorded emitted; the mail is delivered to a sink that
 answers 451 once, drops the connection once and refuses one recipient (550), and the refused
 message is requeued once.
 
@@ -34,6 +34,7 @@ from store import Claim, Ledger, OutboxMessage, QueuedMessage, Run, RunIdentity,
 from tests.integration.ledger_support import wait_for_db_clock
 
 JOB = "fault-walk"
+PRUNED_JOB = "fault-walk-retention"  # its own job: pruning it never touches the walked Run
 PERIOD = datetime(2026, 3, 2, tzinfo=UTC)
 PARAMS = {"units": 10}
 RUN_LEASE = 1.0  # a dead walker's Run lease is waited out by the rerun
@@ -87,6 +88,7 @@ def walk(ledger: Ledger, subject: str, host: str, port: int, calls: Path) -> Non
     ledger.count_suppressed(JOB, PERIOD.date(), duplicates=1, in_progress_elsewhere=0)
     ledger.mark_recovered(JOB)
     _operate(ledger, identity(subject, 2), owner)
+    _prune(ledger, RunIdentity(PRUNED_JOB, subject, PERIOD, "1"), owner)
     _emit(ledger)
     _deliver(ledger, main.run_id, host, port)
 
@@ -130,6 +132,18 @@ def _operate(ledger: Ledger, side: RunIdentity, owner: str) -> None:
     if run.status == "pending":
         (state,) = [s for s in ledger.run_states(JOB, side.period_start) if s.run_id == run.run_id]
         ledger.give_up(state, max_attempts=1)
+
+
+def _prune(ledger: Ledger, old: RunIdentity, owner: str) -> None:
+    """A Run of another job, completed and then pruned to its tombstone (a cutoff a day
+    ahead of the database clock makes it old enough)."""
+    found = ledger.register_and_claim(old, PARAMS, owner=owner, lease=RUN_LEASE)
+    if found.run.status != "completed":
+        claim = found.claim or _claim_when_free(ledger, found.run, owner)
+        ledger.complete(claim, {"text": "to be pruned"})
+    cutoff, cursor = ledger.now() + timedelta(days=1), ""
+    while (cursor := ledger.prune_batch(cutoff, [PRUNED_JOB], limit=10, after=cursor).cursor):
+        pass
 
 
 def _emit(ledger: Ledger) -> None:

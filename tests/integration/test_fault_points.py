@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from flows.mail.letter import message_id_for
 from flows.mail.sink import Sink
 from flows.model import CallLog
-from store import Ledger, unemitted
+from store import Ledger, RunIdentity, unemitted
 from store.faults import AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK, ENV, POINTS
 from tests.integration import fault_walk as fw
 from tests.integration.armed import FAULTS, PRELOAD, run_armed
@@ -104,6 +104,10 @@ def assert_finished_once(ledger: Ledger, c: Crash, sink: Sink) -> str:
     assert [a.outcome for a in ledger.delivery_attempts(dead)].count("dead") == 2
     side = ledger.get(fw.identity(c.subject, 2).run_id)
     assert fw.given_up(side), side
+    pruned = ledger.get(RunIdentity(fw.PRUNED_JOB, c.subject, fw.PERIOD, "1").run_id)
+    assert pruned.status == "completed" and pruned.pruned_at is not None, pruned
+    assert pruned.output is None and pruned.output_digest is not None
+    assert ledger.attempts(pruned.run_id) == []
     [occurrence] = [o for o in ledger.occurrences(fw.JOB, fw.PERIOD)
                     if o.run_id == run.run_id]
     assert occurrence.overdue_at is not None and occurrence.recovered_at is not None

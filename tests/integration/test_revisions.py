@@ -241,3 +241,21 @@ def test_the_guarded_insert_alone_refuses_a_revision_after_an_unfinished_one(
     finish(ledger, ledger.get(first.run_id), "second")
     assert insert(2, first.run_id) is not None
     assert [r.revision for r in ledger.revisions(original.run_id)] == [0, 1, 2]
+
+
+def test_a_pruned_run_is_revised_only_by_collecting_its_input_again(ledger: Ledger) -> None:
+    """A tombstone holds no raw input: a revision that would reuse it is refused, naming
+    --recollect, with nothing written; with recollect the revision is made."""
+    run = ledger.register(identity(), PARAMS)
+    claim = ledger.claim(run.run_id, "worker:1", LEASE)
+    assert claim is not None
+    ledger.save_input(claim, {"items": "a, b"})
+    ledger.complete(claim, {"text": "first"}, [])
+    ledger.prune_batch(datetime.now(UTC) + timedelta(days=1), ["digest"])
+    assert ledger.get(run.run_id).pruned_at is not None
+    with pytest.raises(RevisionRefused, match=r"pruned.*--recollect"):
+        ledger.request_revision(run.run_id, "model fixed", requested_by="req-1")
+    assert row_count(ledger) == 1
+    revision = ledger.request_revision(run.run_id, "model fixed", params=PARAMS,
+                                       recollect=True, requested_by="req-1")
+    assert revision.new and revision.run.raw_input is None and revision.run.params == PARAMS

@@ -4,7 +4,7 @@ that fires once per period, schedules keep their ids (slugs), and serve mirrors 
 from __future__ import annotations
 
 import inspect
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -147,3 +147,20 @@ def test_two_deployments_with_one_name_are_rejected(tmp_path: Path) -> None:
     path.write_text("deployments:\n" + one + one)
     with pytest.raises(InvalidDeployment, match="repeat"):
         load_deployments(path)
+
+
+def test_the_prune_deployment_runs_daily_with_a_retention_every_setting_accepts() -> None:
+    """prune runs once a day; its default retention parses and passes every refusal for
+    every shipped job and the default delivery settings, so the scheduled pass never refuses."""
+    from flows.delivery.settings import DeliverySettings
+    from flows.retention import DEFAULT_OLDER_THAN, check_retention, parse_duration
+
+    spec = deployment("prune")
+    [schedule] = spec.schedules
+    assert spec.entrypoint == "flows/retention.py:prune" and schedule.cron is not None
+    slots = croniter(schedule.cron, datetime(2026, 3, 20, tzinfo=UTC))
+    first, second = slots.get_next(datetime), slots.get_next(datetime)
+    assert second - first == timedelta(days=1)
+    older_than = parse_duration(spec.parameters["older_than"])
+    assert spec.parameters["older_than"] == DEFAULT_OLDER_THAN
+    check_retention(older_than, shipped_jobs(), DeliverySettings(max_window_hours=12.0))

@@ -7,6 +7,7 @@ task run, every message delivered) is asserted through its exit status and its o
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -32,10 +33,10 @@ def run_bench(postgres_databases: Any) -> RunBench:
     PostgreSQL."""
     admin = postgres_databases.engine.url.render_as_string(hide_password=False)
 
-    def run(script: str, *args: str, timeout: float = 300) -> str:
+    def run(script: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> str:
         done = subprocess.run(
             [sys.executable, str(BENCH / script), *args], cwd=PROJECT_ROOT,
-            env={**os.environ, "RUNLEDGER_BENCH_POSTGRES_URL": admin},
+            env={**os.environ, "RUNLEDGER_BENCH_POSTGRES_URL": admin, **(env or {})},
             capture_output=True, text=True, timeout=timeout,
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -51,12 +52,24 @@ def bench_databases(postgres_databases: Any) -> int:
             "SELECT count(*) FROM pg_database WHERE datname LIKE 'rlbench\\_%'")).scalar_one())
 
 
-def test_the_ledger_bench_finds_one_winner_per_contended_claim_on_both_ledgers(
+def test_the_ledger_bench_counts_each_procedures_round_trips_and_finds_one_winner_per_claim(
         run_bench: RunBench) -> None:
-    out = run_bench("ledger_bench.py", "--seconds", "0.6", "--workers", "2", "--rounds", "3")
-    for dialect in ("postgresql", "sqlite"):
-        assert re.search(rf"\[{dialect}\] ratio ledger transitions/s : baseline statements/s = "
+    """Seed 000's Run takes 7 round trips and the ledger's 3, locally and one hop away."""
+    out = run_bench("ledger_bench.py", "--seconds", "0.6", "--workers", "2", "--rounds", "3",
+                    "--account-runs", "10")
+    for label in ("", r" \[one hop away, \+0\.5 ms each way\]"):
+        assert re.search(rf"\[postgresql\]{label} ratio ledger Runs/s : seed Runs/s = \d+\.\d\d "
+                         r"\((meets|BELOW) the \d\.0 target\); client CPU per Run ledger : seed = "
                          r"\d+\.\d\d", out), out
+    # The wire counts are exact: the seed's register, claim, input and (BEGIN, completion,
+    # outbox, COMMIT) against the ledger's three statements; rows and WAL from the WAL itself.
+    assert re.search(r"\[postgresql\]   seed      \|         7\.0 \|        5\.0 \|          2\.0 \|",
+                     out), out
+    for procedure in ("ledger", "replay"):
+        assert re.search(rf"\[postgresql\]   {procedure:9} \|         3\.0 \|        3\.0 \|"
+                         r"          0\.0 \| +\d+\.\d \| +\d+\.\d \| +\d+\.\d \| +\d+\.\d \|", out), out
+    assert "[sqlite] ledger, register_and_claim + save_input + complete with 1 outbox row: " in out
+    for dialect in ("postgresql", "sqlite"):
         assert f"[{dialect}] contention, 2 processes x 3 rounds on 1 key each: exactly 1 winner " \
                "in every round" in out, out
 
@@ -78,24 +91,57 @@ def test_the_outbox_claim_bench_compares_a_backlog_with_a_small_outbox_on_both_l
 
 def test_the_pipeline_bench_reruns_a_completed_tick_without_model_calls_or_task_runs(
         run_bench: RunBench, postgres_databases: Any) -> None:
+    """Only Prefect-native's rerun creates task runs (cached); neither calls a model again."""
     before = bench_databases(postgres_databases)
-    out = run_bench("pipeline_bench.py", "--server", "--sizes", "3", "--repeat", "5")
+    out = run_bench("pipeline_bench.py", "--server", "--sizes", "3", "--repeat", "5",
+                    "--dialects", "sqlite", timeout=600)
     assert re.search(r"Prefect server: http://127\.0\.0\.1:\d+/api \(PostgreSQL, nice 10\)", out)
     # The server's database work is its background work too: its backends ran niced as well.
     reniced = re.search(r"The server's database: (\d+) PostgreSQL backends kept at nice 10", out)
     assert reniced is not None and int(reniced[1]) >= 1, out
-    for dialect in ("sqlite", "postgres"):
-        line = next((x for x in out.splitlines() if x.startswith(f"{dialect:8} N=    3:")), None)
-        assert line is not None, out
-        assert re.search(r"ratio \d+\.\d{3} \(target <= 1\.15\)", line), line
-        assert re.search(r"median of 5 rounds' ratios \d+\.\d{3} \(\d+\.\d{3}-\d+\.\d{3}\), 90% "
-                         r"interval \d+\.\d{3}-\d+\.\d{3}: (target met|target missed|undecided)",
-                         line), line
-        # Five rounds' reruns together: no model call and no task run; the first run of a tick
-        # of 3 subjects starts one register+claim task run and three per subject.
-        assert "with 0 model calls and 0 task runs (first run: 10 task runs)" in line, line
+    head = "sqlite   N=    3:"
+    interval = r"\d+\.\d{3} \(\d+\.\d{3}-\d+\.\d{3}\), 90% interval \d+\.\d{3}-\d+\.\d{3}: " \
+               r"(target met|target missed|undecided)"
+    assert re.search(rf"{head} run_job : bare, client CPU {interval} \(<= 1\.15\)", out), out
+    for lock in ("redis", "file"):
+        assert re.search(rf"{head} run_job : Prefect-native \({lock} locks\), client CPU "
+                         rf"{interval} \(<= 0\.8\)", out), out
+        assert re.search(rf"{head} rerun speed-up over Prefect-native \({lock} locks\), wall "
+                         rf"{interval} \(>= 10\)", out), out
+    # Five rounds' reruns together: run_job's call no model and start no task run (its first
+    # run: one register+claim task run and three per subject); Prefect-native's call no model
+    # and send no email, but create 3 cached task runs per subject: 45.
+    rerun = next(x for x in out.splitlines() if x.startswith(f"{head} rerun of the completed"))
+    assert "run_job 0.00 s CPU" not in rerun  # a measured time, not a skipped step
+    assert re.search(r"run_job [\d.]+ s CPU / [\d.]+ s wall with 0 model calls, 0 emails and 0 "
+                     r"task runs", rerun), rerun
+    for lock in ("redis", "file"):
+        assert re.search(rf"native_{lock} [\d.]+ s CPU / [\d.]+ s wall with 0 model calls, 0 "
+                         r"emails and 45 task runs", rerun), rerun
+    assert "(run_job's first run: 10 task runs)" in rerun, rerun
     # The databases of the script's own server and of its PostgreSQL ledger are dropped.
     assert bench_databases(postgres_databases) == before
+
+
+def test_the_behaviour_table_shows_a_kill_after_the_model_blocking_prefect_native_not_runledger(
+        run_bench: RunBench, prefect_api: str) -> None:
+    """After a kill, runledger's next run finishes the Run; Prefect-native's waits on a lock."""
+    out = run_bench("behaviour.py", "--scenarios", "twice", "kill-after-model", "--systems",
+                    "runledger", "native-file", "--next-run-timeout", "15",
+                    env={"PREFECT_API_URL": prefect_api}, timeout=600)
+    rows = {(r["scenario"], r["system"]): r for r in map(json.loads, (
+        x for x in out.splitlines() if x.startswith("{")))}
+    for system in ("runledger", "native-file"):
+        twice = rows["twice", system]
+        assert (twice["model_calls"], twice["outputs"], twice["emails"]) == (1, 1, 2), twice
+    assert rows["twice", "runledger"]["runs"] == "Completed / Duplicate"
+    killed = rows["kill-after-model", "runledger"]
+    assert (killed["model_calls"], killed["outputs"], killed["emails"]) == (2, 1, 2), killed
+    assert killed["runs"] == "killed / Completed", killed
+    blocked = rows["kill-after-model", "native-file"]
+    assert (blocked["model_calls"], blocked["outputs"], blocked["emails"]) == (1, 0, 0), blocked
+    assert blocked["runs"] == "killed / blocked, stopped after 15 s", blocked
+    assert "| scenario | system | model calls | outputs written | emails accepted (distinct) |" in out
 
 
 @pytest.mark.parametrize(("script", "args", "message"), [

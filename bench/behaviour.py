@@ -18,7 +18,7 @@ Scenarios:
   starts once runledger's lease (3 s here) has expired and is given 40 s (--next-run-timeout);
 - handoff-fails: the sink refuses the first try of every recipient (451), then a second run;
 - handoff-crash: the process is SIGKILLed right after the sink accepted the first email, then a
-  second run (runledger's delivery lease is 7 s here);
+  second run, given 40 s as above (runledger's delivery lease is 7 s here);
 - recipients: the same key run again with a third recipient added;
 - storage-deleted: the first run completes, its result and cache storage is deleted (what an
   expiring cache or a cleaned disk does), then a second run."""
@@ -56,6 +56,10 @@ def child(system: str, job_name: str, period: str, recipients: list[str], storag
           smtp_port: int) -> None:
     """One run of the job's tick for ``period`` by ``system`` (and, for runledger, one delivery
     pass); prints the flow's final state."""
+    kill = os.environ.get("BEHAVIOUR_KILL", "")
+    if kill == "handoff" and system == "runledger":
+        # Read when store is first imported: set before any import of it.
+        os.environ["RUNLEDGER_FAULTS"] = "after_send_before_mark"
     import asyncio
 
     from flows.jobs import Candidate, Job, register
@@ -63,7 +67,6 @@ def child(system: str, job_name: str, period: str, recipients: list[str], storag
     from store import OutboxMessage, Period
 
     log = Path(os.environ["BEHAVIOUR_LOG"])
-    kill = os.environ.get("BEHAVIOUR_KILL", "")
 
     def note(kind: str) -> None:
         with log.open("a") as out:
@@ -97,8 +100,6 @@ def child(system: str, job_name: str, period: str, recipients: list[str], storag
         from flows.pipeline import run_job
         from store import Ledger
 
-        if kill == "handoff":
-            os.environ["RUNLEDGER_FAULTS"] = "after_send_before_mark"
         state = asyncio.run(run_job(job_name, period=period, return_state=True))
         print(json.dumps({"state": state.name, "message": state.message}), flush=True)
         ledger = Ledger.connect()
@@ -251,7 +252,7 @@ def scenario(case: Case) -> dict[str, Any]:
     elif name == "handoff-crash":
         case.run(BEHAVIOUR_KILL="handoff")
         time.sleep(DELIVERY_LEASE_SECONDS + 1)
-        case.run()
+        case.run(timeout=case.bench.next_run_timeout)
     elif name == "recipients":
         case.run()
         case.run(recipients=[*RECIPIENTS, "c@example.com"])

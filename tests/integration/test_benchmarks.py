@@ -127,22 +127,23 @@ def test_the_pipeline_bench_reruns_a_completed_tick_without_model_calls_or_task_
 def test_the_behaviour_table_shows_a_kill_after_the_model_blocking_prefect_native_not_runledger(
         run_bench: RunBench, prefect_api: str) -> None:
     """After a kill, runledger's next run finishes the Run; Prefect-native's waits on a lock."""
-    out = run_bench("behaviour.py", "--scenarios", "twice", "kill-after-model", "--systems",
-                    "runledger", "native-file", "--next-run-timeout", "15",
-                    env={"PREFECT_API_URL": prefect_api}, timeout=600)
-    rows = {(r["scenario"], r["system"]): r for r in map(json.loads, (
-        x for x in out.splitlines() if x.startswith("{")))}
-    for system in ("runledger", "native-file"):
-        twice = rows["twice", system]
-        assert (twice["model_calls"], twice["outputs"], twice["emails"]) == (1, 1, 2), twice
-    assert rows["twice", "runledger"]["runs"] == "Completed / Duplicate"
-    killed = rows["kill-after-model", "runledger"]
+
+    def row(system: str, wait: str) -> dict[str, Any]:
+        out = run_bench("behaviour.py", "--scenarios", "kill-after-model", "--systems", system,
+                        "--next-run-timeout", wait, env={"PREFECT_API_URL": prefect_api},
+                        timeout=600)
+        assert "| scenario | system | model calls | outputs written | emails accepted" in out
+        [found] = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+        return dict(found)
+
+    # The run after the kill gets time enough to finish (runledger's does not wait for a lock;
+    # a loaded machine only slows it), and Prefect-native's would wait for ever.
+    killed = row("runledger", "300")
     assert (killed["model_calls"], killed["outputs"], killed["emails"]) == (2, 1, 2), killed
     assert killed["runs"] == "killed / Completed", killed
-    blocked = rows["kill-after-model", "native-file"]
+    blocked = row("native-file", "20")
     assert (blocked["model_calls"], blocked["outputs"], blocked["emails"]) == (1, 0, 0), blocked
-    assert blocked["runs"] == "killed / blocked, stopped after 15 s", blocked
-    assert "| scenario | system | model calls | outputs written | emails accepted (distinct) |" in out
+    assert blocked["runs"] == "killed / blocked, stopped after 20 s", blocked
 
 
 @pytest.mark.parametrize(("script", "args", "message"), [

@@ -1,22 +1,36 @@
-"""Ledger throughput against a raw-driver baseline measured in the same run, by the same processes.
+"""Ledger throughput against seed 000's hand-written procedure, measured in the same run.
 
-For each dialect (PostgreSQL, then SQLite in one WAL file), on a fresh database dropped afterwards,
-N worker processes (default 8) run, all starting each phase together at a barrier:
+For each dialect (PostgreSQL, then SQLite in one WAL file), on fresh databases dropped
+afterwards, N worker processes (default 8) run, all starting each phase together at a barrier:
 
-1. baseline: one single-row upsert per round trip through the raw driver, autocommit
-   (psycopg / sqlite3), on distinct keys;
-2. ledger: full Run cycles on distinct keys: register, claim, save_input, complete with one
-   outbox row (4 ledger transitions per cycle), register and claim taken together by
-   ``Ledger.register_and_claim`` (one statement, as the pipeline does): 3 round trips;
-3. the same cycle with ``register`` and ``claim`` as two calls: 4 round trips;
+1. seed (PostgreSQL): the procedure the seed 000 article spells out, through raw psycopg 3 on its
+   own ``runs`` and ``notification_outbox`` tables in a database of its own: register (``INSERT
+   ... ON CONFLICT``), claim (``UPDATE`` with a lease), raw input (``UPDATE ... COALESCE``), then
+   the completion ``UPDATE`` guarded by ``lock_owner`` and the outbox ``INSERT ... ON CONFLICT``
+   in one transaction, on distinct keys;
+2. ledger: full Run cycles on distinct keys: ``Ledger.register_and_claim``, ``save_input``,
+   ``complete`` with one outbox row (4 ledger transitions, with the fence, the Attempt and the
+   parameters check the seed lacks);
+3. the same cycle with ``register`` and ``claim`` as two calls;
 4. (PostgreSQL) replay: the exact statements of one ledger cycle, recorded from the driver once,
-   replayed through raw psycopg with fresh identifiers and no runledger code around them. This
-   is the ceiling any client code could reach with these statements: what is left between it
-   and the baseline is the database's own work for a Run, its Attempt and its outbox row.
+   replayed through raw psycopg with fresh identifiers and no runledger code around them: the
+   ceiling any client code could reach with these statements.
 
-The phases alternate in slices (B L S B L S ...) so that a noisy neighbour on a shared machine
-hurts all alike; the ratio is ledger transitions/s over baseline statements/s.
-5. contention: the N processes claim the same key at once, ``--rounds`` times: exactly one
+The phases alternate in slices (S L R P S L R P ...) so that a noisy neighbour on a shared
+machine hurts all alike. Each process reports its own CPU time (``os.times``) over its timed
+loop: client CPU per Run is their sum over the Runs they completed.
+
+On PostgreSQL, then:
+
+5. per Run: one process runs ``--account-runs`` cycles of each procedure through a counting
+   loopback proxy (round trips: ReadyForQuery messages; statements: CommandComplete messages,
+   BEGIN/COMMIT apart) and reads the WAL they wrote with ``pg_waldump``, keeping only the
+   records of the benchmark's databases and their transactions (the server is shared): WAL
+   records and bytes, rows written (heap tuples) and index entries per Run. Without access to
+   the WAL files it falls back to ``pg_stat_wal``, which counts every database's WAL.
+6. one hop away: phases 1, 2 and 4 again with every connection through a proxy process that
+   holds each chunk ``--hop-delay`` seconds (default 0.5 ms) each way.
+7. contention: the N processes claim the same key at once, ``--rounds`` times: exactly one
    winner per round, and the p50/p99 claim latency.
 
 Usage: uv run python bench/ledger_bench.py [--seconds 10] [--workers 8] [--dialect both]
@@ -25,16 +39,23 @@ Usage: uv run python bench/ledger_bench.py [--seconds 10] [--workers 8] [--diale
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import multiprocessing as mp
 import os
+import re
+import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -42,30 +63,118 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from pgproxy import Proxy, in_process
 from psycopg.types.json import Jsonb
 
 from store import Claim, Ledger, OutboxMessage, RunIdentity
-from store.settings import LedgerSettings
 
-TRANSITIONS_PER_CYCLE = 4
-TARGET_RATIO = 0.6
+TARGET_RATIO = 1.0
+HOP_TARGET_RATIO = 2.0
 SLICES = 4
 WARMUP = 20
 ADMIN_URL = os.environ.get(
-    "RUNLEDGER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+    "RUNLEDGER_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 PERIOD = datetime(2026, 1, 1, tzinfo=UTC)
 LEASE = timedelta(seconds=900)
-UPSERT = "INSERT INTO bench_upsert (k, v) VALUES ({p}, {p}) ON CONFLICT (k) DO UPDATE SET v = bench_upsert.v + 1"
+LEASE_SECONDS = 900
+
+# Seed 000's schema and statements, as the article writes them.
+SEED_SCHEMA = """
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    job_name TEXT NOT NULL,
+    subject_id TEXT NOT NULL,
+    scheduled_at TIMESTAMPTZ NOT NULL,
+    version TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (
+        status IN ('pending', 'running', 'completed', 'failed')
+    ),
+    raw_input JSONB,
+    output JSONB,
+    lock_owner TEXT,
+    lock_expires_at TIMESTAMPTZ,
+    last_error TEXT,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    UNIQUE (job_name, subject_id, scheduled_at, version)
+);
+CREATE TABLE notification_outbox (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    channel TEXT NOT NULL,
+    payload JSONB NOT NULL,
+    delivered_at TIMESTAMPTZ,
+    PRIMARY KEY (run_id, channel)
+);
+"""
+SEED_REGISTER = """
+INSERT INTO runs (run_id, job_name, subject_id, scheduled_at, version, status)
+VALUES (%(run_id)s, %(job_name)s, %(subject_id)s, %(scheduled_at)s, %(version)s, 'pending')
+ON CONFLICT (run_id) DO UPDATE
+SET updated_at = CURRENT_TIMESTAMP
+RETURNING status, raw_input, output"""
+SEED_CLAIM = """
+UPDATE runs
+SET status = 'running',
+    lock_owner = %(worker_id)s,
+    lock_expires_at = (CURRENT_TIMESTAMP + (%(lease_seconds)s * INTERVAL '1 second')),
+    updated_at = CURRENT_TIMESTAMP
+WHERE run_id = %(run_id)s
+  AND status <> 'completed'
+  AND (lock_owner IS NULL OR lock_expires_at < CURRENT_TIMESTAMP OR lock_owner = %(worker_id)s)
+RETURNING run_id, status, raw_input"""
+SEED_INPUT = """
+UPDATE runs
+SET raw_input = COALESCE(raw_input, %(raw_input)s::jsonb),
+    updated_at = CURRENT_TIMESTAMP
+WHERE run_id = %(run_id)s
+  AND status <> 'completed'
+RETURNING raw_input"""
+SEED_COMPLETE = """
+UPDATE runs
+SET status = 'completed',
+    output = %(output)s::jsonb,
+    lock_owner = NULL,
+    lock_expires_at = NULL,
+    last_error = NULL,
+    updated_at = CURRENT_TIMESTAMP
+WHERE run_id = %(run_id)s
+  AND status <> 'completed'
+  AND lock_owner = %(worker_id)s
+RETURNING output"""
+SEED_OUTBOX = """
+INSERT INTO notification_outbox (run_id, channel, payload)
+VALUES (%(run_id)s, %(channel)s, %(payload)s::jsonb)
+ON CONFLICT (run_id, channel) DO NOTHING"""
+
+
+def stable_run_id(job_name: str, subject_id: str, scheduled_at: datetime, version: str) -> str:
+    """The seed's run id: a SHA-256 of the logical run's normalised fields."""
+    canonical_time = scheduled_at.astimezone(UTC).isoformat(timespec="seconds")
+    identity = "|".join([job_name.strip(), subject_id.strip(), canonical_time, version.strip()])
+    return hashlib.sha256(identity.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
 class Target:
-    """One benchmark database: its ledger URL and how the raw driver reaches it."""
+    """One benchmark's databases: the ledger URL, how the raw driver reaches it, and (on
+    PostgreSQL) the libpq URL of the seed procedure's own database."""
 
     dialect: str
     url: str
     raw: str  # libpq URL, or the SQLite file path
+    seed: str = ""
+
+    def via(self, port: int) -> Target:
+        """The same databases reached through a proxy on ``port`` (without TLS, which the
+        proxy's counting needs to read)."""
+
+        def moved(url: str) -> str:
+            parsed = sa.engine.make_url(url).set(host="127.0.0.1", port=port)
+            parsed = parsed.update_query_dict({"sslmode": "disable"})
+            return parsed.render_as_string(hide_password=False)
+
+        return replace(self, url=moved(self.url), raw=moved(self.raw), seed=moved(self.seed))
 
 
 def _replaced(value: Any, swap: list[tuple[str, str]]) -> Any:
@@ -83,39 +192,57 @@ def _replaced(value: Any, swap: list[tuple[str, str]]) -> Any:
     return value
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time so far, user and system."""
+    times = os.times()
+    return times.user + times.system
+
+
 # --- the worker processes ---------------------------------------------------------------------
 
 
 class Worker:
-    """One benchmark process: a Ledger and a raw driver connection, kept for the whole run."""
+    """One benchmark process: a Ledger and raw driver connections, kept for the whole run."""
 
     def __init__(self, target: Target, index: int) -> None:
         self.index = index
         self.ledger = Ledger.connect(target.url)
-        self.owner = f"bench:{os.getpid()}"
+        self.owner = f"bench:{os.getpid()}:{index}"
         self.keys = 0
         self.recipient = f"user{index}@example.com"
         if target.dialect == "postgresql":
-            pg = psycopg.connect(target.raw, autocommit=True)
-            sql = UPSERT.format(p="%s")
-            self.upsert: Callable[[str, int], Any] = lambda k, v: pg.execute(sql, (k, v))
-            self.pg = pg
+            self.pg = psycopg.connect(target.raw, autocommit=True)
+            self.seed = psycopg.connect(target.seed, autocommit=True)
             self.recorded = self.record_cycle(target)
-        else:
-            lite = sqlite3.connect(target.raw, timeout=30, isolation_level=None)
-            lite.execute("PRAGMA journal_mode=WAL")
-            # The ledger's own commit mode: both sides wait for the disk alike.
-            lite.execute(f"PRAGMA synchronous={LedgerSettings().sqlite_synchronous.upper()}")
-            sql = UPSERT.format(p="?")
-            self.upsert = lambda k, v: lite.execute(sql, (k, v))
 
     def key(self) -> str:
-        self.keys += 1
-        return f"w{self.index}-{self.keys}"
+        self.keys += 1  # the pid too: every crew of a run writes to the same databases
+        return f"w{self.index}-{os.getpid()}-{self.keys}"
 
-    def baseline(self) -> None:
-        """One single-row upsert, one round trip."""
-        self.upsert(self.key(), self.keys)
+    def seed_cycle(self) -> None:
+        """Seed 000's procedure for one logical run on a fresh key: 7 round trips."""
+        subject = self.key()
+        run_id = stable_run_id("bench", subject, PERIOD, "1")
+        ids = {"run_id": run_id, "worker_id": self.owner}
+        seed = self.seed
+        status, _, _ = seed.execute(SEED_REGISTER, {
+            "run_id": run_id, "job_name": "bench", "subject_id": subject,
+            "scheduled_at": PERIOD, "version": "1"}).fetchone()  # type: ignore[misc]
+        assert status == "pending", "a fresh key must be new"
+        claimed = seed.execute(SEED_CLAIM, {**ids, "lease_seconds": LEASE_SECONDS}).fetchone()
+        assert claimed is not None, "a fresh key must be claimable"
+        row = seed.execute(SEED_INPUT, {
+            "run_id": run_id, "raw_input": json.dumps({"items": [self.index, self.keys]})
+        }).fetchone()
+        assert row is not None
+        raw = row[0]
+        with seed.transaction():
+            done = seed.execute(SEED_COMPLETE, {
+                **ids, "output": json.dumps({"summary": f"{len(raw['items'])} items"})
+            }).fetchone()
+            assert done is not None, "the lease holder must be able to complete"
+            seed.execute(SEED_OUTBOX, {"run_id": run_id, "channel": "email", "payload": json.dumps(
+                {"recipient": self.recipient, "subject": f"digest {subject}", "body": "body"})})
 
     def cycle(self) -> None:
         """One full Run cycle on a fresh key: 4 ledger transitions in 3 statements."""
@@ -150,7 +277,7 @@ class Worker:
                         lambda dbapi_conn, _: setattr(dbapi_conn, "cursor_factory", Recording))
         ledger.get_many(["warm-up"])  # connect (and run the dialect's own set-up queries) first
         recorded.clear()
-        key = f"w{self.index}-RECORDED"
+        key = f"w{self.index}-RECORDED-{uuid.uuid4().hex[:8]}"
         claim = ledger.register_and_claim(
             RunIdentity("bench", key, PERIOD, "1"), {"recipients": 1}, owner=self.owner, lease=LEASE
         ).claim
@@ -181,16 +308,22 @@ class Worker:
             [OutboxMessage(self.recipient, f"digest {key}", "body")],
         )
 
-    def timed(self, step: Callable[[], None], seconds: float, barrier: Barrier) -> tuple[int, float]:
+    def step(self, phase: str) -> Callable[[], None]:
+        return {"seed": self.seed_cycle, "ledger": self.cycle, "separate": self.separate_cycle,
+                "replay": self.replay_cycle}[phase]
+
+    def timed(self, step: Callable[[], None], seconds: float,
+              barrier: Barrier) -> tuple[int, float, float]:
+        """Runs, elapsed seconds and this process's CPU seconds of one timed slice."""
         for _ in range(WARMUP):
             step()
         barrier.wait()
-        count, start = 0, time.perf_counter()
+        count, start, cpu = 0, time.perf_counter(), cpu_seconds()
         deadline = start + seconds
         while time.perf_counter() < deadline:
             step()
             count += 1
-        return count, time.perf_counter() - start
+        return count, time.perf_counter() - start, cpu_seconds() - cpu
 
     def contend(self, run_ids: list[str], barrier: Barrier) -> list[tuple[int, bool, float]]:
         results = []
@@ -202,19 +335,28 @@ class Worker:
             results.append((round_no, won, time.perf_counter() - start))
         return results
 
+    def close(self) -> None:
+        self.ledger.close()
+        for name in ("pg", "seed"):
+            if hasattr(self, name):
+                getattr(self, name).close()
+
 
 def serve(target: Target, index: int, barrier: Barrier, commands: Any, results: Any) -> None:
     """Process body: run each phase the parent sends, report its result."""
     worker = Worker(target, index)
     while (command := commands.get()) is not None:
         phase, argument = command
-        if phase == "contention":
-            results.put(worker.contend(argument, barrier))
-        else:
-            step = {"baseline": worker.baseline, "ledger": worker.cycle,
-                    "separate": worker.separate_cycle, "replay": worker.replay_cycle}[phase]
-            results.put(worker.timed(step, argument, barrier))
-    worker.ledger.close()
+        try:
+            if phase == "contention":
+                results.put(worker.contend(argument, barrier))
+            else:
+                results.put(worker.timed(worker.step(phase), argument, barrier))
+        except BaseException as exc:
+            barrier.abort()  # the other processes must not wait for this one
+            results.put(RuntimeError(f"worker {index}, phase {phase}: {exc!r}"))
+            raise
+    worker.close()
 
 
 class Crew:
@@ -235,12 +377,19 @@ class Crew:
     def run(self, phase: str, argument: Any) -> list[Any]:
         for q in self.commands:
             q.put((phase, argument))
-        return [self.results.get(timeout=900) for _ in self.commands]
+        done = [self.results.get(timeout=900) for _ in self.commands]
+        for result in done:
+            if isinstance(result, Exception):
+                raise result
+        return done
 
-    def rate(self, phase: str, seconds: float) -> tuple[int, float]:
-        """Operations and the mean elapsed time over all workers for one slice."""
-        done = self.run(phase, seconds)
-        return sum(c for c, _ in done), statistics.fmean(e for _, e in done)
+    def slices(self, phases: list[str], seconds: float) -> dict[str, Rate]:
+        """Each phase for ``seconds`` in total, in SLICES interleaved slices."""
+        totals = {phase: Rate() for phase in phases}
+        for _ in range(SLICES):
+            for phase in phases:
+                totals[phase].add(self.run(phase, seconds / SLICES))
+        return totals
 
     def stop(self) -> None:
         for q in self.commands:
@@ -251,37 +400,179 @@ class Crew:
                 raise RuntimeError(f"a benchmark worker exited with {p.exitcode}")
 
 
+@dataclass
+class Rate:
+    """One phase's totals over its slices: Runs, mean elapsed seconds per slice summed over the
+    slices, client CPU seconds of all processes, and the load average after each slice."""
+
+    runs: int = 0
+    seconds: float = 0.0
+    cpu: float = 0.0
+    loads: tuple[float, ...] = ()
+
+    def add(self, done: list[tuple[int, float, float]]) -> None:
+        self.runs += sum(c for c, _, _ in done)
+        self.seconds += statistics.fmean(e for _, e, _ in done)
+        self.cpu += sum(c for _, _, c in done)
+        self.loads += (os.getloadavg()[0],)
+
+    @property
+    def per_second(self) -> float:
+        return self.runs / self.seconds
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.cpu / self.runs * 1000
+
+    def line(self) -> str:
+        return (f"{self.per_second:,.0f} Runs/s, client CPU {self.cpu_ms:.3f} ms/Run "
+                f"(load {min(self.loads):.2f}-{max(self.loads):.2f})")
+
+
 # --- databases ---------------------------------------------------------------------------------
 
 
-def create_postgres() -> tuple[Target, Callable[[], None]]:
+@contextmanager
+def postgres_target() -> Iterator[Target]:
+    """A ledger database and the seed procedure's own database, both dropped afterwards."""
     admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"rlbench_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = sa.engine.make_url(ADMIN_URL).set(database=name)
-    raw = url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-    def drop() -> None:
+    names = [f"rlbench_{uuid.uuid4().hex[:10]}", f"rlbench_seed_{uuid.uuid4().hex[:8]}"]
+    try:
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            for name in names:
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        urls = [sa.engine.make_url(ADMIN_URL).set(database=name) for name in names]
+        raw = [url.set(drivername="postgresql").render_as_string(hide_password=False)
+               for url in urls]
+        target = Target("postgresql", urls[0].render_as_string(hide_password=False), raw[0],
+                        raw[1])
+        ledger = Ledger.connect(target.url)
+        ledger.migrate()
+        ledger.close()
+        with psycopg.connect(target.seed, autocommit=True) as conn:
+            conn.execute(SEED_SCHEMA)
+        yield target
+    finally:
+        with admin.connect() as conn:
+            for name in names:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
 
-    return Target("postgresql", url.render_as_string(hide_password=False), raw), drop
+
+@contextmanager
+def sqlite_target() -> Iterator[Target]:
+    with tempfile.TemporaryDirectory(prefix="rlbench_") as directory:
+        path = Path(directory) / "ledger.db"
+        target = Target("sqlite", f"sqlite:///{path}", str(path))
+        Ledger.connect(target.url).migrate()
+        yield target
 
 
-def create_sqlite() -> tuple[Target, Callable[[], None]]:
-    directory = tempfile.TemporaryDirectory(prefix="rlbench_")
-    path = Path(directory.name) / "ledger.db"
-    return Target("sqlite", f"sqlite:///{path}", str(path)), directory.cleanup
+# --- per-Run accounting ------------------------------------------------------------------------
+
+WALDUMP_LINE = re.compile(
+    r"rmgr: (\w+)\s+len \(rec/tot\):\s+(\d+)/\s*(\d+), tx:\s+(\d+), lsn: [0-9A-F/]+, "
+    r"prev [0-9A-F/]+, desc: (\S+)(.*)")
+REL = re.compile(r"rel \d+/(\d+)/\d+")
 
 
-def prepare(target: Target) -> None:
-    ledger = Ledger.connect(target.url)
-    ledger.migrate()
-    with ledger.engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE bench_upsert (k TEXT PRIMARY KEY, v BIGINT NOT NULL)")
-    ledger.close()
+@dataclass
+class Work:
+    """What one procedure's Runs cost, in total over ``runs`` Runs."""
+
+    runs: int
+    round_trips: int
+    statements: int
+    control: int
+    wal_records: int
+    wal_bytes: int
+    wal_bytes_without_images: int | None
+    rows: int | None  # heap tuples written (inserted or updated)
+    index_entries: int | None
+    wal_source: str
+
+    def per_run(self, value: int | None) -> str:
+        return "n/a" if value is None else f"{value / self.runs:.1f}"
+
+
+def waldump(database_oid: int, start: str, end: str, admin: psycopg.Connection[Any]) -> Counter[str] | None:
+    """The WAL records between ``start`` and ``end`` that belong to ``database_oid``'s
+    relations or to transactions that wrote them (their commits): counts by kind and total
+    bytes; None when the WAL files cannot be read here."""
+    tool = shutil.which("pg_waldump") or next(
+        (str(p) for p in sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_waldump"))), None)
+    if tool is None:
+        return None
+    row = admin.execute("SHOW data_directory").fetchone()
+    assert row is not None
+    wal = Path(row[0]) / "pg_wal"
+    try:
+        done = subprocess.run([tool, "-p", str(wal), "-s", start, "-e", end],
+                              capture_output=True, text=True, timeout=120)
+    except OSError:
+        return None
+    if done.returncode != 0 and not done.stdout:
+        return None
+    records = [m.groups() for m in map(WALDUMP_LINE.match, done.stdout.splitlines()) if m]
+    ours = {tx for _, _, _, tx, _, rest in records
+            if tx != "0" and any(int(o) == database_oid for o in REL.findall(rest))}
+    counts: Counter[str] = Counter()
+    for rmgr, size, total, tx, kind, rest in records:
+        if tx in ours or any(int(o) == database_oid for o in REL.findall(rest)):
+            counts["records"] += 1
+            counts["bytes"] += int(total)
+            counts["bytes_without_images"] += int(size)
+            if rmgr == "Heap" and kind in {"INSERT", "UPDATE", "HOT_UPDATE"}:
+                counts["rows"] += 1
+            elif rmgr == "Btree" and kind.startswith("INSERT"):
+                counts["index_entries"] += 1
+    return counts
+
+
+def account(target: Target, runs: int) -> dict[str, Work]:
+    """Each PostgreSQL procedure's work for ``runs`` Runs, run by one process through a
+    counting proxy, one procedure after the other."""
+    upstream = sa.engine.make_url(target.raw)
+    proxy = Proxy((upstream.host or "127.0.0.1", upstream.port or 5432)).in_thread()
+    assert proxy.counts is not None
+    worker = Worker(target.via(proxy.port), 99)
+    admin = psycopg.connect(target.raw, autocommit=True)
+    work: dict[str, Work] = {}
+    try:
+        for phase, database in (("seed", target.seed), ("ledger", target.raw),
+                                ("replay", target.raw)):
+            with psycopg.connect(database) as conn:
+                row = conn.execute("SELECT oid FROM pg_database "
+                                   "WHERE datname = current_database()").fetchone()
+                assert row is not None
+                oid = int(row[0])
+            step = worker.step(phase)
+            for _ in range(WARMUP):
+                step()
+            proxy.counts.reset()
+            start, wal0 = admin.execute(
+                "SELECT pg_current_wal_lsn()::text, (SELECT array[wal_records, wal_bytes] "
+                "FROM pg_stat_wal)").fetchone()  # type: ignore[misc]
+            for _ in range(runs):
+                step()
+            end, wal1 = admin.execute(
+                "SELECT pg_current_wal_lsn()::text, (SELECT array[wal_records, wal_bytes] "
+                "FROM pg_stat_wal)").fetchone()  # type: ignore[misc]
+            counts = proxy.counts
+            dumped = waldump(oid, start, end, admin)
+            if dumped is not None:
+                work[phase] = Work(runs, counts.round_trips, counts.statements, counts.control,
+                                   dumped["records"], dumped["bytes"],
+                                   dumped["bytes_without_images"], dumped["rows"],
+                                   dumped["index_entries"], "pg_waldump, this database's records")
+            else:
+                work[phase] = Work(runs, counts.round_trips, counts.statements, counts.control,
+                                   int(wal1[0] - wal0[0]), int(wal1[1] - wal0[1]), None, None, None,
+                                   "pg_stat_wal, every database on the server")
+    finally:
+        worker.close()
+        admin.close()
+    return work
 
 
 # --- the benchmark -----------------------------------------------------------------------------
@@ -291,64 +582,112 @@ def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def bench(dialect: str, workers: int, seconds: float, rounds: int) -> None:
-    target, drop = create_postgres() if dialect == "postgresql" else create_sqlite()
-    crew = None
-    try:
-        prepare(target)
-        crew = Crew(target, workers)
-        totals = {"baseline": [0, 0.0], "ledger": [0, 0.0], "separate": [0, 0.0]}
-        if dialect == "postgresql":
-            totals["replay"] = [0, 0.0]
-        for _ in range(SLICES):
-            for phase in totals:
-                count, elapsed = crew.rate(phase, seconds / SLICES)
-                totals[phase][0] += count
-                totals[phase][1] += elapsed
-        base = totals["baseline"][0] / totals["baseline"][1]
-        runs = totals["ledger"][0] / totals["ledger"][1]
-        transitions = runs * TRANSITIONS_PER_CYCLE
-        separate = totals["separate"][0] / totals["separate"][1]
-        driver = "psycopg" if dialect == "postgresql" else "sqlite3"
-        print(f"[{dialect}] baseline, raw {driver} autocommit, 1 single-row upsert per round trip: "
-              f"{base:,.0f} statements/s")
-        print(f"[{dialect}] ledger, register_and_claim + save_input + complete with 1 outbox row: "
-              f"{runs:,.0f} Runs/s = {transitions:,.0f} transitions/s")
-        print(f"[{dialect}] ledger, register + claim as two calls (4 round trips): "
-              f"{separate:,.0f} Runs/s = {separate * TRANSITIONS_PER_CYCLE:,.0f} transitions/s "
-              f"(ratio {separate * TRANSITIONS_PER_CYCLE / base:.2f})")
-        if "replay" in totals:
-            replayed = totals["replay"][0] / totals["replay"][1]
-            print(f"[{dialect}] the same 3 statements replayed through raw psycopg, no runledger "
-                  f"code: {replayed:,.0f} Runs/s = {replayed * TRANSITIONS_PER_CYCLE:,.0f} "
-                  f"transitions/s (ratio {replayed * TRANSITIONS_PER_CYCLE / base:.2f}, the "
-                  f"ceiling of these statements; the ledger reached {runs / replayed:.0%} of it)")
-        ratio = transitions / base
-        verdict = "meets" if ratio >= TARGET_RATIO else "BELOW"
-        print(f"[{dialect}] ratio ledger transitions/s : baseline statements/s = {ratio:.2f} "
-              f"({verdict} the {TARGET_RATIO} target)")
+def verdict(ratio: float, target: float) -> str:
+    return "meets" if ratio >= target else "BELOW"
 
-        ledger = Ledger.connect(target.url)
-        run_ids = [ledger.register(RunIdentity("contention", f"key-{r}", PERIOD, "1")).run_id
-                   for r in range(rounds)]
-        ledger.close()
+
+def throughput(target: Target, workers: int, seconds: float, label: str) -> dict[str, Rate]:
+    phases = ["seed", "ledger", "separate", "replay"] if target.dialect == "postgresql" \
+        else ["ledger", "separate"]
+    if label != "local":
+        phases.remove("separate")
+    crew = Crew(target, workers)
+    try:
+        rates = crew.slices(phases, seconds)
+    finally:
+        crew.stop()
+    tag = f"[{target.dialect}]" + ("" if label == "local" else f" [{label}]")
+    names = {
+        "seed": "seed 000 procedure, raw psycopg (7 round trips)",
+        "ledger": "ledger, register_and_claim + save_input + complete with 1 outbox row",
+        "separate": "ledger, register + claim as two calls",
+        "replay": "the ledger's statements replayed through raw psycopg, no runledger code",
+    }
+    for phase, rate in rates.items():
+        print(f"{tag} {names[phase]}: {rate.line()}", flush=True)
+    if "seed" in rates:
+        seed, ledger = rates["seed"], rates["ledger"]
+        goal = TARGET_RATIO if label == "local" else HOP_TARGET_RATIO
+        ratio = ledger.per_second / seed.per_second
+        print(f"{tag} ratio ledger Runs/s : seed Runs/s = {ratio:.2f} ({verdict(ratio, goal)} the "
+              f"{goal} target); client CPU per Run ledger : seed = "
+              f"{ledger.cpu_ms / seed.cpu_ms:.2f} (target <= 1.0); the ledger reached "
+              f"{ledger.per_second / rates['replay'].per_second:.0%} of the replay's Runs/s",
+              flush=True)
+    return rates
+
+
+def contention(target: Target, workers: int, rounds: int) -> None:
+    ledger = Ledger.connect(target.url)
+    run_ids = [ledger.register(RunIdentity("contention", f"key-{r}", PERIOD, "1")).run_id
+               for r in range(rounds)]
+    ledger.close()
+    crew = Crew(target, workers)
+    try:
         winners = [0] * rounds
         latencies: list[float] = []
         for results in crew.run("contention", run_ids):
             for round_no, won, latency in results:
                 winners[round_no] += won
                 latencies.append(latency)
-        single = all(w == 1 for w in winners)
-        print(f"[{dialect}] contention, {workers} processes x {rounds} rounds on 1 key each: "
-              f"{'exactly 1 winner in every round' if single else f'WINNERS PER ROUND {winners}'}; "
-              f"claim latency p50 {percentile(latencies, 50) * 1000:.1f} ms, "
-              f"p99 {percentile(latencies, 99) * 1000:.1f} ms")
-        if not single:
-            raise SystemExit(f"[{dialect}] a contention round did not have exactly one winner")
     finally:
-        if crew is not None:
-            crew.stop()
-        drop()
+        crew.stop()
+    single = all(w == 1 for w in winners)
+    print(f"[{target.dialect}] contention, {workers} processes x {rounds} rounds on 1 key each: "
+          f"{'exactly 1 winner in every round' if single else f'WINNERS PER ROUND {winners}'}; "
+          f"claim latency p50 {percentile(latencies, 50) * 1000:.1f} ms, "
+          f"p99 {percentile(latencies, 99) * 1000:.1f} ms", flush=True)
+    if not single:
+        raise SystemExit(f"[{target.dialect}] a contention round did not have exactly one winner")
+
+
+def print_work(work: dict[str, Work]) -> None:
+    source = next(iter(work.values())).wal_source
+    print(f"[postgresql] per Run, {next(iter(work.values())).runs} Runs of each by one process "
+          f"(round trips and statements from the wire, WAL from {source}):", flush=True)
+    print("[postgresql]   procedure | round trips | statements | BEGIN/COMMIT | rows written | "
+          "index entries | WAL records | WAL bytes | without full-page images")
+    for phase, w in work.items():
+        print(f"[postgresql]   {phase:9} | {w.per_run(w.round_trips):>11} | "
+              f"{w.per_run(w.statements):>10} | {w.per_run(w.control):>12} | "
+              f"{w.per_run(w.rows):>12} | {w.per_run(w.index_entries):>13} | "
+              f"{w.per_run(w.wal_records):>11} | {w.per_run(w.wal_bytes):>9} | "
+              f"{w.per_run(w.wal_bytes_without_images):>24}", flush=True)
+
+
+def hop_round_trip(target: Target, port: int) -> tuple[float, float]:
+    """Milliseconds of one ``SELECT 1`` round trip, direct and through the delaying proxy."""
+    times = []
+    for url in (target.raw, target.via(port).raw):
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(20):
+                conn.execute("SELECT 1").fetchall()
+            start = time.perf_counter()
+            for _ in range(200):
+                conn.execute("SELECT 1").fetchall()
+            times.append((time.perf_counter() - start) / 200 * 1000)
+    return times[0], times[1]
+
+
+def bench(dialect: str, args: argparse.Namespace) -> None:
+    with postgres_target() if dialect == "postgresql" else sqlite_target() as target:
+        throughput(target, args.workers, args.seconds, "local")
+        if dialect == "postgresql":
+            print_work(account(target, args.account_runs))
+            if args.hop_delay > 0:
+                upstream = sa.engine.make_url(target.raw)
+                port, process = in_process(
+                    (upstream.host or "127.0.0.1", upstream.port or 5432), args.hop_delay)
+                try:
+                    direct, hop = hop_round_trip(target, port)
+                    label = f"one hop away, +{args.hop_delay * 1000:g} ms each way"
+                    print(f"[postgresql] [{label}] SELECT 1 round trip {hop:.2f} ms through the "
+                          f"proxy, {direct:.2f} ms direct", flush=True)
+                    throughput(target.via(port), args.workers, args.seconds, label)
+                finally:
+                    process.terminate()
+                    process.join()
+        contention(target, args.workers, args.rounds)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -356,13 +695,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per phase")
     parser.add_argument("--workers", type=int, default=8, help="worker processes")
     parser.add_argument("--rounds", type=int, default=50, help="single-key contention rounds")
+    parser.add_argument("--account-runs", type=int, default=200,
+                        help="Runs of each procedure counted for the per-Run figures")
+    parser.add_argument("--hop-delay", type=float, default=0.0005,
+                        help="seconds the proxy holds each chunk each way (0: no hop phase)")
     parser.add_argument("--dialect", choices=["postgresql", "sqlite", "both"], default="both")
     args = parser.parse_args(argv)
     print(f"runledger ledger benchmark: {args.workers} processes, {args.seconds:g} s per phase "
           f"in {SLICES} alternating slices, {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.2f}, Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}")
+          f"{os.getloadavg()[0]:.2f}, Python {sys.version.split()[0]}, SQLite "
+          f"{sqlite3.sqlite_version}, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC", flush=True)
     for dialect in ["postgresql", "sqlite"] if args.dialect == "both" else [args.dialect]:
-        bench(dialect, args.workers, args.seconds, args.rounds)
+        bench(dialect, args)
 
 
 if __name__ == "__main__":

@@ -1,32 +1,40 @@
-"""run-job overhead against a bare Prefect flow doing the same stage work, in one run.
+"""run_job against a bare Prefect flow and Prefect's own idempotent version of the job, in one run.
 
     uv run python bench/pipeline_bench.py [--sizes 100 1000] [--dialects sqlite postgres]
-                                          [--model-delay 0] [--repeat 1]
+                                          [--model-delay 0] [--repeat 1] [--server]
 
-Baseline: a bare flow shaped like ``run_job`` (an async flow whose sync body runs in a thread
-with one Prefect client, the same fan-out) running the same job's collect, transform (offline
-model) and validate + messages as Prefect tasks per subject, with no ledger. Candidate:
-``run_job`` on a fresh ledger for a new period (one register+claim task run for the tick, then
-collect, transform, persist per subject, plus the batched read, the lease keeper, artifact and
-events). Then the rerun of that completed tick, which must call no model and start no task run.
-Prints median wall times, their overhead ratio (target <= 1.15) and the ratio of this process's
-CPU time (which leaves out the Prefect server's share when the server runs on the same machine);
-with --repeat, also the median and range of each round's own ratio (both flows of a round run
-back to back, so drift between rounds cancels out of it). Between measurements the server is
-given time to record the task runs it was sent.
+Each round runs, on new periods and in an order rotated from round to round:
 
-With --repeat 5 or more it also prints a bootstrap interval of that median and a verdict: the
-target is met when the whole interval is at or below it, missed when the whole interval is above
-it, and undecided otherwise (more rounds narrow the interval).
+- bare: a flow shaped like ``run_job`` (an async flow whose sync body runs in a thread with one
+  Prefect client, the same fan-out) running the same job's collect, transform (offline model) and
+  validate + messages as Prefect tasks per subject, with no ledger and no safety at all;
+- run_job on a fresh ledger (one register+claim task run for the tick, then collect, transform,
+  persist per subject, plus the batched read, the lease keeper, artifact and events);
+- Prefect-native (``bench/prefect_native.py``), once with the Redis lock manager and once with the
+  file-system one: every stage a task cached under (job, version, period, subject, stage), results
+  persisted, SERIALIZABLE transactions, emails sent from the persist task's commit hook to an SMTP
+  sink in a process of its own;
+
+then the rerun of each safe version's completed tick: run_job's must call no model and start no
+task run; Prefect-native's calls no model and sends no email but still creates a cached task run
+per stage and subject.
+
+Decisive measure: this process's CPU seconds (it leaves out the Prefect server's and the sink's
+share); wall times are printed beside them. Targets, judged on each round's own ratio (the flows
+of a round run back to back, so drift between rounds cancels out of it): run_job's first run at
+most 1.15x the bare flow's client CPU and at most 0.8x Prefect-native's; its rerun of a completed
+tick at least 10x faster (wall) than Prefect-native's rerun. With --repeat 5 or more each verdict
+takes a 90 % bootstrap interval of the median ratio: met when the whole interval is on the
+target's side, missed when all of it is on the other, undecided otherwise.
 
 Prefect: with --server, a `prefect server start` of the script's own on a new PostgreSQL
 database, dropped afterwards, run at a lower CPU priority (--server-nice), it and the PostgreSQL
 backends serving its database, so that on a machine shared with it the server's background work
 (recording task runs and events) does not take the flows' CPU, as when the server and its
-database run on a host of their own; else PREFECT_API_URL if set; else a
-temporary local server on SQLite. Logs at WARNING so that both flows pay the same small logging
-cost. PostgreSQL ledgers are skipped when unreachable (RUNLEDGER_BENCH_POSTGRES_URL, default
-postgresql+psycopg://postgres@127.0.0.1:5432/postgres)."""
+database run on a host of their own; else PREFECT_API_URL if set; else a temporary local server
+on SQLite. Logs at WARNING so that every flow pays the same small logging cost. PostgreSQL
+ledgers are skipped when unreachable (RUNLEDGER_BENCH_POSTGRES_URL, default
+postgresql+psycopg://postgres@127.0.0.1:5432/postgres). Redis: 127.0.0.1:6379."""
 
 from __future__ import annotations
 
@@ -52,7 +60,10 @@ from typing import Any
 
 from databases import postgres_database
 
-TARGET = 1.15
+TARGET = 1.15  # run_job's first run : the bare flow's, client CPU, at most
+NATIVE_TARGET = 0.8  # run_job's first run : Prefect-native's, client CPU, at most
+RERUN_TARGET = 10.0  # Prefect-native's rerun : run_job's rerun, wall, at least
+LOCKS = ("redis", "file")
 PERIODS = iter(f"2026-{month:02d}-{day:02d}" for month in range(1, 13) for day in range(1, 29))
 
 
@@ -167,10 +178,12 @@ def median_interval(ratios: list[float], confidence: float = 0.9,
     return medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1]
 
 
-def verdict(low: float, high: float) -> str:
-    if high <= TARGET:
+def verdict(low: float, high: float, target: float = TARGET, at_most: bool = True) -> str:
+    """Met when the whole interval is on the target's side (at or below it, or with ``at_most``
+    false at or above it), missed when all of it is on the other side, else undecided."""
+    if (high <= target) if at_most else (low >= target):
         return "target met"
-    if low > TARGET:
+    if (low > target) if at_most else (high < target):
         return "target missed"
     return "undecided"
 
@@ -298,68 +311,147 @@ def timed(work: Callable[[], Any], task_runs_per_call: int) -> tuple[float, floa
     return seconds, cpu_seconds, state
 
 
-def one_round(size: int, delay: float, concurrency: int, bare_first: bool) -> dict[str, Any]:
-    """The bare flow and run_job on the same subjects (new periods), then run_job's rerun."""
+@contextmanager
+def smtp_sink() -> Iterator[tuple[tuple[str, int], Path]]:
+    """An SMTP sink in a process of its own (its CPU is not the flows'): its address and the
+    stats file it keeps current."""
+    with tempfile.TemporaryDirectory() as maildir, socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        sink = subprocess.Popen(
+            [sys.executable, "-c", "from flows.cli import main; main()", "sink", "--maildir",
+             maildir, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                with socket.socket() as probe:
+                    if probe.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                if time.monotonic() > deadline or sink.poll() is not None:
+                    raise SystemExit("the SMTP sink did not start")
+                time.sleep(0.1)
+            yield ("127.0.0.1", port), Path(maildir) / "stats.json"
+        finally:
+            sink.terminate()
+            sink.wait(30)
+
+
+def received(stats: Path) -> int:
+    """Messages the sink has accepted so far."""
+    import json
+
+    return int(json.loads(stats.read_text())["received"]) if stats.exists() else 0
+
+
+def one_round(size: int, delay: float, concurrency: int, order: list[str],
+              smtp: tuple[str, int], stats: Path, storage: Path) -> dict[str, Any]:
+    """Each flow of ``order`` on the same subjects (new periods), then the safe versions'
+    reruns of their completed ticks."""
+    from prefect_native import native_flow
+
     from flows.model import OfflineModel
     from flows.pipeline import run_job
 
     calls: list[str] = []
     job = bench_job(size, calls)
-    bare = bare_flow(job, concurrency, OfflineModel(delay_seconds=delay))
-    bare_period, job_period = next(PERIODS), next(PERIODS)
+    model = OfflineModel(delay_seconds=delay)
+    flows: dict[str, Any] = {"bare": bare_flow(job, concurrency, model)}
+    for lock in LOCKS:
+        flows[f"native_{lock}"] = native_flow(
+            job, model, lock=lock, storage=storage / f"{job.name}-{lock}", smtp=smtp,
+            concurrency=concurrency)
+    periods = {name: next(PERIODS) for name in ("bare", "run_job", *flows)}
     result: dict[str, Any] = {}
 
-    def tick() -> Any:
-        return asyncio.run(run_job(job.name, period=job_period, return_state=True))
+    def call(name: str) -> Any:
+        if name == "run_job":
+            return asyncio.run(run_job(job.name, period=periods[name], return_state=True))
+        return asyncio.run(flows[name](periods[name], return_state=True))
 
-    for which in ("bare", "run_job") if bare_first else ("run_job", "bare"):
-        if which == "bare":
-            result["bare_s"], result["bare_cpu_s"], done = timed(
-                lambda: asyncio.run(bare(bare_period, return_state=True)), 3 * size)
-            assert done.result() == size, done.message
+    for name in order:
+        result[f"{name}_s"], result[f"{name}_cpu_s"], done = timed(
+            lambda n=name: call(n), 3 * size + (name == "run_job"))
+        assert done.name == "Completed", done.message
+        if name == "run_job":
+            first = done
         else:
-            result["run_job_s"], result["run_job_cpu_s"], first = timed(tick, 3 * size + 1)
-            assert first.name == "Completed", first.message
-    before = len(calls)
-    result["rerun_s"], _, again = timed(tick, 0)
-    assert again.name == "Duplicate", again.message
-    result["rerun_model_calls"] = len(calls) - before
+            assert done.result() == size, done.message
+    for name in ("run_job", *(f"native_{lock}" for lock in LOCKS)):
+        before, sent = len(calls), received(stats)
+        result[f"{name}_rerun_s"], result[f"{name}_rerun_cpu_s"], again = timed(
+            lambda n=name: call(n), 0 if name == "run_job" else 3 * size)
+        assert again.name == ("Duplicate" if name == "run_job" else "Completed"), again.message
+        result[f"{name}_rerun_model_calls"] = len(calls) - before
+        result[f"{name}_rerun_emails"] = received(stats) - sent
+        result[f"{name}_rerun_task_runs"] = task_runs(again.state_details.flow_run_id)
     result["first_task_runs"] = task_runs(first.state_details.flow_run_id)
-    result["rerun_task_runs"] = task_runs(again.state_details.flow_run_id)
     return result
 
 
-def measure(size: int, dialect: str, url: str, delay: float, repeat: int) -> dict[str, Any]:
-    """Medians over ``repeat`` rounds, alternating whether the bare flow or run_job goes first."""
+FLOWS = ["bare", "run_job", *(f"native_{lock}" for lock in LOCKS)]
+
+
+def judged(ratios: list[float], target: float, at_most: bool) -> str:
+    """The median of ``ratios``, their range and (five or more) the interval's verdict."""
+    ordered = sorted(ratios)
+    text = f"{statistics.median(ordered):.3f} ({ordered[0]:.3f}-{ordered[-1]:.3f})"
+    if len(ordered) >= 5:
+        low, high = median_interval(ordered)
+        sign = "<=" if at_most else ">="
+        text += (f", 90% interval {low:.3f}-{high:.3f}: {verdict(low, high, target, at_most)} "
+                 f"({sign} {target:g})")
+    return text
+
+
+def measure(size: int, dialect: str, url: str, delay: float, repeat: int,
+            smtp: tuple[str, int], stats: Path, storage: Path) -> dict[str, Any]:
+    """Medians over ``repeat`` rounds, the order of the flows rotated from round to round."""
     from flows.settings import RunledgerSettings
 
     os.environ["RUNLEDGER_DATABASE_URL"] = url
     concurrency = RunledgerSettings().subject_concurrency
-    rounds = [one_round(size, delay, concurrency, bare_first=i % 2 == 0) for i in range(repeat)]
-    row: dict[str, Any] = {"subjects": size, "dialect": dialect}
-    for key in ("bare_s", "run_job_s", "rerun_s", "bare_cpu_s", "run_job_cpu_s"):
-        row[key] = statistics.median(r[key] for r in rounds)
-    for key in ("rerun_model_calls", "rerun_task_runs"):
-        row[key] = sum(r[key] for r in rounds)
+    rounds = [one_round(size, delay, concurrency, FLOWS[i % 4:] + FLOWS[:i % 4], smtp, stats,
+                        storage) for i in range(repeat)]
+    row: dict[str, Any] = {"subjects": size, "dialect": dialect, "rounds": rounds}
+    for key in rounds[0]:
+        if key.endswith("_s"):
+            row[key] = statistics.median(r[key] for r in rounds)
+        else:
+            row[key] = sum(r[key] for r in rounds)
     row["first_task_runs"] = rounds[-1]["first_task_runs"]
-    row["ratio"] = row["run_job_s"] / row["bare_s"]
-    row["cpu_ratio"] = row["run_job_cpu_s"] / row["bare_cpu_s"]
-    # Each round's own ratio: the two flows of a round ran back to back, so drift between
-    # rounds (the server's backlog, other load on the machine) cancels out of it.
-    paired = sorted(r["run_job_s"] / r["bare_s"] for r in rounds)
-    row["paired_ratio"] = statistics.median(paired)
-    row["paired_range"] = (paired[0], paired[-1])
-    row["paired_cpu_ratio"] = statistics.median(r["run_job_cpu_s"] / r["bare_cpu_s"]
-                                                for r in rounds)
-    row["interval"] = median_interval(paired) if repeat >= 5 else None
     return row
 
 
-def interval(row: dict[str, Any]) -> str:
-    if row["interval"] is None:
-        return ""
-    low, high = row["interval"]
-    return f", 90% interval {low:.3f}-{high:.3f}: {verdict(low, high)}"
+def report(row: dict[str, Any]) -> None:
+    rounds = row["rounds"]
+    head = f"{row['dialect']:8} N={row['subjects']:5}:"
+    times = ", ".join(f"{name} {row[f'{name}_cpu_s']:.2f} s CPU / {row[f'{name}_s']:.2f} s wall"
+                      for name in FLOWS)
+    print(f"{head} first run, medians of {len(rounds)} rounds: {times}", flush=True)
+    print(f"{head} run_job : bare, client CPU "
+          f"{judged([r['run_job_cpu_s'] / r['bare_cpu_s'] for r in rounds], TARGET, True)}; "
+          f"wall {statistics.median(r['run_job_s'] / r['bare_s'] for r in rounds):.3f}",
+          flush=True)
+    for lock in LOCKS:
+        native = f"native_{lock}"
+        print(f"{head} run_job : Prefect-native ({lock} locks), client CPU "
+              f"{judged([r['run_job_cpu_s'] / r[f'{native}_cpu_s'] for r in rounds], NATIVE_TARGET, True)}"
+              f"; wall {statistics.median(r['run_job_s'] / r[f'{native}_s'] for r in rounds):.3f}",
+              flush=True)
+    reruns = ", ".join(
+        f"{name} {row[f'{name}_rerun_cpu_s']:.2f} s CPU / {row[f'{name}_rerun_s']:.2f} s wall "
+        f"with {row[f'{name}_rerun_model_calls']} model calls, {row[f'{name}_rerun_emails']} "
+        f"emails and {row[f'{name}_rerun_task_runs']} task runs"
+        for name in ("run_job", *(f"native_{lock}" for lock in LOCKS)))
+    print(f"{head} rerun of the completed tick, medians (calls, emails and task runs summed over "
+          f"the rounds): {reruns} (run_job's first run: {row['first_task_runs']} task runs)",
+          flush=True)
+    for lock in LOCKS:
+        native = f"native_{lock}_rerun_s"
+        print(f"{head} rerun speed-up over Prefect-native ({lock} locks), wall "
+              f"{judged([r[native] / r['run_job_rerun_s'] for r in rounds], RERUN_TARGET, False)}",
+              flush=True)
 
 
 def main() -> None:
@@ -394,7 +486,9 @@ def main() -> None:
 def run(args: argparse.Namespace) -> None:
     from flows.pipeline import run_job
 
-    with tempfile.TemporaryDirectory() as directory:
+    print(f"pipeline bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, "
+          f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC", flush=True)
+    with tempfile.TemporaryDirectory() as directory, smtp_sink() as (smtp, stats):
         for dialect in args.dialects:
             with ledger_url(dialect, Path(directory)) as url:
                 if url is None:
@@ -404,17 +498,11 @@ def run(args: argparse.Namespace) -> None:
                 warm_up = asyncio.run(run_job(warm.name, period="2025-12-31", return_state=True))
                 drain(warm_up.state_details.flow_run_id, 3 * 10 + 1)  # server start-up and imports
                 for size in args.sizes:
-                    row = measure(size, dialect, url, args.model_delay, args.repeat)
-                    low, high = row["paired_range"]
-                    print(f"{dialect:8} N={size:5}: bare {row['bare_s']:7.2f} s, run_job "
-                          f"{row['run_job_s']:7.2f} s, ratio {row['ratio']:.3f} "
-                          f"(target <= {TARGET}), client CPU ratio {row['cpu_ratio']:.3f}; "
-                          f"median of {args.repeat} rounds' ratios {row['paired_ratio']:.3f} "
-                          f"({low:.3f}-{high:.3f}){interval(row)}, of CPU ratios "
-                          f"{row['paired_cpu_ratio']:.3f}; "
-                          f"rerun {row['rerun_s']:6.2f} s with {row['rerun_model_calls']} model "
-                          f"calls and {row['rerun_task_runs']} task runs "
-                          f"(first run: {row['first_task_runs']} task runs)", flush=True)
+                    row = measure(size, dialect, url, args.model_delay, args.repeat, smtp, stats,
+                                  Path(directory))
+                    report(row)
+                    print(f"{dialect:8} N={size:5}: load average {os.getloadavg()[0]:.2f}",
+                          flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 model) on a PostgreSQL ledger, against a PostgreSQL-backed ``prefect server`` of the drill's
 own, the flow run in a process of its own (tests/drills/volume_tick.py) whose peak RSS is read
 when it ends (wait4's ru_maxrss, and /proc's VmHWM as it prints its report). Then a rerun of
-the completed tick, in another process. Reduced here (250 subjects); RUNLEDGER_FULL=1 runs
+the completed tick, in another process. Reduced here (200 subjects); RUNLEDGER_FULL=1 runs
 1,000 and 10,000 subjects, and asserts the peak RSS ratio of the two at most 1.5.
 
 Printed and asserted: the tick completes every subject; every ``runledger.run.*`` event the
@@ -40,7 +40,7 @@ from store import Ledger
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 SIZES = tuple(int(n) for n in os.environ.get(
-    "RUNLEDGER_DRILL_SIZES", "1000,10000" if FULL else "250").split(","))
+    "RUNLEDGER_DRILL_SIZES", "1000,10000" if FULL else "200").split(","))
 # "redis": the server's events through Redis streams (prefect-redis); "memory": Prefect's
 # default in-memory queues, which drop events past 10,000 waiting.
 MESSAGING = os.environ.get("RUNLEDGER_DRILL_MESSAGING", "redis")
@@ -150,10 +150,12 @@ def run_tick(env: dict[str, str], job: str, size: int, log: Path) -> Tick:
     return Tick(report, seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
 
 
+def occurred(since: datetime) -> dict[str, str]:
+    return {"since": since.isoformat(), "until": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
+
+
 def event_filter(job: str, since: datetime) -> dict[str, Any]:
-    return {"occurred": {"since": since.isoformat(),
-                         "until": (datetime.now(UTC) + timedelta(hours=1)).isoformat()},
-            "event": {"prefix": [EVENT_PREFIX]},
+    return {"occurred": occurred(since), "event": {"prefix": [EVENT_PREFIX]},
             "resource": {"labels": {"runledger.job": [job]}}}
 
 
@@ -204,18 +206,30 @@ def task_runs(api: str, flow_run_id: str) -> int:
     return int(response.json())
 
 
-def wait_for_task_runs(api: str, flow_run_id: str, expected: int,
-                       quiet_seconds: float = 30) -> int:
-    """Until the server has recorded the flow run's ``expected`` task runs (it records them
-    from their state events, in the background), or recorded no more for ``quiet_seconds``."""
-    last, changed = -1, time.monotonic()
-    while (count := task_runs(api, flow_run_id)) < expected:
-        if count != last:
-            last, changed = count, time.monotonic()
+def task_run_events(api: str, flow_run_id: str, since: datetime) -> Counter[str]:
+    """The state events of the flow run's task runs on the server, by state (the server
+    records task runs from these events, in the background and well behind them)."""
+    response = httpx.post(f"{api}/events/count-by/event", json={"filter": {
+        "occurred": occurred(since),
+        "event": {"prefix": ["prefect.task-run."]},
+        "related": {"id": [f"prefect.flow-run.{flow_run_id}"]}}}, timeout=60)
+    response.raise_for_status()
+    return Counter({row["value"].removeprefix("prefect.task-run."): row["count"]
+                    for row in response.json()})
+
+
+def wait_for_task_run_events(api: str, flow_run_id: str, since: datetime, expected: int,
+                             quiet_seconds: float = 60) -> Counter[str]:
+    """Until the server holds the Completed events of the flow run's ``expected`` task runs,
+    or has held no more for ``quiet_seconds``; the last count by state."""
+    last, changed = Counter[str](), time.monotonic()
+    while (found := task_run_events(api, flow_run_id, since))["Completed"] < expected:
+        if found != last:
+            last, changed = found, time.monotonic()
         if time.monotonic() - changed > quiet_seconds:
             break
         time.sleep(1)
-    return count
+    return found
 
 
 def ledger_rows(ledger: Ledger, job: str) -> dict[str, int]:
@@ -252,8 +266,9 @@ def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, A
         assert model_calls == size
         emitted = Counter({"runledger.run.completed": first.report["run_events"]})
         on_server = wait_for_events(server.api, job, since, emitted)
-        # Every task run recorded before the rerun: none of them can pass for the rerun's.
-        recorded = wait_for_task_runs(server.api, first.report["flow_run_id"], 3 * size + 1)
+        # register+claim, then collect, transform and persist per subject.
+        stage_events = wait_for_task_run_events(server.api, first.report["flow_run_id"], since,
+                                                3 * size + 1)
 
         rerun = run_tick(env, job, size, home / f"rerun-{size}.log")
         assert rerun.report["state"] == "Duplicate", rerun.report
@@ -262,13 +277,16 @@ def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, A
     assert len(CallLog(calls).entries()) == model_calls  # no model call
     emitted["runledger.run.duplicate"] = rerun.report["run_events"]
     on_server = wait_for_events(server.api, job, since, emitted)
-    # Read after its events reached the server, as every task run of the first tick was.
-    assert task_runs(server.api, rerun.report["flow_run_id"]) == 0
+    # Read once its own events reached the server: a task run it started would have sent
+    # its state events before them.
+    rerun_stage_events = task_run_events(server.api, rerun.report["flow_run_id"], since)
+    assert not rerun_stage_events, rerun_stage_events
+    recorded = task_runs(server.api, first.report["flow_run_id"])
     total, paged = paged_events(server.api, job, since)
     figures = {
         "size": size, "seconds": first.seconds, "cpu_seconds": first.cpu_seconds,
         "max_rss_kib": first.max_rss_kib, "vm_hwm_kib": first.report["vm_hwm_kib"],
-        "task_runs": recorded,
+        "task_run_events": dict(stage_events), "task_runs_recorded": recorded,
         "rerun_seconds": rerun.seconds, "rerun_cpu_seconds": rerun.cpu_seconds,
         "rerun_max_rss_kib": rerun.max_rss_kib, "emitted": dict(emitted),
         "on_server": dict(on_server), "paged": dict(paged), "paged_total": total,
@@ -278,14 +296,15 @@ def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, A
     print(f"\n{size} subjects, server messaging {server.messaging} ({dropped} messages the "
           f"server logged dropped): tick {first.seconds:.1f} s ({1000 * first.seconds / size:.1f} ms "
           f"per subject), CPU {first.cpu_seconds:.1f} s, peak RSS {first.max_rss_kib / 1024:.0f} "
-          f"MiB (VmHWM {first.report['vm_hwm_kib'] / 1024:.0f} MiB), {figures['task_runs']} "
-          f"task runs; rerun {rerun.seconds:.1f} s, CPU {rerun.cpu_seconds:.1f} s, peak RSS "
+          f"MiB (VmHWM {first.report['vm_hwm_kib'] / 1024:.0f} MiB), task-run state events "
+          f"{dict(stage_events)} ({recorded} task runs recorded by then); rerun {rerun.seconds:.1f} s, CPU {rerun.cpu_seconds:.1f} s, peak RSS "
           f"{rerun.max_rss_kib / 1024:.0f} MiB, 0 model calls, 0 task runs, no new Run, Attempt "
           f"or outbox row; runledger.run.* events emitted {dict(emitted)}, on the server "
           f"{dict(on_server)} (paged: {total} total, {dict(paged)} distinct ids)", flush=True)
     assert on_server == emitted, (on_server, emitted, server.log)
     assert paged == emitted and total == sum(emitted.values())
-    assert recorded == 3 * size + 1, (recorded, server.log)
+    assert stage_events == {state: 3 * size + 1 for state in ("Pending", "Running",
+                                                              "Completed")}, stage_events
     return figures
 
 

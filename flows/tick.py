@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from flows.jobs import Job
 from flows.lease_keeper import LeaseKeeper
 from flows.model import CallCount, CallLog, Model
-from flows.outcomes import SubjectOutcome, emit_outcome
+from flows.outcomes import EventBacklog, SubjectOutcome, emit_outcome
 from flows.settings import RunledgerSettings
 from flows.stop import Stop, stopped_before
 from store import Claim, Ledger, Period, Run
@@ -28,6 +28,7 @@ class Tick:
     settings: RunledgerSettings
     flow_run_id: str
     stop: Stop = field(default_factory=Stop)
+    events: EventBacklog = field(default_factory=EventBacklog)
 
     @property
     def lease_seconds(self) -> float:

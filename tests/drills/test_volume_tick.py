@@ -33,6 +33,8 @@ import sqlalchemy as sa
 from flows.jobs import upgrade_ledger
 from flows.mail.sink import free_port
 from flows.model import CallLog
+from flows.outcomes import EVENT_BACKLOG_LIMIT
+from flows.settings import RunledgerSettings
 from flows.stack import commands
 from flows.stack.prefect_server import api_url, server_env, wait_until_healthy
 from flows.stack.processes import Supervisor
@@ -287,6 +289,7 @@ def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, A
         "size": size, "seconds": first.seconds, "cpu_seconds": first.cpu_seconds,
         "max_rss_kib": first.max_rss_kib, "vm_hwm_kib": first.report["vm_hwm_kib"],
         "task_run_events": dict(stage_events), "task_runs_recorded": recorded,
+        "most_unsent_events": first.report["most_unsent_events"],
         "rerun_seconds": rerun.seconds, "rerun_cpu_seconds": rerun.cpu_seconds,
         "rerun_max_rss_kib": rerun.max_rss_kib, "emitted": dict(emitted),
         "on_server": dict(on_server), "paged": dict(paged), "paged_total": total,
@@ -296,13 +299,17 @@ def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, A
     print(f"\n{size} subjects, server messaging {server.messaging} ({dropped} messages the "
           f"server logged dropped): tick {first.seconds:.1f} s ({1000 * first.seconds / size:.1f} ms "
           f"per subject), CPU {first.cpu_seconds:.1f} s, peak RSS {first.max_rss_kib / 1024:.0f} "
-          f"MiB (VmHWM {first.report['vm_hwm_kib'] / 1024:.0f} MiB), task-run state events "
+          f"MiB (VmHWM {first.report['vm_hwm_kib'] / 1024:.0f} MiB), at most "
+          f"{first.report['most_unsent_events']} events unsent at once, task-run state events "
           f"{dict(stage_events)} ({recorded} task runs recorded by then); rerun {rerun.seconds:.1f} s, CPU {rerun.cpu_seconds:.1f} s, peak RSS "
           f"{rerun.max_rss_kib / 1024:.0f} MiB, 0 model calls, 0 task runs, no new Run, Attempt "
           f"or outbox row; runledger.run.* events emitted {dict(emitted)}, on the server "
           f"{dict(on_server)} (paged: {total} total, {dict(paged)} distinct ids)", flush=True)
     assert on_server == emitted, (on_server, emitted, server.log)
     assert paged == emitted and total == sum(emitted.values())
+    # The tick held its subjects back while the server was behind (flows.outcomes.EventBacklog).
+    assert first.report["most_unsent_events"] <= EVENT_BACKLOG_LIMIT + 10 * (
+        RunledgerSettings().subject_concurrency + 1), first.report
     assert stage_events == {state: 3 * size + 1 for state in ("Pending", "Running",
                                                               "Completed")}, stage_events
     return figures

@@ -1,7 +1,8 @@
 """The flow-run process of drill 5: one tick of a job of N subjects through the real ``run-job``
 flow (offline model, the ledger and Prefect server its environment names), in a process of its
 own so that the drill can read its peak RSS. Prints one JSON line: the flow run's id and final
-state, the tick's outcomes by count, and how many ``runledger.run.*`` events it emitted.
+state, the tick's outcomes by count, how many ``runledger.run.*`` events it emitted, and the
+most events it held unsent at once.
 
     python -m tests.drills.volume_tick JOB_NAME SUBJECTS PERIOD"""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +54,21 @@ def vm_hwm_kib() -> int:
 
 
 def main(name: str, size: int, period: str) -> None:
-    from flows.outcomes import TickReport
+    from flows.outcomes import TickReport, unsent_events
     from flows.pipeline import run_job
 
     register(volume_job(name, size))
+    most, done = [0], threading.Event()
+
+    def sample() -> None:  # the most events this process held unsent at once
+        while not done.wait(0.05):
+            most[0] = max(most[0], unsent_events())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     state = asyncio.run(run_job(job=name, period=period, return_state=True))  # type: ignore[call-overload]
+    done.set()
+    sampler.join()
     report = state.result(raise_on_failure=False)
     counts = dict(report.counts()) if isinstance(report, TickReport) else {}
     print(json.dumps({
@@ -64,6 +76,7 @@ def main(name: str, size: int, period: str) -> None:
         "message": state.message, "outcomes": counts,
         # One runledger.run.* event per subject outcome (Tick.emit).
         "run_events": sum(counts.values()), "vm_hwm_kib": vm_hwm_kib(),
+        "most_unsent_events": most[0],
     }), flush=True)
 
 

@@ -284,10 +284,11 @@ def emit_job_event(kind: str, job: Job, **payload: Any) -> None:
     emit_event(event=JOB_EVENTS[kind], resource=resource, payload=payload)
 
 
+pipeline_log = logging.getLogger("runledger.pipeline")
 # Events this process may hold unsent before a tick starts its next subject: about 100 subjects'
 # (each subject's task runs send nine state events, and its outcome one).
 EVENT_BACKLOG_LIMIT = 1_000
-EVENT_STALL_SECONDS = 10.0  # sending nothing that long, Prefect's events worker is not waited for
+EVENT_STALL_SECONDS = 30.0  # sending nothing that long, Prefect's events worker is not waited for
 _POLL_SECONDS = 0.05
 
 
@@ -305,7 +306,7 @@ class EventBacklog:
     they are being sent: a tick makes events faster than a busy Prefect server takes them, and
     without this its process would hold every subject's events (and their task runs' contexts)
     at once, hundreds of megabytes at 10,000 subjects, and send them after the flow run ended.
-    Once nothing was sent for ``stall_seconds`` (the server away), the tick stops waiting."""
+    While nothing was sent for ``stall_seconds`` (the server away), the tick does not wait."""
 
     def __init__(self, limit: int | None = None, stall_seconds: float = EVENT_STALL_SECONDS,
                  unsent: Callable[[], int] = unsent_events) -> None:
@@ -314,34 +315,38 @@ class EventBacklog:
         self.unsent = unsent
         self.waited = 0.0  # seconds subjects spent waiting, all threads together
         self._sent_at = time.monotonic()  # when a waiter last saw the backlog shrink
+        self._last = 0  # the last count of unsent events a waiter saw
         self._warned = False
         self._lock = threading.Lock()
 
     def stalled(self) -> bool:
         return time.monotonic() - self._sent_at > self.stall_seconds
 
+    def _seen(self, unsent: int) -> None:
+        """Record a count of unsent events; a smaller one than the last means events went."""
+        with self._lock:
+            if unsent < self._last or unsent <= self.limit:
+                self._sent_at = time.monotonic()
+            self._last = unsent
+
     def wait(self, stop: Stop) -> None:
         """Return once at most ``limit`` events wait, the worker stalled, or ``stop`` is set."""
-        previous = self.unsent()
-        if previous <= self.limit:
-            with self._lock:
-                self._sent_at = time.monotonic()
+        self._seen(unsent := self.unsent())
+        if unsent <= self.limit:
             return
         began = time.monotonic()
-        while previous > self.limit and not self.stalled() and not stop.is_set():
+        while unsent > self.limit and not self.stalled() and not stop.is_set():
             time.sleep(_POLL_SECONDS)
-            current = self.unsent()
-            if current < previous:
-                with self._lock:
-                    self._sent_at = time.monotonic()
-            previous = current
+            self._seen(unsent := self.unsent())
         with self._lock:
             self.waited += time.monotonic() - began
-            warn = previous > self.limit and self.stalled() and not self._warned
+            warn = unsent > self.limit and self.stalled() and not self._warned
             self._warned = self._warned or warn
         if warn:
-            log.warning("Prefect's events worker sent none of its %d unsent events for %.0f s; "
-                        "the tick goes on without waiting for it", previous, self.stall_seconds)
+            pipeline_log.warning(
+                "Prefect's events worker sent none of its %d unsent events for %.0f s; the "
+                "tick goes on without waiting for it until it sends again", unsent,
+                self.stall_seconds)
 
 
 def emit_outcome(job: str, version: str, period: Period, outcome: SubjectOutcome) -> None:

@@ -52,6 +52,18 @@ def test_a_sender_that_sends_nothing_is_waited_for_the_stall_time_then_called_st
     assert backlog.stalled() and backlog.waited >= 0.2 and events.qsize() == 50
 
 
+def test_a_sender_that_sends_again_after_a_stall_is_waited_for_again() -> None:
+    """Once the stalled worker sends again (fewer events unsent than last seen), the next
+    subject waits for it as before."""
+    events = filled(50)
+    backlog = EventBacklog(limit=10, stall_seconds=0.2, unsent=events.qsize)
+    backlog.wait(Stop())
+    assert backlog.stalled()
+    drained(events, 0.005)
+    backlog.wait(Stop())
+    assert not backlog.stalled() and events.qsize() <= 10
+
+
 def test_a_stopped_flow_run_does_not_wait_for_its_events() -> None:
     """A flow run that is cancelling starts no more stages: its subjects do not wait either."""
     events = filled(50)

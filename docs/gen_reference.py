@@ -88,9 +88,11 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
      "Test suite and ledger benchmark: the PostgreSQL server's admin URL (default "
      "`postgresql+psycopg://postgres@127.0.0.1:5432/postgres`); each test gets a database of "
      "its own there."),
-    ("RUNLEDGER_REQUIRE_POSTGRES", "tests/conftest.py, tests/drills/test_postgres_restart.py",
+    ("RUNLEDGER_REQUIRE_POSTGRES", "tests/conftest.py, tests/drills/test_postgres_restart.py, "
+     "tests/drills/test_volume_tick.py",
      "Test suite: `1` makes an unreachable PostgreSQL fail the suite instead of skipping its "
-     "tests (`.ci/run` sets it), and missing initdb/pg_ctl fail drill 3 (a private cluster)."),
+     "tests (`.ci/run` sets it), missing initdb/pg_ctl fail drill 3 (a private cluster), and "
+     "an unreachable Redis fails drill 5."),
     ("RUNLEDGER_FULL", "tests/",
      "Test suite: `1` runs the drills at full size: the tests marked `drill`, and "
      "tests/drills with 1,000 Runs and 100 kills (drill 1), 200 Runs and 10 PostgreSQL "

@@ -186,9 +186,10 @@ def paged_events(api: str, job: str, since: datetime) -> tuple[int, Counter[str]
 
 
 def wait_for_events(api: str, job: str, since: datetime, expected: Counter[str],
-                    quiet_seconds: float = 60) -> Counter[str]:
+                    quiet_seconds: float = 60 + max(SIZES) / 20) -> Counter[str]:
     """Until the server counts ``expected``, or its count has not grown for
-    ``quiet_seconds`` (the events it dropped never arrive); the last count."""
+    ``quiet_seconds`` (the events it dropped never arrive; a server storing a 10,000-subject
+    tick's events can go minutes without storing one of the next tick's); the last count."""
     last, changed = Counter[str](), time.monotonic()
     while True:
         found = counted_events(api, job, since)

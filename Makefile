@@ -41,7 +41,8 @@ test-fast: setup
 
 # The drills that break things on purpose (docs/how-to/fault-points.md) at full size: drill 1
 # with 1,000 Runs and 100 kills per ledger, drill 3 with 200 Runs and 10 restarts of a private
-# PostgreSQL, drill 4 with 2,000 messages per ledger (the suite runs them reduced).
+# PostgreSQL, drill 4 with 2,000 messages per ledger, drill 5 with ticks of 1,000 and 10,000
+# subjects (the suite runs them reduced).
 drills: setup
 	RUNLEDGER_FULL=1 $(UV) run pytest -q -s tests/integration/test_fault_points.py \
 		tests/integration/test_commit_cut.py tests/drills

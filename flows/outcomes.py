@@ -4,9 +4,11 @@ the per-flow-run artifact and the flow run's final state."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -14,8 +16,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from prefect import State
 from prefect.client.orchestration import get_client
 from prefect.events import Event, emit_event
+from prefect.events.worker import EventsWorker, should_emit_events
 from prefect.states import Cancelled, Completed, Failed
 
+from flows.stop import Stop
 from store import Ledger, Occurrence, OutputPruned, Period, unemitted
 
 if TYPE_CHECKING:
@@ -297,6 +301,71 @@ def emit_job_event(kind: str, job: Job, **payload: Any) -> None:
     resource = {**_job_resource(job), "runledger.job": job.name, "runledger.version": job.version}
     resource.pop("prefect.resource.role")
     emit_event(event=JOB_EVENTS[kind], resource=resource, payload=payload)
+
+
+pipeline_log = logging.getLogger("runledger.pipeline")
+# Events this process may hold unsent before a tick starts its next subject: about 100 subjects'
+# (each subject's task runs send nine state events, and its outcome one).
+EVENT_BACKLOG_LIMIT = 1_000
+EVENT_STALL_SECONDS = 30.0  # sending nothing that long, Prefect's events worker is not waited for
+_POLL_SECONDS = 0.05
+
+
+def unsent_events() -> int:
+    """How many events this process's Prefect events worker holds unsent (0 when events are
+    off). Prefect's queue of them is unbounded, and each keeps the context it was emitted in
+    (its task run's, with the task's parameters) until sent."""
+    if not should_emit_events():
+        return 0
+    return EventsWorker.instance()._queue.qsize()  # no public accessor
+
+
+class EventBacklog:
+    """Holds a tick's next subject back while more than ``limit`` events wait to be sent and
+    they are being sent: a tick makes events faster than a busy Prefect server takes them, and
+    without this its process would hold every subject's events (and their task runs' contexts)
+    at once, hundreds of megabytes at 10,000 subjects, and send them after the flow run ended.
+    While nothing was sent for ``stall_seconds`` (the server away), the tick does not wait."""
+
+    def __init__(self, limit: int | None = None, stall_seconds: float = EVENT_STALL_SECONDS,
+                 unsent: Callable[[], int] = unsent_events) -> None:
+        self.limit = EVENT_BACKLOG_LIMIT if limit is None else limit
+        self.stall_seconds = stall_seconds
+        self.unsent = unsent
+        self.waited = 0.0  # seconds subjects spent waiting, all threads together
+        self._sent_at = time.monotonic()  # when a waiter last saw the backlog shrink
+        self._last = 0  # the last count of unsent events a waiter saw
+        self._warned = False
+        self._lock = threading.Lock()
+
+    def stalled(self) -> bool:
+        return time.monotonic() - self._sent_at > self.stall_seconds
+
+    def _seen(self, unsent: int) -> None:
+        """Record a count of unsent events; a smaller one than the last means events went."""
+        with self._lock:
+            if unsent < self._last or unsent <= self.limit:
+                self._sent_at = time.monotonic()
+            self._last = unsent
+
+    def wait(self, stop: Stop) -> None:
+        """Return once at most ``limit`` events wait, the worker stalled, or ``stop`` is set."""
+        self._seen(unsent := self.unsent())
+        if unsent <= self.limit:
+            return
+        began = time.monotonic()
+        while unsent > self.limit and not self.stalled() and not stop.is_set():
+            time.sleep(_POLL_SECONDS)
+            self._seen(unsent := self.unsent())
+        with self._lock:
+            self.waited += time.monotonic() - began
+            warn = unsent > self.limit and self.stalled() and not self._warned
+            self._warned = self._warned or warn
+        if warn:
+            pipeline_log.warning(
+                "Prefect's events worker sent none of its %d unsent events for %.0f s; the "
+                "tick goes on without waiting for it until it sends again", unsent,
+                self.stall_seconds)
 
 
 def emit_outcome(job: str, version: str, period: Period, outcome: SubjectOutcome) -> None:

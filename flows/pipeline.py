@@ -362,6 +362,8 @@ def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: st
     hold = Held(tick, claim, keeper)
     held = quote(hold)
     try:
+        # Streamed at the pace the Prefect server takes the tick's events, not all at once.
+        tick.events.wait(tick.stop)
         raw = run.raw_input
         if raw is None:
             tick.check_running("collect")

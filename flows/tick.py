@@ -11,7 +11,7 @@ from typing import Any
 from flows.jobs import Job
 from flows.lease_keeper import LeaseKeeper
 from flows.model import CallCount, CallLog, Model
-from flows.outcomes import SubjectOutcome, emit_outcome
+from flows.outcomes import EventBacklog, SubjectOutcome, emit_outcome
 from flows.settings import RunledgerSettings
 from flows.stop import Stop, stopped_before
 from store import Claim, Effect, Ledger, OutboxMessage, Period, Run
@@ -43,6 +43,7 @@ class Tick:
     flow_run_id: str
     stop: Stop = field(default_factory=Stop)
     revising: Revising | None = None
+    events: EventBacklog = field(default_factory=EventBacklog)
 
     def messages(self, subject: str, output: dict[str, Any]) -> list[OutboxMessage]:
         """The outbox rows of a completion: the job's messages; a revision's are marked revised,

@@ -67,12 +67,18 @@ def stack_up(
     prefect_db: str | None = typer.Option(
         None, "--prefect-db", envvar="PREFECT_API_DATABASE_CONNECTION_URL",
         help="Prefect's database (postgresql+asyncpg://...); default SQLite in --home."),
+    redis: str | None = typer.Option(
+        None, "--redis",
+        help="The Prefect server's events through Redis (prefect-redis), e.g. "
+             "redis://127.0.0.1:6379/1, a db no other server uses; default in memory, which "
+             "drops events when a large tick sends them faster than the server records them "
+             "(docs/how-to/scale-out.md)."),
 ) -> None:
     """Start the whole local stack and run it until Ctrl-C, which stops everything."""
     try:
         config = StackConfig(home=home.resolve(), host=host, port=port, workers=workers,
                              pool=pool, kickoff=kickoff, prefect_database_url=prefect_db,
-                             auth=StackAuth.from_env(os.environ))
+                             redis_url=redis, auth=StackAuth.from_env(os.environ))
         up(config, say=typer.echo)
     except RunledgerError as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}")

@@ -34,6 +34,7 @@ from flows.stack.prefect_server import (
     PREFECT_DB_ENV,
     api_url,
     client,
+    redis_messaging_env,
     server_env,
     ui_url,
     wait_until_healthy,
@@ -61,7 +62,12 @@ class StackConfig:
     kickoff: bool = True
     crash_after_seconds: float = 3 * HEARTBEAT_SECONDS
     prefect_database_url: str | None = None
+    redis_url: str | None = None
     auth: StackAuth = NO_AUTH
+
+    def __post_init__(self) -> None:
+        if self.redis_url:  # refused before anything starts
+            redis_messaging_env(self.redis_url)
 
     @property
     def mail_dir(self) -> Path:
@@ -159,6 +165,11 @@ def run_and_wait(url: str, deployment_id: UUID, timeout: float,
     raise StackError(f"flow run {run.name} ({run.id}) did not finish within {timeout:.0f} s")
 
 
+def _shown(url: str) -> str:
+    """``url`` without its password."""
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
+
+
 def _mail_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.eml"))
 
@@ -222,9 +233,12 @@ class LocalStack:
         database = prefect_database_for(self.ledger_url, config.prefect_database_url)
         if database and not config.prefect_database_url:
             self._create_prefect_database(database)
-        env = config.auth.server_env(server_env(os.environ, config.prefect_home, database))
+        env = config.auth.server_env(server_env(os.environ, config.prefect_home, database,
+                                                config.redis_url))
+        events = f", events through Redis {_shown(config.redis_url)}" if config.redis_url else ""
         self.say(f"starting the Prefect server on {ui_url(config.host, config.port)} "
-                 f"({'PostgreSQL' if database else 'SQLite in ' + str(config.prefect_home)})")
+                 f"({'PostgreSQL' if database else 'SQLite in ' + str(config.prefect_home)}"
+                 f"{events})")
         server = self.supervisor.start(
             "prefect-server", commands.server_argv(config.host, config.port, ui=True), env)
         try:

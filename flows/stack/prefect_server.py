@@ -13,6 +13,10 @@ from prefect.client.orchestration import SyncPrefectClient
 from flows.stack.processes import Child, StackError
 
 PREFECT_DB_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
+# prefect-redis's broker and cache: the server's events go through Redis streams instead of
+# in-memory queues, which drop messages once 10,000 wait for a slow consumer.
+REDIS_MESSAGING = "prefect_redis.messaging"
+REDIS_URL_ENV = "PREFECT_REDIS_MESSAGING_URL"
 
 
 def api_url(host: str, port: int) -> str:
@@ -23,9 +27,21 @@ def ui_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def server_env(base: Mapping[str, str], home: Path, database_url: str | None) -> dict[str, str]:
+def redis_messaging_env(url: str) -> dict[str, str]:
+    """A server's settings for event messaging through Redis at ``url``
+    (``redis://host:port/db``; a db of its own, as two servers on one db share streams)."""
+    if not url.startswith(("redis://", "rediss://")):
+        raise StackError(f"Redis messaging needs a redis:// or rediss:// URL, got "
+                         f"{url.split('://')[0]}://...")
+    return {"PREFECT_MESSAGING_BROKER": REDIS_MESSAGING,
+            "PREFECT_MESSAGING_CACHE": REDIS_MESSAGING, REDIS_URL_ENV: url}
+
+
+def server_env(base: Mapping[str, str], home: Path, database_url: str | None,
+               redis_url: str | None = None) -> dict[str, str]:
     """The server's environment: its own PREFECT_HOME (SQLite database there unless
-    ``database_url`` names a PostgreSQL one, as ``postgresql+asyncpg://...``)."""
+    ``database_url`` names a PostgreSQL one, as ``postgresql+asyncpg://...``), and its events
+    through Redis when ``redis_url`` is given."""
     env = {key: value for key, value in base.items() if key != "PREFECT_API_URL"}
     env["PREFECT_HOME"] = str(home)
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
@@ -37,6 +53,8 @@ def server_env(base: Mapping[str, str], home: Path, database_url: str | None) ->
                 f"sqlite+aiosqlite://, got {database_url.split('://')[0]}://..."
             )
         env[PREFECT_DB_ENV] = database_url
+    if redis_url:
+        env.update(redis_messaging_env(redis_url))
     return env
 
 

@@ -20,6 +20,7 @@ import yaml  # type: ignore[import-untyped]
 from prefect.client.schemas.objects import StateType
 from prefect.settings.legacy import _get_valid_setting_names
 from prefect.settings.models.root import Settings as PrefectSettings
+from prefect_redis.client import RedisMessagingSettings
 from pydantic_settings import BaseSettings
 
 from deployments.project import PROJECT_ROOT
@@ -30,7 +31,7 @@ INFRA = PROJECT_ROOT / "infra"
 COMPOSE_TEXT = (INFRA / "compose.yaml").read_text()
 COMPOSE = yaml.safe_load(COMPOSE_TEXT)
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
-LONG_RUNNING = ("postgres", "prefect-server", "mailpit", "worker")
+LONG_RUNNING = ("postgres", "redis", "prefect-server", "mailpit", "worker")
 # ${NAME:?message}: compose refuses to start without NAME (from infra/.env) and says why.
 REQUIRED = re.compile(r"\$\{(\w+):\?([^}]*)\}")
 
@@ -64,7 +65,7 @@ def environment_names() -> set[str]:
 
 
 def test_the_compose_file_has_the_whole_stack_with_health_checks() -> None:
-    """PostgreSQL, the Prefect server, Mailpit and the worker run with health checks; the
+    """PostgreSQL, Redis, the Prefect server, Mailpit and the worker run with health checks; the
     workers wait for a successful one-shot setup."""
     assert set(LONG_RUNNING) <= set(SERVICES)
     for name in LONG_RUNNING:
@@ -182,9 +183,25 @@ def test_compose_runledger_variables_are_settings_of_the_project() -> None:
 
 
 def test_compose_prefect_variables_are_prefect_settings() -> None:
-    """Every PREFECT_* name in the compose file is a setting Prefect 3.9 knows."""
+    """Every PREFECT_* name in the compose file is a setting Prefect 3.9 or prefect-redis's
+    messaging knows."""
     used = {n for n in environment_names() if n.startswith("PREFECT_")}
-    assert used and used - set(_get_valid_setting_names(PrefectSettings)) == set()
+    known = {*_get_valid_setting_names(PrefectSettings),
+             *_get_valid_setting_names(RedisMessagingSettings)}
+    assert used and used - known == set()
+
+
+def test_the_compose_server_sends_its_events_through_redis() -> None:
+    """The Prefect server's broker and cache are prefect-redis's, on the compose Redis, which it
+    waits for; the server runs the runledger image, whose lock includes prefect-redis."""
+    server = SERVICES["prefect-server"]
+    env = server["environment"]
+    assert env["PREFECT_MESSAGING_BROKER"] == env["PREFECT_MESSAGING_CACHE"] == (
+        "prefect_redis.messaging")
+    assert env["PREFECT_REDIS_MESSAGING_URL"].startswith("redis://redis:6379/")
+    assert server["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert server["image"] == SERVICES["worker"]["image"]
+    assert "prefect-redis" in (PROJECT_ROOT / "uv.lock").read_text()
 
 
 def test_the_ledger_and_prefect_use_separate_postgresql_databases() -> None:

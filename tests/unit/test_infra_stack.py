@@ -13,7 +13,7 @@ from flows.stack.local import (
     flow_env,
     prefect_database_for,
 )
-from flows.stack.prefect_server import PREFECT_DB_ENV, server_env
+from flows.stack.prefect_server import PREFECT_DB_ENV, REDIS_URL_ENV, server_env
 from flows.stack.processes import StackError
 
 
@@ -57,3 +57,21 @@ def test_the_server_refuses_a_database_url_prefect_cannot_use(tmp_path: Path) ->
     env = server_env({"PREFECT_API_URL": "http://elsewhere/api"}, tmp_path, None)
     assert "PREFECT_API_URL" not in env and PREFECT_DB_ENV not in env
     assert env["PREFECT_HOME"] == str(tmp_path)
+
+
+def test_a_server_given_redis_sends_its_events_through_prefect_redis(tmp_path: Path) -> None:
+    """With a Redis URL the server's broker and cache are prefect-redis's, on that URL (its db
+    included); without one, Prefect's in-memory default is left alone."""
+    env = server_env({}, tmp_path, None, "redis://127.0.0.1:6379/3")
+    assert env["PREFECT_MESSAGING_BROKER"] == env["PREFECT_MESSAGING_CACHE"] == (
+        "prefect_redis.messaging")
+    assert env[REDIS_URL_ENV] == "redis://127.0.0.1:6379/3"
+    assert "PREFECT_MESSAGING_BROKER" not in server_env({}, tmp_path, None)
+
+
+def test_the_stack_refuses_a_redis_url_that_is_not_one_before_starting(tmp_path: Path) -> None:
+    """`stack up --redis` with another scheme is an error naming the schemes, raised when the
+    configuration is made (before any folder, process or port is touched)."""
+    with pytest.raises(StackError, match=r"redis:// or rediss://"):
+        StackConfig(home=tmp_path / "stack", redis_url="http://127.0.0.1:6379")
+    assert not (tmp_path / "stack").exists()

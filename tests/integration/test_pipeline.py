@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.context import FlowRunContext
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.flow_engine import run_flow
 from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -368,6 +369,48 @@ def test_a_tick_registers_and_claims_all_its_unfinished_subjects_in_one_task_run
         "4 claimed, 0 duplicate, 0 in progress elsewhere, 0 conflict, 0 failed")
     assert sorted(t.name for t in runs if t not in claims) == sorted(
         f"{stage}[s{i}]" for stage in ("collect", "transform", "persist") for i in range(1, 5))
+
+
+def test_a_large_tick_claims_a_batch_at_a_time_and_holds_no_more_runs_than_one_batch(
+        env: Env) -> None:
+    """Seven subjects in batches of three: three register+claim task runs, and no subject is
+    collected while more than one batch's Runs are leased (the next batch waits for this one)."""
+    env.set(claim_batch=3)
+    held: list[int] = []
+
+    def count_running(subject: str) -> None:
+        held.append(len(env.ledger.runs(job=probe.name, status="running")))
+
+    probe = probe_job([f"s{i}" for i in range(7)], ["ops@example.com"], on_collect=count_running)
+    state, report = env.run(probe.name, period="2026-01-05")
+    assert state.name == "Completed" and outcomes(report) == {f"s{i}": "new" for i in range(7)}
+    assert len(held) == 7 and max(held) <= 3, held
+    with get_client(sync_client=True) as client:
+        def claims() -> list[str]:
+            return sorted(t.name for t in client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+                if t.name.startswith("register+claim"))
+
+        wait_until(lambda: len(claims()) == 3, 30, "the tick's register+claim task runs")
+    assert claims() == ["register+claim[1 subjects]"] + ["register+claim[3 subjects]"] * 2
+
+
+def test_a_tick_keeps_no_task_result_links_of_the_subjects_it_finished(env: Env) -> None:
+    """Prefect links each task result to its State in the flow run context until the flow run
+    ends; a subject's stages see only their own links, so a tick's links do not grow with its
+    subjects."""
+    seen: list[int] = []
+
+    def count_links(subject: str) -> None:
+        context = FlowRunContext.get()
+        assert context is not None
+        seen.append(len(context.run_results))
+
+    probe = probe_job([f"s{i:02d}" for i in range(12)], ["ops@example.com"],
+                      on_collect=count_links)
+    state, _ = env.run(probe.name, period="2026-01-05")
+    assert state.name == "Completed"
+    assert seen == [0] * 12
 
 
 def test_prefect_finds_nothing_to_walk_in_the_registrations_register_and_claim_returns(

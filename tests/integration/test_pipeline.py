@@ -392,7 +392,7 @@ def test_a_large_tick_claims_a_batch_at_a_time_and_holds_no_more_runs_than_one_b
                 if t.name.startswith("register+claim"))
 
         wait_until(lambda: len(claims()) == 3, 30, "the tick's register+claim task runs")
-    assert claims() == ["register+claim[1 subjects]"] + ["register+claim[3 subjects]"] * 2
+        assert claims() == ["register+claim[1 subjects]"] + ["register+claim[3 subjects]"] * 2
 
 
 def test_a_tick_keeps_no_task_result_links_of_the_subjects_it_finished(env: Env) -> None:
@@ -534,6 +534,41 @@ def test_a_cancelled_flow_run_starts_no_more_stages_and_releases_its_subjects(
     assert state.name == "Completed", state.message
     assert outcomes(report) == dict.fromkeys(subjects, "new")
     assert (probe.collects, sorted(probe.transforms)) == (subjects, subjects)
+
+
+def test_a_cancelled_flow_run_claims_none_of_its_later_batches(env: Env) -> None:
+    """In batches of two, the flow run is cancelled while its first subject collects: the
+    other subject of that batch is released, the four of the later batches are never
+    registered nor claimed, and all six are reported stopped; the next flow run completes
+    them."""
+    subjects = [f"s{i}" for i in range(6)]
+    env.set(subject_concurrency=1, claim_batch=2)
+    collecting, cancelled = threading.Event(), threading.Event()
+
+    def hold_the_first_collect(_subject: str) -> None:
+        collecting.set()
+        assert cancelled.wait(30), "the flow run was not cancelled"
+
+    probe = probe_job(subjects, ["ops@example.com"], on_collect=hold_the_first_collect)
+
+    async def cancel_while_collecting() -> None:
+        tick = asyncio.ensure_future(run_job(job=probe.name, period="2026-01-05"))
+        assert await asyncio.to_thread(collecting.wait, 30)
+        tick.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await tick
+        cancelled.set()
+
+    asyncio.run(cancel_while_collecting())  # returns once the tick's thread has ended
+    runs = {r.subject: r for r in env.ledger.runs(job=probe.name)}
+    assert {s: r.status for s, r in runs.items()} == {"s0": "pending", "s1": "pending"}
+    period = probe.job.parse_period("2026-01-05")
+    stopped = [probe.job.identity(s, period).run_id for s in subjects]
+    wait_until(lambda: run_events("runledger.run.stopped", stopped) == len(subjects), 30,
+               "an event per stopped subject")
+    state, report = env.run(probe.name, period="2026-01-05")
+    assert state.name == "Completed", state.message
+    assert outcomes(report) == dict.fromkeys(subjects, "new")
 
 
 @postgres_only

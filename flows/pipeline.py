@@ -356,17 +356,18 @@ def _process_claimed(tick: Tick, stages: Stages, claimed: dict[str, tuple[Run, C
             future.add_done_callback(ended.put)
         # Not when a slot frees up: a slow model call would hold the queue past the worker's
         # grace period, and SIGKILL would leave every queued Run leased.
-        tick.stop.on_set(functools.partial(pool.shutdown, wait=False, cancel_futures=True))
-        for _ in futures:
-            future = ended.get()
-            subject = futures[future]
-            run, claim = claimed[subject]
-            try:
-                outcome = (_release_queued(tick, keeper, subject, run, claim)
-                           if future.cancelled() else future.result())
-            except Exception as exc:  # the ledger itself failed: report it, keep the others
-                outcome = SubjectOutcome(subject, run.run_id, "failed", error=describe(exc))
-            outcomes[subject] = tick.emit(outcome)
+        with tick.stop.on_set(functools.partial(pool.shutdown, wait=False,
+                                                cancel_futures=True)):
+            for _ in futures:
+                future = ended.get()
+                subject = futures[future]
+                run, claim = claimed[subject]
+                try:
+                    outcome = (_release_queued(tick, keeper, subject, run, claim)
+                               if future.cancelled() else future.result())
+                except Exception as exc:  # the ledger itself failed: report it, keep the others
+                    outcome = SubjectOutcome(subject, run.run_id, "failed", error=describe(exc))
+                outcomes[subject] = tick.emit(outcome)
     return outcomes
 
 

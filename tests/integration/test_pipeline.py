@@ -45,6 +45,7 @@ from tests.integration.pipeline_support import (
     SUMMARY,
     Env,
     ModelServer,
+    Probe,
     Reply,
     outbox_recipients,
     outcomes,
@@ -484,16 +485,11 @@ def test_sixteen_subject_threads_writing_at_once_take_turns_for_the_ledgers_conn
     assert all(len(env.ledger.messages(run_id=s.run_id)) == 1 for s in report.subjects)
 
 
-def test_a_cancelled_flow_run_starts_no_more_stages_and_releases_its_subjects(
-        env: Env) -> None:
-    """The flow run is cancelled while its first subject collects (one subject at a time):
-    the five queued behind it are released at once, while that collect still runs (a worker's
-    SIGKILL after its grace period would otherwise leave them leased), and never collected;
-    the first keeps its stored raw input but never reaches the model; all six Runs are pending
-    again; the next flow run for the period completes them without collecting the first one
-    again."""
-    subjects = [f"s{i}" for i in range(6)]
-    env.set(subject_concurrency=1)
+def cancelled_in_first_collect(subjects: list[str],
+                               meanwhile: Callable[[Probe], None] | None = None) -> Probe:
+    """A tick of a probe job over ``subjects`` whose flow run is cancelled while its first
+    subject collects; ``meanwhile`` runs before that collect is let go. Returns the probe once
+    the tick's thread has ended."""
     collecting, cancelled = threading.Event(), threading.Event()
 
     def hold_the_first_collect(_subject: str) -> None:
@@ -508,18 +504,36 @@ def test_a_cancelled_flow_run_starts_no_more_stages_and_releases_its_subjects(
         tick.cancel()
         with pytest.raises(asyncio.CancelledError):
             await tick
-        def holders() -> dict[str, str | None]:
-            return {r.subject: r.owner for r in env.ledger.runs(job=probe.name)}
-
         try:
-            await asyncio.to_thread(
-                wait_until, lambda: not any(holders()[s] for s in subjects[1:]), 10,
-                "the queued subjects' Runs to be released")
-            assert holders()["s0"] is not None  # its collect is still under way
+            if meanwhile is not None:
+                await asyncio.to_thread(meanwhile, probe)
         finally:
             cancelled.set()
 
     asyncio.run(cancel_while_collecting())  # returns once the tick's thread has ended
+    return probe
+
+
+def test_a_cancelled_flow_run_starts_no_more_stages_and_releases_its_subjects(
+        env: Env) -> None:
+    """The flow run is cancelled while its first subject collects (one subject at a time):
+    the five queued behind it are released at once, while that collect still runs (a worker's
+    SIGKILL after its grace period would otherwise leave them leased), and never collected;
+    the first keeps its stored raw input but never reaches the model; all six Runs are pending
+    again; the next flow run for the period completes them without collecting the first one
+    again."""
+    subjects = [f"s{i}" for i in range(6)]
+    env.set(subject_concurrency=1)
+
+    def released_while_s0_collects(probe: Probe) -> None:
+        def holders() -> dict[str, str | None]:
+            return {r.subject: r.owner for r in env.ledger.runs(job=probe.name)}
+
+        wait_until(lambda: not any(holders()[s] for s in subjects[1:]), 10,
+                   "the queued subjects' Runs to be released")
+        assert holders()["s0"] is not None  # its collect is still under way
+
+    probe = cancelled_in_first_collect(subjects, released_while_s0_collects)
     assert (probe.collects, probe.transforms, env.model_calls()) == (["s0"], [], 0)
     runs = {r.subject: r for r in env.ledger.runs(job=probe.name)}
     assert {s: r.status for s, r in runs.items()} == dict.fromkeys(subjects, "pending")
@@ -543,23 +557,7 @@ def test_a_cancelled_flow_run_claims_none_of_its_later_batches(env: Env) -> None
     them."""
     subjects = [f"s{i}" for i in range(6)]
     env.set(subject_concurrency=1, claim_batch=2)
-    collecting, cancelled = threading.Event(), threading.Event()
-
-    def hold_the_first_collect(_subject: str) -> None:
-        collecting.set()
-        assert cancelled.wait(30), "the flow run was not cancelled"
-
-    probe = probe_job(subjects, ["ops@example.com"], on_collect=hold_the_first_collect)
-
-    async def cancel_while_collecting() -> None:
-        tick = asyncio.ensure_future(run_job(job=probe.name, period="2026-01-05"))
-        assert await asyncio.to_thread(collecting.wait, 30)
-        tick.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await tick
-        cancelled.set()
-
-    asyncio.run(cancel_while_collecting())  # returns once the tick's thread has ended
+    probe = cancelled_in_first_collect(subjects)
     runs = {r.subject: r for r in env.ledger.runs(job=probe.name)}
     assert {s: r.status for s, r in runs.items()} == {"s0": "pending", "s1": "pending"}
     period = probe.job.parse_period("2026-01-05")

@@ -42,6 +42,7 @@ from store.faults import (
     AFTER_SAVE_INPUT_COMMIT,
     AFTER_SEND_BEFORE_MARK,
 )
+from tests.drills.prefect_server import Server
 from tests.integration.armed import PRELOAD, run_armed
 from tests.integration.pipeline_support import copy_sample_data
 
@@ -122,7 +123,7 @@ def unsettled(ledger: Ledger) -> bool:
 
 
 def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplicate_nothing(
-        db_url: str, prefect_api: str, tmp_path: Path) -> None:
+        db_url: str, drill_server: Server, tmp_path: Path) -> None:
     """After K kills at random points and restarts, every Run is completed once, every message
     is sent, and each extra model call or sink copy is one a kill explains."""
     periods = [(date(2026, 1, 1) + timedelta(days=i)).isoformat() for i in range(RUNS // 2)]
@@ -133,7 +134,7 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
            "RUNLEDGER_TASK_RETRIES": "2"}
     with Ledger.connect(db_url) as ledger, Sink() as sink:
         upgrade_ledger(ledger)
-        crew = Crew(env, prefect_api, [",".join(periods[i::WORKERS]) for i in range(WORKERS)],
+        crew = Crew(env, drill_server.api, [",".join(periods[i::WORKERS]) for i in range(WORKERS)],
                     (db_url, sink.host, str(sink.port), str(stop)), random.Random(24))
         try:
             for i in range(WORKERS):

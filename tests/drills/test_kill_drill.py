@@ -1,5 +1,6 @@
 """Drill 1, SIGKILL at random fault points: M Runs of the reference job (competitor-summary's two
-workspaces over M/2 days) through the real run-job flow in four tick worker processes, while two
+workspaces over M/2 days) through the real run-job flow in four tick worker processes, against
+the drills' PostgreSQL-backed Prefect server (tests/drills/prefect_server.py), while two
 dispatchers deliver at the same time. Each process starts with a random fault point armed
 (``name@N``: die at its Nth passage, N up to 3 for a tick worker, 12 for a dispatcher) until K
 kills have happened; a killed process is restarted, then everything is allowed to finish. Both ledgers. Reduced here (M=50, K=10); RUNLEDGER_FULL=1 runs

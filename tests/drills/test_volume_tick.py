@@ -1,8 +1,9 @@
 """Drill 5, one large tick: N subjects of one job through the real ``run-job`` flow (offline
-model) on a PostgreSQL ledger, against a PostgreSQL-backed ``prefect server`` of the drill's
-own, the flow run in a process of its own (tests/drills/volume_tick.py) whose peak RSS is read
-when it ends (wait4's ru_maxrss, and /proc's VmHWM as it prints its report). Then a rerun of
-the completed tick, in another process. Reduced here (200 subjects); RUNLEDGER_FULL=1 runs
+model) on a PostgreSQL ledger, against the drills' PostgreSQL-backed ``prefect server``
+(tests/drills/prefect_server.py), the flow run in a process of its own
+(tests/drills/volume_tick.py) whose peak RSS is read when it ends (wait4's ru_maxrss, and
+/proc's VmHWM as it prints its report). Then a rerun of the completed tick, in another
+process. Reduced here (200 subjects); RUNLEDGER_FULL=1 runs
 1,000 and 10,000 subjects, and asserts the peak RSS ratio of the two at most 1.5.
 
 Printed and asserted: the tick completes every subject; every ``runledger.run.*`` event the

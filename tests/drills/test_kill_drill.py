@@ -55,9 +55,11 @@ DISPATCHERS = 2
 TICK_POINTS = (AFTER_REGISTER_AND_CLAIM_COMMIT, AFTER_RENEW_MANY_COMMIT, AFTER_SAVE_INPUT_COMMIT,
                AFTER_MODEL_ANSWER, AFTER_COMPLETE_COMMIT)
 DELIVERY_POINTS = (AFTER_CLAIM_MESSAGES_COMMIT, AFTER_SEND_BEFORE_MARK, AFTER_MARK_SENT_COMMIT)
-# A 2-core machine shared with other work ticked about 5 periods a minute per ledger at full
-# size, both ledgers at once.
-DEADLINE_SECONDS = 7200 if FULL else 300
+# Liveness bounds, far above a quiet run's time: a 2-core machine shared with other work ticked
+# about 5 periods a minute per ledger at full size (both ledgers at once), and the reduced
+# size took 350 s there.
+DEADLINE_SECONDS = 7200 if FULL else 900
+PROGRESS_SECONDS = 300  # a full-size run stopped early still shows how far it came
 FORKS = mp.get_context("forkserver")
 FORKS.set_forkserver_preload(PRELOAD)
 
@@ -68,7 +70,8 @@ class Crew:
 
     env: dict[str, str]
     api: str
-    slices: list[str]
+    slices: list[list[str]]  # each tick worker's periods
+    finished: Path  # the periods the tick workers finished, one a line
     dispatch: tuple[str, ...]
     rng: random.Random
     running: dict[tuple[str, int], tuple[BaseProcess, str | None]] = field(default_factory=dict)
@@ -82,8 +85,17 @@ class Crew:
         points, nth = (TICK_POINTS, 3) if kind == "tick" else (DELIVERY_POINTS, 12)
         point = (f"{self.rng.choice(points)}@{self.rng.randint(1, nth)}"
                  if self.arming and len(self.kills) < KILLS else None)
-        args = (("tests.drills.kill_drill:tick_worker", self.api, self.slices[index])
-                if kind == "tick" else ("tests.drills.kill_drill:dispatcher", *self.dispatch))
+        if kind == "tick":
+            # A restarted worker goes on where its predecessor stopped, as the next scheduled
+            # tick would: ticking every finished period again made the full size quadratic.
+            done = set(self.finished.read_text().split()) if self.finished.exists() else set()
+            periods = [p for p in self.slices[index] if p not in done]
+            if not periods:
+                return
+            args: tuple[str, ...] = ("tests.drills.kill_drill:tick_worker", self.api, ",".join(periods),
+                    str(self.finished))
+        else:
+            args = ("tests.drills.kill_drill:dispatcher", *self.dispatch)
         process = FORKS.Process(target=run_armed, args=(point, self.env, *args))
         process.start()
         self.running[(kind, index)] = (process, point)
@@ -100,6 +112,8 @@ class Crew:
                 assert point is not None and pid is not None, key
                 if pid not in self.disarmed:
                     self.kills.append((*key, pid, point))
+                    print(f"kill {len(self.kills)}: {key[0]} {key[1]} pid {pid} at {point}",
+                          flush=True)
                 self.start(*key)
             else:
                 assert code == 0, (key, code)
@@ -120,6 +134,13 @@ class Crew:
         return any(point is not None for _, point in self.running.values())
 
 
+def progress(ledger: Ledger, crew: Crew, began: float) -> None:
+    completed = len(ledger.runs(job=competitor_summary.name, status="completed", limit=RUNS))
+    print(f"progress after {time.monotonic() - began:.0f} s: Runs completed {completed} of "
+          f"{RUNS}, outbox {ledger.message_counts()}, {len(crew.kills)} kills "
+          f"{dict(Counter(p.split('@')[0] for *_, p in crew.kills))}", flush=True)
+
+
 def unsettled(ledger: Ledger) -> bool:
     counts = {k: v for k, v in ledger.message_counts().items() if v}
     return set(counts) != {"sent"}
@@ -137,16 +158,21 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
            "RUNLEDGER_TASK_RETRIES": "2"}
     with Ledger.connect(db_url) as ledger, Sink() as sink:
         upgrade_ledger(ledger)
-        crew = Crew(env, drill_server.api, [",".join(periods[i::WORKERS]) for i in range(WORKERS)],
+        crew = Crew(env, drill_server.api, [periods[i::WORKERS] for i in range(WORKERS)],
+                    tmp_path / "finished",
                     (db_url, sink.host, str(sink.port), str(stop)), random.Random(24))
         try:
             for i in range(WORKERS):
                 crew.start("tick", i)
             for i in range(DISPATCHERS):
                 crew.start("deliver", i)
-            deadline = time.monotonic() + DEADLINE_SECONDS
+            began = shown = time.monotonic()
+            deadline = began + DEADLINE_SECONDS
             while crew.ticking() or unsettled(ledger) or crew.armed():
                 assert time.monotonic() < deadline, (crew.kills, ledger.message_counts())
+                if time.monotonic() - shown > PROGRESS_SECONDS:
+                    progress(ledger, crew, began)
+                    shown = time.monotonic()
                 if not crew.ticking() and crew.arming:
                     crew.disarm()
                 time.sleep(0.1)

@@ -55,10 +55,7 @@ DISPATCHERS = 2
 TICK_POINTS = (AFTER_REGISTER_AND_CLAIM_COMMIT, AFTER_RENEW_MANY_COMMIT, AFTER_SAVE_INPUT_COMMIT,
                AFTER_MODEL_ANSWER, AFTER_COMPLETE_COMMIT)
 DELIVERY_POINTS = (AFTER_CLAIM_MESSAGES_COMMIT, AFTER_SEND_BEFORE_MARK, AFTER_MARK_SENT_COMMIT)
-# Liveness bounds, far above a quiet run's time: a 2-core machine shared with other work ticked
-# about 5 periods a minute per ledger at full size (both ledgers at once), and the reduced
-# size took 350 s there.
-DEADLINE_SECONDS = 7200 if FULL else 900
+DEADLINE_SECONDS = 3600 if FULL else 300
 PROGRESS_SECONDS = 300  # a full-size run stopped early still shows how far it came
 FORKS = mp.get_context("forkserver")
 FORKS.set_forkserver_preload(PRELOAD)
@@ -92,8 +89,8 @@ class Crew:
             periods = [p for p in self.slices[index] if p not in done]
             if not periods:
                 return
-            args: tuple[str, ...] = ("tests.drills.kill_drill:tick_worker", self.api, ",".join(periods),
-                    str(self.finished))
+            args: tuple[str, ...] = ("tests.drills.kill_drill:tick_worker", self.api,
+                                     ",".join(periods), str(self.finished))
         else:
             args = ("tests.drills.kill_drill:dispatcher", *self.dispatch)
         process = FORKS.Process(target=run_armed, args=(point, self.env, *args))

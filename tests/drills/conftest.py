@@ -10,10 +10,11 @@ import pytest
 from tests.drills.prefect_server import Server, prefect_server
 
 
-@pytest.fixture(scope="session")
+# Per module: a server left running for the rest of a pytest-xdist worker's session would
+# spend its CPU on its background services under every later test.
+@pytest.fixture(scope="module")
 def drill_server(postgres_databases: Any,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The drills' Prefect server (tests/drills/prefect_server.py), one per pytest process:
-    the drills using it tell their Runs apart by job, flow run and time."""
+    """A Prefect server of the drill module's own (tests/drills/prefect_server.py)."""
     with prefect_server(postgres_databases, tmp_path_factory.mktemp("drill-server")) as server:
         yield server

@@ -1,5 +1,5 @@
-"""The lease keeper renews the leases of every Run a tick still works on, in one background
-thread and one statement per round, so that long model calls and subjects waiting for a pool
+"""The lease keeper renews the leases of every Run a tick's batch still works on, in one
+background thread and one statement per round, so that long model calls and subjects waiting for a pool
 slot keep their claims; a Run whose fence moved on is reported lost, and its subject must stop."""
 
 from __future__ import annotations

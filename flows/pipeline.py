@@ -1,8 +1,9 @@
 """The ``run-job`` flow: one tick of a job, each subject's Run registered, claimed, collected,
 transformed and persisted at most once, whatever retries, overlaps or reruns happen.
 
-Per tick: one batched read, then one register+claim task run for every subject not yet
-finished, one lease keeper for all the claims; per claimed subject: collect, transform, persist.
+Per tick: one batched read; then, a batch of subjects not yet finished at a time, one
+register+claim task run and one lease keeper for its claims; per claimed subject: collect,
+transform, persist.
 
 The ledger is the authority: Prefect's retries only repeat a stage, Prefect's caching is off,
 and the nominal time comes from the flow run's expected start (or the ``period`` parameter),
@@ -29,7 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from prefect import State, flow, get_run_logger, task
-from prefect.context import SyncClientContext
+from prefect.context import FlowRunContext, SyncClientContext
 from prefect.runtime import flow_run as current_flow_run
 from prefect.runtime import task_run as current_task_run
 from prefect.states import Completed
@@ -185,40 +186,57 @@ def ledgered(job: Job, period: Period, settings: RunledgerSettings, flow_run_id:
 
 
 def run_tick(tick: Tick, identities: dict[str, RunIdentity]) -> TickReport:
-    """Read the tick's finished Runs at once; only subjects not yet finished are registered
-    and claimed (one task run for all of them), and only claimed ones get stage task runs."""
+    """Read the tick's finished Runs at once; the subjects not yet finished are registered and
+    claimed a batch at a time (one task run each), and only claimed ones get stage task runs.
+    The next batch is claimed when the last one has ended: a tick holds one batch's Runs,
+    claims and futures, whatever its size."""
     # Retried like a stage: a tick that starts while the ledger's server restarts waits for it.
     finished = retried(lambda: tick.ledger.finished([i.run_id for i in identities.values()]),
                        tick.settings.task_retries, tick.settings.retry_delay_seconds)
     outcomes: dict[str, SubjectOutcome] = {}
-    pending: dict[str, RunIdentity] = {}
+    pending: list[tuple[str, RunIdentity]] = []
     for subject, identity in identities.items():
         run = finished.get(identity.run_id)
         if run is None:
-            pending[subject] = identity
+            pending.append((subject, identity))
         else:
             outcomes[subject] = tick.emit(finished_outcome(tick, subject, identity, run))
     if pending:
         stages = configured_stages(tick.settings.task_retries,
                                    tick.settings.retry_delay_seconds)
-        try:
-            registrations: Mapping[str, Registration] = stage_value(
-                stages.claim(quote(tick), quote(pending)))
-        except Exception as exc:
-            registrations = {}
-            for subject, identity in pending.items():
-                outcomes[subject] = tick.emit(SubjectOutcome(
-                    subject, identity.run_id, "failed", error=describe(exc)))
-        claimed: dict[str, tuple[Run, Claim]] = {}
-        for subject, registration in registrations.items():
-            if registration.claim is not None:
-                claimed[subject] = (registration.run, registration.claim)
-            else:
-                outcomes[subject] = tick.emit(unclaimed_outcome(subject, registration))
-        if claimed:
-            outcomes.update(_process_claimed(tick, stages, claimed))
+        size = tick.settings.claim_batch
+        for start in range(0, len(pending), size):
+            outcomes.update(_run_batch(tick, stages, dict(pending[start:start + size])))
     return TickReport(tick.job.name, tick.job.version, tick.period,
                       [outcomes[s] for s in identities])
+
+
+def _run_batch(tick: Tick, stages: Stages, batch: dict[str, RunIdentity]
+               ) -> dict[str, SubjectOutcome]:
+    """Register and claim one batch of subjects, then take the claimed ones through the
+    stages; once the flow run stopped, a batch is left unclaimed for a later run."""
+    if tick.stop.is_set():
+        error = describe(stopped_before("register+claim"))
+        return {subject: tick.emit(SubjectOutcome(subject, identity.run_id, "stopped",
+                                                  error=error))
+                for subject, identity in batch.items()}
+    try:
+        registrations: Mapping[str, Registration] = stage_value(
+            stages.claim(quote(tick), quote(batch)))
+    except Exception as exc:
+        return {subject: tick.emit(SubjectOutcome(subject, identity.run_id, "failed",
+                                                  error=describe(exc)))
+                for subject, identity in batch.items()}
+    outcomes: dict[str, SubjectOutcome] = {}
+    claimed: dict[str, tuple[Run, Claim]] = {}
+    for subject, registration in registrations.items():
+        if registration.claim is not None:
+            claimed[subject] = (registration.run, registration.claim)
+        else:
+            outcomes[subject] = tick.emit(unclaimed_outcome(subject, registration))
+    if claimed:
+        outcomes.update(_process_claimed(tick, stages, claimed))
+    return outcomes
 
 
 def _register_and_claim_name(parameters: dict[str, Any]) -> str:
@@ -230,8 +248,8 @@ def _register_and_claim_name(parameters: dict[str, Any]) -> str:
 @task(name="register+claim", task_run_name=_register_and_claim_name,  # type: ignore[arg-type]
       **STAGE_OPTIONS)
 def register_and_claim(tick: Tick, identities: dict[str, RunIdentity]) -> State[Any]:
-    """Register every subject's Run (one row per identity) and take the leases nobody else
-    holds, in one ledger call for the whole tick; returns each subject's Registration."""
+    """Register every subject's Run of a batch (one row per identity) and take the leases
+    nobody else holds, in one ledger call; returns each subject's Registration."""
     found = tick.ledger.register_and_claim_many(
         [(identity, tick.job.run_params(subject, tick.period))
          for subject, identity in identities.items()],
@@ -301,7 +319,7 @@ def persist_output(subject: str, held: Held, candidate: Candidate) -> State[Any]
 
 @dataclass(frozen=True)
 class Stages:
-    """The stage tasks (register+claim once per tick, the others once per claimed subject),
+    """The stage tasks (register+claim once per batch, the others once per claimed subject),
     with a flow run's retry policy for transient failures."""
 
     claim: Task[..., Any]
@@ -332,23 +350,24 @@ def _process_claimed(tick: Tick, stages: Stages, claimed: dict[str, tuple[Run, C
         ended: queue.SimpleQueue[Future[SubjectOutcome]] = queue.SimpleQueue()
         futures: dict[Future[SubjectOutcome], str] = {}
         for s, (run, claim) in claimed.items():
-            future = pool.submit(contextvars.copy_context().run, process_subject, tick, stages,
+            future = pool.submit(contextvars.copy_context().run, _process_apart, tick, stages,
                                  keeper, s, run, claim)
             futures[future] = s
             future.add_done_callback(ended.put)
         # Not when a slot frees up: a slow model call would hold the queue past the worker's
         # grace period, and SIGKILL would leave every queued Run leased.
-        tick.stop.on_set(functools.partial(pool.shutdown, wait=False, cancel_futures=True))
-        for _ in futures:
-            future = ended.get()
-            subject = futures[future]
-            run, claim = claimed[subject]
-            try:
-                outcome = (_release_queued(tick, keeper, subject, run, claim)
-                           if future.cancelled() else future.result())
-            except Exception as exc:  # the ledger itself failed: report it, keep the others
-                outcome = SubjectOutcome(subject, run.run_id, "failed", error=describe(exc))
-            outcomes[subject] = tick.emit(outcome)
+        with tick.stop.on_set(functools.partial(pool.shutdown, wait=False,
+                                                cancel_futures=True)):
+            for _ in futures:
+                future = ended.get()
+                subject = futures[future]
+                run, claim = claimed[subject]
+                try:
+                    outcome = (_release_queued(tick, keeper, subject, run, claim)
+                               if future.cancelled() else future.result())
+                except Exception as exc:  # the ledger itself failed: report it, keep the others
+                    outcome = SubjectOutcome(subject, run.run_id, "failed", error=describe(exc))
+                outcomes[subject] = tick.emit(outcome)
     return outcomes
 
 
@@ -380,6 +399,19 @@ def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: st
         keeper.release(claim)
     return SubjectOutcome(subject, run.run_id, "new", persisted.run.attempts,
                           persisted.outbox_rows, output=persisted.run.output)
+
+
+def _process_apart(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: str, run: Run,
+                   claim: Claim) -> SubjectOutcome:
+    """``process_subject`` in a copy of the flow run context with task-result links of its own.
+
+    Prefect links every task result (and each item of one) to its task run's State in the flow
+    run context, to draw the graph's edges, and keeps the links until the flow run ends: a few
+    kilobytes per subject. A subject's stages only look up its own, so they go with it."""
+    context = FlowRunContext.get()
+    assert context is not None  # submitted from inside the flow run
+    with context.model_copy(update={"run_results": {}, "task_run_assets": {}}):
+        return process_subject(tick, stages, keeper, subject, run, claim)
 
 
 def _release_queued(tick: Tick, keeper: LeaseKeeper, subject: str, run: Run,

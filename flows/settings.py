@@ -49,6 +49,10 @@ class RunledgerSettings(BaseSettings):
         default=None, gt=0, description="Overrides every job's lease duration (default 900 s)."
     )
     subject_concurrency: int = Field(default=8, ge=1, description="Subjects processed at once.")
+    claim_batch: int = Field(
+        default=500, ge=1, description="Subjects a tick registers and claims at once (one "
+                                       "``register+claim`` task run); it claims the next batch "
+                                       "when this one has ended.")
     task_retries: int = Field(default=3, ge=0, description="Retries of a transient stage failure.")
     retry_delay_seconds: float = Field(
         default=2.0, ge=0, description="First retry delay; doubles on each retry, with jitter."

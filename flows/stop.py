@@ -4,7 +4,8 @@ tick start no more stages and those still queued are released for a later run.""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from flows.jobs import TransientError
 
@@ -35,13 +36,22 @@ class Stop:
         for callback in callbacks:
             callback()
 
-    def on_set(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` when the stop is set (now, if it already is); it must not block."""
+    @contextmanager
+    def on_set(self, callback: Callable[[], None]) -> Iterator[None]:
+        """While inside, call ``callback`` when the stop is set (at once, if it already is);
+        it must not block. Leaving forgets it: a tick registers one per batch."""
         with self._lock:
-            if not self._event.is_set():
+            waiting = not self._event.is_set()
+            if waiting:
                 self._callbacks.append(callback)
-                return
-        callback()
+        if not waiting:
+            callback()
+        try:
+            yield
+        finally:
+            with self._lock:
+                if callback in self._callbacks:
+                    self._callbacks.remove(callback)
 
 
 def stopped_before(stage: str) -> FlowRunStopped:

@@ -3,7 +3,6 @@ flow, in this process, with a progress bar and a summary; `--dry-run` only shows
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, cast
@@ -14,8 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from flows.cli.app import app
+from flows.cli.flow_runs import run_here
 from flows.cli.ledger_commands import fail, open_ledger, print_json
-from flows.cli.run_commands import STYLES, _ephemeral_server
+from flows.cli.run_commands import STYLES
 from flows.cli.tables import FOLD, Col, print_table, short_id
 from store import RunledgerError
 
@@ -74,21 +74,19 @@ def backfill_command(
         _print_plan(planned, as_json)
         return
     console = Console(stderr=as_json)
-    with _ephemeral_server():
-        from flows.backfill import backfill, watching
+    from flows.backfill import BackfillReport, watching
 
-        bar = _ProgressBar(console, len(request.periods) * len(request.subjects))
-        with bar, watching(bar.advance):
-            state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", backfill(
-                job=job, start=start, end=end, subjects=subject or None,
-                reprocess=request.reprocess, max_active=max_active,
-                rate_per_minute=request.rate_per_minute, return_state=True)))
-    from flows.backfill import BackfillReport
+    def call() -> Coroutine[Any, Any, State[Any]]:
+        from flows.backfill import backfill
 
-    value = state.result(raise_on_failure=False)
-    if not isinstance(value, BackfillReport):
-        error = value if isinstance(value, BaseException) else RuntimeError(state.message)
-        raise fail(error)
+        return cast("Coroutine[Any, Any, State[Any]]", backfill(
+            job=job, start=start, end=end, subjects=subject or None,
+            reprocess=request.reprocess, max_active=max_active,
+            rate_per_minute=request.rate_per_minute, return_state=True))
+
+    bar = _ProgressBar(console, len(request.periods) * len(request.subjects))
+    with bar:
+        value, state = run_here(call, BackfillReport, watching(bar.advance))
     if as_json:
         print_json({**value.as_dict(), "flow_run_id": str(state.state_details.flow_run_id)})
     else:

@@ -3,7 +3,6 @@ only say what would be done."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
@@ -11,8 +10,8 @@ import typer
 from rich.console import Console
 
 from flows.cli.app import app
+from flows.cli.flow_runs import run_here
 from flows.cli.ledger_commands import fail, open_ledger, print_json
-from flows.cli.run_commands import _ephemeral_server
 from flows.cli.tables import FOLD, Col, print_table, short_id
 from store import RunledgerError
 
@@ -57,15 +56,13 @@ def reconcile(
         finally:
             ledger.close()
     else:
-        with _ephemeral_server():
+        def call() -> Coroutine[Any, Any, State[Any]]:
             from flows.reconcile.flow import reconcile as reconcile_flow
 
-            state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", reconcile_flow(
-                job=job, dry_run=False, return_state=True)))
-        value = state.result(raise_on_failure=False)
-        if isinstance(value, BaseException):
-            raise fail(value)
-        results = cast("list[JobReconciled]", value)
+            return cast("Coroutine[Any, Any, State[Any]]", reconcile_flow(
+                job=job, dry_run=False, return_state=True))
+
+        results = cast("list[JobReconciled]", run_here(call, list)[0])
     _show(results, as_json)
     if any(t.state_name() == "Failed" for r in results for t in r.ticks):
         raise typer.Exit(1)

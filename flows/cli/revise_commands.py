@@ -3,7 +3,6 @@ revise flow in this process."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, cast
@@ -11,9 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 from rich.console import Console
 
-from flows.cli.app import api_refused, runs_app
+from flows.cli.app import runs_app
+from flows.cli.flow_runs import run_here
 from flows.cli.ledger_commands import fail, open_ledger, print_json
-from flows.cli.run_commands import _ephemeral_server
 from store import InvalidInput, RunledgerError
 
 if TYPE_CHECKING:
@@ -67,23 +66,16 @@ def runs_revise(
             full_id = ledger.resolve_run_id(run_id)
     except RunledgerError as exc:
         raise fail(exc) from None
-    with _ephemeral_server():
-        from flows.revision import revise
-
-        try:
-            state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", revise(
-                run_id=full_id, reason=reason, recollect=recollect, resend=resend,
-                params=new_params, return_state=True)))
-        except Exception as exc:
-            refused = api_refused(exc)
-            if refused is None:
-                raise
-            raise fail(RuntimeError(refused)) from None
     from flows.revision import RevisionReport
 
-    value = state.result(raise_on_failure=False)
-    if not isinstance(value, RevisionReport):
-        raise fail(value if isinstance(value, BaseException) else RuntimeError(state.message))
+    def call() -> Coroutine[Any, Any, State[Any]]:
+        from flows.revision import revise
+
+        return cast("Coroutine[Any, Any, State[Any]]", revise(
+            run_id=full_id, reason=reason, recollect=recollect, resend=resend,
+            params=new_params, return_state=True))
+
+    value, state = run_here(call, RevisionReport)
     if as_json:
         print_json({**value.as_dict(), "flow_run_id": str(state.state_details.flow_run_id)})
     else:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
 from collections.abc import Coroutine
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from flows.cli.app import api_refused, app
-from flows.cli.ledger_commands import fail, open_ledger, print_json
+from flows.cli.app import app
+from flows.cli.flow_runs import run_here
+from flows.cli.ledger_commands import open_ledger, print_json
 from flows.cli.tables import FOLD, Col, print_table, short_id
 
 if TYPE_CHECKING:
@@ -21,42 +19,8 @@ if TYPE_CHECKING:
 
     from flows.outcomes import TickReport
 
-# Prefect's temporary server (no PREFECT_API_URL): the settings runledger gives it unless the
-# user chose a value. On a busy machine it takes more than its default 20 s to start. Its
-# analytics would phone home from machines that may have no internet, and its telemetry
-# heartbeat competes for its SQLite database: "database is locked" tracebacks and "Failed to
-# send telemetry" ERROR lines on the terminal of a run that worked. Stopping it at the end
-# cancels its services mid-flush, which they (and SQLAlchemy's pool, through the root logger)
-# log as ERROR tracebacks: CancelledError in the task run recorder, seen under load. Its logs
-# stay quiet but for CRITICAL; what matters to the user reaches them through the flow run's
-# state and this process's logs, whose logging Prefect set up when it was imported, before
-# these variables are set.
-EPHEMERAL_SERVER = {
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": 90,
-    "PREFECT_SERVER_ANALYTICS_ENABLED": False,
-    "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
-    "PREFECT_LOGGING_ROOT_LEVEL": "CRITICAL",
-}
 STYLES = {"new": "green", "duplicate": "cyan", "in-progress-elsewhere": "yellow",
           "lease-lost": "yellow", "stopped": "yellow", "failed": "bold red"}
-
-
-def _ephemeral_server() -> AbstractContextManager[Any]:
-    """Apply EPHEMERAL_SERVER where the user set nothing: in the environment, which covers the
-    server's process and threads that start without Prefect's settings context, and in the
-    settings context, which covers this thread."""
-    chosen = {name: value for name, value in EPHEMERAL_SERVER.items() if not os.environ.get(name)}
-    if not chosen:
-        return nullcontext()
-    for name, value in chosen.items():
-        os.environ[name] = str(value).lower()
-    import prefect.settings
-
-    # PREFECT_LOGGING_* are overrides of Prefect's logging config, read from the environment
-    # only: not settings of the context.
-    return prefect.settings.temporary_settings(updates={
-        getattr(prefect.settings, name): value for name, value in chosen.items()
-        if hasattr(prefect.settings, name)})
 
 
 @app.command("run")
@@ -82,25 +46,15 @@ def run(
         upgrade_ledger(ledger)
     finally:
         ledger.close()
-    with _ephemeral_server():
-        from flows.pipeline import run_job
-
-        # Prefect types a flow call as an Awaitable (it is a coroutine) and, for a flow that
-        # returns a State, its final state as State[State]: it ends in the State returned.
-        try:
-            state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", run_job(
-                job=job, subjects=subject or None, period=period, return_state=True)))
-        except Exception as exc:
-            refused = api_refused(exc)
-            if refused is None:
-                raise
-            raise fail(RuntimeError(refused)) from None
     from flows.outcomes import TickReport
 
-    value = state.result(raise_on_failure=False)
-    if not isinstance(value, TickReport):
-        error = value if isinstance(value, BaseException) else RuntimeError(state.message)
-        raise fail(error)
+    def call() -> Coroutine[Any, Any, State[Any]]:
+        from flows.pipeline import run_job
+
+        return cast("Coroutine[Any, Any, State[Any]]", run_job(
+            job=job, subjects=subject or None, period=period, return_state=True))
+
+    value, state = run_here(call, TickReport)
     if as_json:
         print_json({**value.as_dict(), "flow_run_id": str(state.state_details.flow_run_id)})
     else:

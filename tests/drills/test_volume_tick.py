@@ -15,6 +15,7 @@ time per subject and the peak RSS (never asserted as a time)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -195,9 +196,10 @@ def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, A
         assert model_calls == size
         emitted = Counter({"runledger.run.completed": first.report["run_events"]})
         on_server = wait_for_events(server.api, job, since, emitted)
-        # register+claim, then collect, transform and persist per subject.
+        # register+claim per batch, then collect, transform and persist per subject.
+        task_run_count = 3 * size + math.ceil(size / RunledgerSettings().claim_batch)
         stage_events = wait_for_task_run_events(server.api, first.report["flow_run_id"], since,
-                                                3 * size + 1)
+                                                task_run_count)
 
         rerun = run_tick(env, job, size, home / f"rerun-{size}.log")
         assert rerun.report["state"] == "Duplicate", rerun.report
@@ -237,8 +239,8 @@ def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, A
     # The tick held its subjects back while the server was behind (flows.outcomes.EventBacklog).
     assert first.report["most_unsent_events"] <= EVENT_BACKLOG_LIMIT + 10 * (
         RunledgerSettings().subject_concurrency + 1), first.report
-    assert stage_events == {state: 3 * size + 1 for state in ("Pending", "Running",
-                                                              "Completed")}, stage_events
+    assert stage_events == {state: task_run_count for state in ("Pending", "Running",
+                                                                "Completed")}, stage_events
     return figures
 
 

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.context import FlowRunContext
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.flow_engine import run_flow
 from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -370,6 +371,48 @@ def test_a_tick_registers_and_claims_all_its_unfinished_subjects_in_one_task_run
         f"{stage}[s{i}]" for stage in ("collect", "transform", "persist") for i in range(1, 5))
 
 
+def test_a_large_tick_claims_a_batch_at_a_time_and_holds_no_more_runs_than_one_batch(
+        env: Env) -> None:
+    """Seven subjects in batches of three: three register+claim task runs, and no subject is
+    collected while more than one batch's Runs are leased (the next batch waits for this one)."""
+    env.set(claim_batch=3)
+    held: list[int] = []
+
+    def count_running(subject: str) -> None:
+        held.append(len(env.ledger.runs(job=probe.name, status="running")))
+
+    probe = probe_job([f"s{i}" for i in range(7)], ["ops@example.com"], on_collect=count_running)
+    state, report = env.run(probe.name, period="2026-01-05")
+    assert state.name == "Completed" and outcomes(report) == {f"s{i}": "new" for i in range(7)}
+    assert len(held) == 7 and max(held) <= 3, held
+    with get_client(sync_client=True) as client:
+        def claims() -> list[str]:
+            return sorted(t.name for t in client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+                if t.name.startswith("register+claim"))
+
+        wait_until(lambda: len(claims()) == 3, 30, "the tick's register+claim task runs")
+        assert claims() == ["register+claim[1 subjects]"] + ["register+claim[3 subjects]"] * 2
+
+
+def test_a_tick_keeps_no_task_result_links_of_the_subjects_it_finished(env: Env) -> None:
+    """Prefect links each task result to its State in the flow run context until the flow run
+    ends; a subject's stages see only their own links, so a tick's links do not grow with its
+    subjects."""
+    seen: list[int] = []
+
+    def count_links(subject: str) -> None:
+        context = FlowRunContext.get()
+        assert context is not None
+        seen.append(len(context.run_results))
+
+    probe = probe_job([f"s{i:02d}" for i in range(12)], ["ops@example.com"],
+                      on_collect=count_links)
+    state, _ = env.run(probe.name, period="2026-01-05")
+    assert state.name == "Completed"
+    assert seen == [0] * 12
+
+
 def test_prefect_finds_nothing_to_walk_in_the_registrations_register_and_claim_returns(
         env: Env) -> None:
     """Prefect walks a task's return value looking for futures (every dict, every dataclass
@@ -491,6 +534,41 @@ def test_a_cancelled_flow_run_starts_no_more_stages_and_releases_its_subjects(
     assert state.name == "Completed", state.message
     assert outcomes(report) == dict.fromkeys(subjects, "new")
     assert (probe.collects, sorted(probe.transforms)) == (subjects, subjects)
+
+
+def test_a_cancelled_flow_run_claims_none_of_its_later_batches(env: Env) -> None:
+    """In batches of two, the flow run is cancelled while its first subject collects: the
+    other subject of that batch is released, the four of the later batches are never
+    registered nor claimed, and all six are reported stopped; the next flow run completes
+    them."""
+    subjects = [f"s{i}" for i in range(6)]
+    env.set(subject_concurrency=1, claim_batch=2)
+    collecting, cancelled = threading.Event(), threading.Event()
+
+    def hold_the_first_collect(_subject: str) -> None:
+        collecting.set()
+        assert cancelled.wait(30), "the flow run was not cancelled"
+
+    probe = probe_job(subjects, ["ops@example.com"], on_collect=hold_the_first_collect)
+
+    async def cancel_while_collecting() -> None:
+        tick = asyncio.ensure_future(run_job(job=probe.name, period="2026-01-05"))
+        assert await asyncio.to_thread(collecting.wait, 30)
+        tick.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await tick
+        cancelled.set()
+
+    asyncio.run(cancel_while_collecting())  # returns once the tick's thread has ended
+    runs = {r.subject: r for r in env.ledger.runs(job=probe.name)}
+    assert {s: r.status for s, r in runs.items()} == {"s0": "pending", "s1": "pending"}
+    period = probe.job.parse_period("2026-01-05")
+    stopped = [probe.job.identity(s, period).run_id for s in subjects]
+    wait_until(lambda: run_events("runledger.run.stopped", stopped) == len(subjects), 30,
+               "an event per stopped subject")
+    state, report = env.run(probe.name, period="2026-01-05")
+    assert state.name == "Completed", state.message
+    assert outcomes(report) == dict.fromkeys(subjects, "new")
 
 
 @postgres_only

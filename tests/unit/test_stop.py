@@ -1,0 +1,37 @@
+"""A flow run's stop (flows.stop.Stop): what waits on it is called once when it is set, and
+only while it is still waiting."""
+
+from __future__ import annotations
+
+import functools
+
+from flows.stop import Stop
+
+
+def test_a_callback_registered_before_the_stop_is_called_once_when_it_is_set() -> None:
+    """Setting the stop calls what is waiting, once; setting it again calls nothing more."""
+    stop, calls = Stop(), []
+    with stop.on_set(lambda: calls.append("dropped")):
+        assert calls == []
+        stop.set()
+        stop.set()
+    assert calls == ["dropped"]
+
+
+def test_a_callback_registered_after_the_stop_is_set_is_called_at_once() -> None:
+    """A batch that starts waiting after the flow run stopped drops its queue at once."""
+    stop, calls = Stop(), []
+    stop.set()
+    with stop.on_set(lambda: calls.append("dropped")):
+        assert calls == ["dropped"]
+
+
+def test_a_callback_is_forgotten_when_its_waiter_leaves() -> None:
+    """A tick registers one callback per batch: an ended batch's is not called, nor kept."""
+    stop, calls = Stop(), []
+    for batch in range(3):
+        with stop.on_set(functools.partial(calls.append, batch)):
+            pass
+    with stop.on_set(lambda: calls.append("current")):
+        stop.set()
+    assert calls == ["current"]

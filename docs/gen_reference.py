@@ -89,10 +89,10 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
      "`postgresql+psycopg://postgres@127.0.0.1:5432/postgres`); each test gets a database of "
      "its own there."),
     ("RUNLEDGER_REQUIRE_POSTGRES", "tests/conftest.py, tests/drills/test_postgres_restart.py, "
-     "tests/drills/test_volume_tick.py",
+     "tests/drills/prefect_server.py",
      "Test suite: `1` makes an unreachable PostgreSQL fail the suite instead of skipping its "
      "tests (`.ci/run` sets it), missing initdb/pg_ctl fail drill 3 (a private cluster), and "
-     "an unreachable Redis fails drill 5."),
+     "an unreachable Redis fails drills 1 and 5 (their Prefect server's messaging)."),
     ("RUNLEDGER_FULL", "tests/",
      "Test suite: `1` runs the drills at full size: the tests marked `drill`, and "
      "tests/drills with 1,000 Runs and 100 kills (drill 1), 200 Runs and 10 PostgreSQL "
@@ -101,12 +101,12 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
     ("RUNLEDGER_DRILL_SIZES", "tests/drills/test_volume_tick.py",
      "Drill 5: the tick sizes to run, comma-separated (default `200`, or `1000,10000` with "
      "`RUNLEDGER_FULL=1`); the peak RSS ratio is asserted when two are given."),
-    ("RUNLEDGER_DRILL_MESSAGING", "tests/drills/test_volume_tick.py",
-     "Drill 5: `redis` (default) sends the drill's Prefect server's events through Redis "
+    ("RUNLEDGER_DRILL_MESSAGING", "tests/drills/prefect_server.py",
+     "Drills 1 and 5: `redis` (default) sends their Prefect server's events through Redis "
      "(`prefect-redis`), `memory` keeps Prefect's in-memory default."),
-    ("RUNLEDGER_DRILL_REDIS", "tests/drills/test_volume_tick.py",
-     "Drill 5: the Redis server (default `redis://127.0.0.1:6379`); the drill takes an empty "
-     "db of 8-15 there and flushes it at the end."),
+    ("RUNLEDGER_DRILL_REDIS", "tests/drills/prefect_server.py",
+     "Drills 1 and 5: the Redis server (default `redis://127.0.0.1:6379`); their Prefect "
+     "server takes an empty db of 8-15 there and flushes it at the end."),
     ("RUNLEDGER_TEST_RECONCILE_PROBE", "tests/integration/reconcile_support.py",
      "Test suite: the name of the job the reconcile process tests register in their "
      "subprocesses; set by those tests."),

@@ -25,9 +25,10 @@ DELIVERY_LEASE = 4.0  # at least twice 3 x SMTP_TIMEOUT
 POLICY = RetryPolicy(max_attempts=8, base_delay=0.05, max_delay=0.2, max_window=3600)
 
 
-def tick_worker(api: str, periods: str) -> None:
-    """Tick each period (comma-separated) until a tick finds every subject completed; a
-    period leased by a dead worker is tried again after the others."""
+def tick_worker(api: str, periods: str, finished: str) -> None:
+    """Tick each period (comma-separated) until a tick finds every subject completed, then
+    append it to the file ``finished``; a period leased by a dead worker is tried again after
+    the others."""
     pending = periods.split(",")
     # The fork server imported Prefect before this process knew its server.
     with temporary_settings({PREFECT_API_URL: api}):
@@ -38,6 +39,8 @@ def tick_worker(api: str, periods: str) -> None:
                 report = state.result(raise_on_failure=False)
                 if isinstance(report, TickReport) and report.completed_every_subject():
                     pending.remove(period)
+                    with Path(finished).open("a") as done:
+                        done.write(period + "\n")
             if pending:
                 time.sleep(0.5)
 

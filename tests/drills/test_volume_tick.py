@@ -1,8 +1,9 @@
 """Drill 5, one large tick: N subjects of one job through the real ``run-job`` flow (offline
-model) on a PostgreSQL ledger, against a PostgreSQL-backed ``prefect server`` of the drill's
-own, the flow run in a process of its own (tests/drills/volume_tick.py) whose peak RSS is read
-when it ends (wait4's ru_maxrss, and /proc's VmHWM as it prints its report). Then a rerun of
-the completed tick, in another process. Reduced here (200 subjects); RUNLEDGER_FULL=1 runs
+model) on a PostgreSQL ledger, against the drills' PostgreSQL-backed ``prefect server``
+(tests/drills/prefect_server.py), the flow run in a process of its own
+(tests/drills/volume_tick.py) whose peak RSS is read when it ends (wait4's ru_maxrss, and
+/proc's VmHWM as it prints its report). Then a rerun of the completed tick, in another
+process. Reduced here (200 subjects); RUNLEDGER_FULL=1 runs
 1,000 and 10,000 subjects, and asserts the peak RSS ratio of the two at most 1.5.
 
 Printed and asserted: the tick completes every subject; every ``runledger.run.*`` event the
@@ -20,8 +21,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -32,97 +31,20 @@ import pytest
 import sqlalchemy as sa
 
 from flows.jobs import upgrade_ledger
-from flows.mail.sink import free_port
 from flows.model import CallLog
 from flows.outcomes import EVENT_BACKLOG_LIMIT
 from flows.settings import RunledgerSettings
-from flows.stack import commands
-from flows.stack.prefect_server import api_url, server_env, wait_until_healthy
-from flows.stack.processes import Supervisor
 from store import Ledger
+from tests.drills.prefect_server import Server
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 SIZES = tuple(int(n) for n in os.environ.get(
     "RUNLEDGER_DRILL_SIZES", "1000,10000" if FULL else "200").split(","))
-# "redis": the server's events through Redis streams (prefect-redis); "memory": Prefect's
-# default in-memory queues, which drop events past 10,000 waiting.
-MESSAGING = os.environ.get("RUNLEDGER_DRILL_MESSAGING", "redis")
-REDIS = os.environ.get("RUNLEDGER_DRILL_REDIS", "redis://127.0.0.1:6379")
-REDIS_DBS = range(8, 16)  # the drill's: the first empty one it can claim
-CLAIM_KEY = "runledger-drill-claim"
 RSS_RATIO_TARGET = 1.5
 ROOT = Path(__file__).resolve().parents[2]
 EVENT_PREFIX = "runledger.run."
 PERIOD = "2026-03-02"
 DEADLINE_SECONDS = 300 + sum(SIZES) // 2  # a busy server records events slowly
-
-
-@dataclass(frozen=True)
-class Server:
-    api: str
-    log: Path
-    messaging: str
-
-
-@contextmanager
-def redis_db() -> Iterator[str | None]:
-    """The URL of a Redis db of the drill's own (an empty one of REDIS_DBS, claimed with a key
-    that expires after the drill's deadline), flushed at the end; None with memory messaging."""
-    if MESSAGING == "memory":
-        yield None
-        return
-    import redis
-
-    for db in REDIS_DBS:
-        url = f"{REDIS}/{db}"
-        client = redis.Redis.from_url(url)
-        try:
-            claimed = client.dbsize() == 0 and client.set(
-                CLAIM_KEY, os.getpid(), nx=True, ex=DEADLINE_SECONDS + 600)
-        except redis.ConnectionError as exc:
-            client.close()
-            message = f"Redis is not reachable at {REDIS}: {exc}"
-            if os.environ.get("RUNLEDGER_REQUIRE_POSTGRES") == "1":
-                pytest.fail(message + " (RUNLEDGER_REQUIRE_POSTGRES=1: this drill must run)")
-            pytest.skip(message)
-        if claimed:
-            try:
-                yield url
-            finally:
-                client.flushdb()
-                client.close()
-            return
-        client.close()
-    pytest.fail(f"no empty Redis db among {REDIS_DBS.start}-{REDIS_DBS.stop - 1} at {REDIS}")
-
-
-@pytest.fixture(scope="module")
-def server(postgres_databases: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A `prefect server start` of the drill's own on a new PostgreSQL database, its events
-    through a Redis db of its own (or in memory); stopped, the database dropped and the Redis
-    db flushed at the end."""
-    with redis_db() as redis_url:
-        yield from _server(postgres_databases, tmp_path_factory, redis_url)
-
-
-def _server(postgres_databases: Any, tmp_path_factory: pytest.TempPathFactory,
-            redis_url: str | None) -> Iterator[Server]:
-    name = postgres_databases.create(migrated=False)
-    database = sa.engine.make_url(name).set(drivername="postgresql+asyncpg").render_as_string(
-        hide_password=False)
-    home = tmp_path_factory.mktemp("volume-server")
-    supervisor = Supervisor(home / "logs", grace_seconds=10)
-    port = free_port()
-    api = api_url("127.0.0.1", port)
-    env = server_env(os.environ, home / "prefect", database, redis_url)
-    try:
-        child = supervisor.start("prefect-server",
-                                 commands.server_argv("127.0.0.1", port, ui=False), env)
-        wait_until_healthy(api, child, timeout=180)
-        yield Server(api, child.log, "Redis" if redis_url else "in memory")
-    finally:
-        supervisor.stop()
-        postgres_databases.drop(name)
 
 
 @dataclass(frozen=True)
@@ -323,7 +245,7 @@ def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, A
 
 
 def test_one_large_tick_completes_with_every_event_on_the_server_and_reruns_as_duplicate(
-        server: Server, postgres_databases: Any, tmp_path: Path) -> None:
+        drill_server: Server, postgres_databases: Any, tmp_path: Path) -> None:
     """A tick of N subjects on a PostgreSQL ledger completes every Run, the server holds every
     runledger.run.* event it emitted, and its rerun is a Duplicate that calls no model, writes
     no Run and starts no task run; at full size, peak RSS grows at most 1.5 times from 1,000
@@ -332,7 +254,7 @@ def test_one_large_tick_completes_with_every_event_on_the_server_and_reruns_as_d
     try:
         with Ledger.connect(ledger_url) as ledger:
             upgrade_ledger(ledger)
-        rows = [drill(size, server, ledger_url, tmp_path) for size in SIZES]
+        rows = [drill(size, drill_server, ledger_url, tmp_path) for size in SIZES]
     finally:
         postgres_databases.drop(ledger_url)
     if len(rows) == 2:

@@ -30,10 +30,10 @@ lint: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --quiet --site-dir site
 
-# Two pytest-xdist workers: the acceptance tests (one stack, mostly waiting on real schedules)
-# on one of them, everything else spread over both.
+# Three pytest-xdist workers on two cores: the acceptance tests (one stack, mostly waiting on real
+# schedules) on one of them, so that the other two keep both cores busy with everything else.
 test: lint docs
-	$(UV) run pytest -q -n 2 --dist loadgroup
+	$(UV) run pytest -q -n 3 --dist loadgroup
 
 # The inner loop (about three minutes): unit tests and the SQLite half of integration.
 test-fast: setup

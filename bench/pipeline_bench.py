@@ -106,8 +106,8 @@ def own_server(nice: int) -> Iterator[str]:
             with reniced or nullcontext():
                 yield api
             if reniced is not None:
-                print(f"The server's database: {len(reniced.pids)} PostgreSQL backends kept at "
-                      f"nice {nice}", flush=True)
+                print(f"The server's database {url.rsplit('/', 1)[1]}: {len(reniced.pids)} "
+                      f"PostgreSQL backends kept at nice {nice}", flush=True)
                 if reniced.error is not None:
                     print(f"WARNING: stopped renicing its new backends: {reniced.error!r}",
                           flush=True)

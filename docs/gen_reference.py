@@ -114,6 +114,9 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
      "Test suite: the missed-run policy of that job (default `catch-up`); set by those tests."),
     ("RUNLEDGER_BENCH_POSTGRES_URL", "bench/databases.py",
      "Benchmarks: the PostgreSQL admin URL the benchmark databases are created on."),
+    ("RUNLEDGER_BENCH_DATABASE_PREFIX", "bench/databases.py",
+     "Benchmarks: the name prefix of their databases (default `rlbench`), so that a caller can "
+     "tell its own from those of benchmarks running beside it."),
 ]
 
 PREFECT_VARIABLES = [

@@ -6,7 +6,9 @@ dispatchers deliver at the same time. Each process starts with a random fault po
 kills have happened; a killed process is restarted, then everything is allowed to finish. Both ledgers. Reduced here (M=50, K=10); RUNLEDGER_FULL=1 runs
 M=1000, K=100.
 
-Printed and asserted: Runs completed = M, duplicate completions 0, model calls per Run (more
+Printed and asserted: Runs completed = M (plus two for each period a worker is given when
+its own are all finished while kills are still owed: a Duplicate tick passes no fault point),
+duplicate completions 0, model calls per Run (more
 than one only for Runs that a killed worker had asked the model about, each listed), outbox
 rows as expected, unique Message-IDs at the sink = outbox rows, raw duplicates only for messages
 with an attempt whose outcome a kill took (each listed with its Message-ID), 0 lost."""
@@ -49,6 +51,7 @@ from tests.integration.pipeline_support import copy_sample_data
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 RUNS = 1000 if FULL else 50
+START = date(2026, 1, 1)
 KILLS = 100 if FULL else 10
 WORKERS = 4
 DISPATCHERS = 2
@@ -75,21 +78,32 @@ class Crew:
     kills: list[tuple[str, int, int, str]] = field(default_factory=list)  # kind, index, pid, point
     disarmed: set[int] = field(default_factory=set)  # pids this test killed itself
     arming: bool = True
+    extra: list[str] = field(default_factory=list)  # periods added while kills were owed
+
+    def owed(self) -> int:
+        """The Runs the drill asked for: M, plus two for each period added."""
+        return RUNS + 2 * len(self.extra)
+
+    def kills_owed(self) -> bool:
+        return self.arming and len(self.kills) < KILLS
 
     def start(self, kind: str, index: int) -> None:
         # A dispatcher passes its points several times a second: a later passage spreads its
         # kills over the drill instead of spending them all at the start.
         points, nth = (TICK_POINTS, 3) if kind == "tick" else (DELIVERY_POINTS, 12)
         point = (f"{self.rng.choice(points)}@{self.rng.randint(1, nth)}"
-                 if self.arming and len(self.kills) < KILLS else None)
+                 if self.kills_owed() else None)
         if kind == "tick":
             # A restarted worker goes on where its predecessor stopped, as the next scheduled
             # tick would: ticking every finished period again made the full size quadratic.
-            # One whose periods are all finished while kills are still owed ticks them again
-            # (Duplicate ticks), so that the reduced size still reaches its K kills.
             done = set(self.finished.read_text().split()) if self.finished.exists() else set()
-            periods = [p for p in self.slices[index] if p not in done] or (
-                self.slices[index] if point is not None else [])
+            periods = [p for p in self.slices[index] if p not in done]
+            if not periods and point is not None:
+                # Kills still owed and this worker's periods all finished: a new period, since
+                # a Duplicate tick passes no fault point (the reduced size still reaches K).
+                periods = [(START + timedelta(days=RUNS // 2 + len(self.extra))).isoformat()]
+                self.extra.extend(periods)
+                self.slices[index].extend(periods)
             if not periods:
                 return
             args: tuple[str, ...] = ("tests.drills.kill_drill:tick_worker", self.api,
@@ -117,6 +131,8 @@ class Crew:
                 self.start(*key)
             else:
                 assert code == 0, (key, code)
+                if point is not None and self.kills_owed():
+                    self.start(*key)  # its point never came: it gets a new period and point
 
     def disarm(self) -> None:
         """Arm nothing more, and replace the armed processes left: the work is done, and an
@@ -135,9 +151,10 @@ class Crew:
 
 
 def progress(ledger: Ledger, crew: Crew, began: float) -> None:
-    completed = len(ledger.runs(job=competitor_summary.name, status="completed", limit=RUNS))
+    completed = len(ledger.runs(job=competitor_summary.name, status="completed",
+                                limit=crew.owed()))
     print(f"progress after {time.monotonic() - began:.0f} s: Runs completed {completed} of "
-          f"{RUNS}, outbox {ledger.message_counts()}, {len(crew.kills)} kills "
+          f"{crew.owed()}, outbox {ledger.message_counts()}, {len(crew.kills)} kills "
           f"{dict(Counter(p.split('@')[0] for *_, p in crew.kills))}", flush=True)
 
 
@@ -150,7 +167,7 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
         db_url: str, drill_server: Server, tmp_path: Path) -> None:
     """After K kills at random points and restarts, every Run is completed once, every message
     is sent, and each extra model call or sink copy is one a kill explains."""
-    periods = [(date(2026, 1, 1) + timedelta(days=i)).isoformat() for i in range(RUNS // 2)]
+    periods = [(START + timedelta(days=i)).isoformat() for i in range(RUNS // 2)]
     calls, stop = tmp_path / "calls.jsonl", tmp_path / "stop"
     env = {"RUNLEDGER_DATABASE_URL": db_url, "RUNLEDGER_MODEL_CALL_LOG": str(calls),
            "RUNLEDGER_COMPETITOR_SUMMARY_SOURCE": str(copy_sample_data(tmp_path / "source")),
@@ -191,7 +208,8 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
 
 def report(ledger: Ledger, sink: Sink, crew: Crew, calls: CallLog) -> None:
     """Assert and print the drill's figures."""
-    runs = ledger.runs(job=competitor_summary.name, limit=RUNS + 1)
+    owed = crew.owed()
+    runs = ledger.runs(job=competitor_summary.name, limit=owed + 1)
     completed = [r for r in runs if r.status == "completed"]
     completers: dict[str, int] = {}  # run id -> pid of the worker whose attempt completed it
     duplicates = 0
@@ -219,7 +237,8 @@ def report(ledger: Ledger, sink: Sink, crew: Crew, calls: CallLog) -> None:
     print(f"\n{ledger.dialect}: {len(crew.kills)} kills "
           f"({Counter(kind for kind, *_ in crew.kills)}): "
           f"{Counter(p.split('@')[0] for *_, p in crew.kills)}")
-    print(f"Runs completed {len(completed)} of {RUNS}, duplicate completions {duplicates}, "
+    added = f" ({RUNS} + {owed - RUNS} for the periods added while kills were owed)" if crew.extra else ""
+    print(f"Runs completed {len(completed)} of {owed}{added}, duplicate completions {duplicates}, "
           f"model calls per Run {dict(sorted(Counter(per_run.values()).items()))}")
     for run_id, pids in sorted(again.items()):
         others = [f"pid {p} killed at {killed.get(p)}" for p in pids if p != completers.get(run_id)]
@@ -231,7 +250,7 @@ def report(ledger: Ledger, sink: Sink, crew: Crew, calls: CallLog) -> None:
     for key, n in sorted(resent.items()):
         print(f"  resent after a kill: {message_id_for(key)} x{n}")
     assert len(crew.kills) >= KILLS
-    assert len(runs) == len(completed) == RUNS and duplicates == 0
+    assert len(runs) == len(completed) == owed and duplicates == 0
     # The completing worker called the model once; every other call was made by a worker that
     # was killed before it could commit that Run's completion.
     for run_id, pids in callers.items():

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,11 @@ def run_bench(postgres_databases: Any) -> RunBench:
     return run
 
 
-def bench_databases(postgres_databases: Any) -> int:
+def bench_databases(postgres_databases: Any, prefix: str) -> int:
     with postgres_databases.engine.connect() as conn:
         return int(conn.execute(sa.text(
-            "SELECT count(*) FROM pg_database WHERE datname LIKE 'rlbench\\_%'")).scalar_one())
+            "SELECT count(*) FROM pg_database WHERE starts_with(datname, :prefix)"),
+            {"prefix": prefix + "_"}).scalar_one())
 
 
 def test_the_ledger_bench_counts_each_procedures_round_trips_and_finds_one_winner_per_claim(
@@ -92,12 +94,14 @@ def test_the_outbox_claim_bench_compares_a_backlog_with_a_small_outbox_on_both_l
 def test_the_pipeline_bench_reruns_a_completed_tick_without_model_calls_or_task_runs(
         run_bench: RunBench, postgres_databases: Any) -> None:
     """Only Prefect-native's rerun creates task runs (cached); neither calls a model again."""
-    before = bench_databases(postgres_databases)
+    # A prefix of its own: the other benchmarks' tests may run beside it.
+    prefix = f"rlbench_{uuid.uuid4().hex[:6]}"
     out = run_bench("pipeline_bench.py", "--server", "--sizes", "3", "--dialects", "sqlite",
-                    timeout=600)
+                    timeout=600, env={"RUNLEDGER_BENCH_DATABASE_PREFIX": prefix})
     assert re.search(r"Prefect server: http://127\.0\.0\.1:\d+/api \(PostgreSQL, nice 10\)", out)
     # The server's database work is its background work too: its backends ran niced as well.
-    reniced = re.search(r"The server's database: (\d+) PostgreSQL backends kept at nice 10", out)
+    reniced = re.search(rf"The server's database {prefix}_\w+: (\d+) PostgreSQL backends kept "
+                        r"at nice 10", out)
     assert reniced is not None and int(reniced[1]) >= 1, out
     head = "sqlite   N=    3:"
     # One round: each ratio is printed with its range; the verdicts need five rounds (their
@@ -121,7 +125,7 @@ def test_the_pipeline_bench_reruns_a_completed_tick_without_model_calls_or_task_
                          r"emails and 9 task runs", rerun), rerun
     assert "(run_job's first run: 10 task runs)" in rerun, rerun
     # The databases of the script's own server and of its PostgreSQL ledger are dropped.
-    assert bench_databases(postgres_databases) == before
+    assert bench_databases(postgres_databases, prefix) == 0
 
 
 def test_the_behaviour_table_shows_a_kill_after_the_model_blocking_prefect_native_not_runledger(

@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -31,18 +29,10 @@ from prefect.exceptions import ObjectNotFound
 from flows.backfill import BackfillReport, backfill, limit_names
 from flows.jobs import PermanentError
 from store import Ledger
-from tests.integration.pipeline_support import Env, Probe, pipeline_env, probe_job, wait_until
+from tests.integration.pipeline_support import Env, Probe, probe_job, wait_until
 
 DAYS = ("2026-01-01", "2026-01-04")
 postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-
-
-@pytest.fixture
-def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        prefect_api: str) -> Iterator[Env]:
-    """A fresh ledger, a model call log and fast retries."""
-    with pipeline_env(db_url, tmp_path, monkeypatch) as found:
-        yield found
 
 
 def run_backfill(job: str, start: str = DAYS[0], end: str = DAYS[1],

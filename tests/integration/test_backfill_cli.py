@@ -7,26 +7,16 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.jobs import PermanentError, get_job
-from tests.integration.pipeline_support import RUNLEDGER, Env, pipeline_env, probe_job, wait_until
+from tests.integration.pipeline_support import RUNLEDGER, Env, probe_job, wait_until
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 RANGE = ["--from", "2026-01-01", "--to", "2026-01-04"]
-
-
-@pytest.fixture
-def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        prefect_api: str) -> Iterator[Env]:
-    """A fresh ledger and a model call log."""
-    with pipeline_env(db_url, tmp_path, monkeypatch) as found:
-        yield found
 
 
 def backfill(*args: str) -> tuple[int, str, str]:

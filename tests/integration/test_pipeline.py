@@ -66,14 +66,6 @@ CATCHING_UP = dataclasses.replace(competitor_summary, name="summary-catching-up"
 
 
 @pytest.fixture
-def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        prefect_api: str) -> Iterator[Env]:
-    """A fresh ledger, a copy of the sample data, a model call log and fast retries."""
-    with pipeline_env(db_url, tmp_path, monkeypatch) as found:
-        yield found
-
-
-@pytest.fixture
 def model_server(env: Env) -> Iterator[ModelServer]:
     """An OpenAI-compatible server selected through RUNLEDGER_MODEL=openai."""
     with ModelServer() as server:

@@ -4,24 +4,14 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tests.integration.pipeline_support import Env, Worker, pipeline_env, wait_until
+from tests.integration.pipeline_support import Env, Worker, wait_until
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-
-
-@pytest.fixture
-def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        prefect_api: str) -> Iterator[Env]:
-    """A fresh ledger and a copy of the sample data."""
-    with pipeline_env(db_url, tmp_path, monkeypatch) as found:
-        yield found
 
 
 def test_runledger_run_prints_each_subjects_outcome_as_json(env: Env) -> None:

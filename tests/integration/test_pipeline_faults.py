@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +23,6 @@ from tests.integration.pipeline_support import (
     lease_expired,
     outbox_recipients,
     outcomes,
-    pipeline_env,
     probe_job,
     wait_until,
 )
@@ -32,13 +30,8 @@ from tests.integration.pipeline_support import (
 PERIOD = "2026-01-05"
 
 
-@pytest.fixture
-def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        prefect_api: str) -> Iterator[Env]:
-    """A fresh ledger and sample data; worker subprocesses use the session's Prefect server."""
-    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
-    with pipeline_env(db_url, tmp_path, monkeypatch) as found:
-        yield found
+# Its worker and CLI subprocesses, too, use the session's Prefect server.
+pytestmark = pytest.mark.usefixtures("subprocesses_use_the_session_server")
 
 
 @pytest.fixture

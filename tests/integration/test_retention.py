@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from typer.testing import CliRunner
 from flows.cli.app import app
 from flows.retention import prune_ledger
 from store import Ledger, OutputPruned, Reply
-from tests.integration.pipeline_support import Env, pipeline_env, probe_job, wait_until
+from tests.integration.pipeline_support import Env, probe_job, wait_until
 from tests.integration.retention_support import (
     DEAD_EVERY,
     UNSENT_EVERY,
@@ -38,13 +37,6 @@ from tests.integration.retention_support import (
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 RUNS = 100_000 if FULL else 10_000
 RETENTION = timedelta(days=90)
-
-
-@pytest.fixture
-def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        prefect_api: str) -> Iterator[Env]:
-    with pipeline_env(db_url, tmp_path, monkeypatch) as found:
-        yield found
 
 
 def deliver_all(ledger: Ledger) -> None:

@@ -10,9 +10,8 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -32,7 +31,6 @@ from tests.integration.pipeline_support import (
     lease_expired,
     outbox_recipients,
     outcomes,
-    pipeline_env,
     probe_job,
     wait_until,
 )
@@ -40,13 +38,8 @@ from tests.integration.pipeline_support import (
 PERIOD = "2026-01-05"
 
 
-@pytest.fixture
-def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        prefect_api: str) -> Iterator[Env]:
-    """A fresh ledger, sample data and a model call log; flows use the session's server."""
-    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
-    with pipeline_env(db_url, tmp_path, monkeypatch) as found:
-        yield found
+# Its worker and CLI subprocesses, too, use the session's Prefect server.
+pytestmark = pytest.mark.usefixtures("subprocesses_use_the_session_server")
 
 
 def revised(**parameters: Any) -> tuple[State[Any], RevisionReport | BaseException]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.pipeline_support import Env, pipeline_env
+from tests.integration.pipeline_support import Env, ModelServer, pipeline_env
 
 
 @pytest.fixture
@@ -23,3 +23,13 @@ def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def subprocesses_use_the_session_server(monkeypatch: pytest.MonkeyPatch, prefect_api: str) -> None:
     """Worker and CLI subprocesses started by the test talk to the session's Prefect server."""
     monkeypatch.setenv("PREFECT_API_URL", prefect_api)
+
+
+@pytest.fixture
+def model_server(env: Env) -> Iterator[ModelServer]:
+    """An OpenAI-compatible server on loopback, selected through RUNLEDGER_MODEL=openai (for
+    this process and the workers it starts)."""
+    with ModelServer() as server:
+        env.set(model="openai", model_base_url=server.base_url, model_name="probe-model",
+                model_api_key="sk-test")
+        yield server

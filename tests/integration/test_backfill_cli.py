@@ -13,7 +13,14 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.jobs import PermanentError, get_job
-from tests.integration.pipeline_support import RUNLEDGER, Env, probe_job, wait_until
+from tests.integration.pipeline_support import (
+    RUNLEDGER,
+    Env,
+    ModelServer,
+    Reply,
+    probe_job,
+    wait_until,
+)
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 RANGE = ["--from", "2026-01-01", "--to", "2026-01-04"]
@@ -98,17 +105,18 @@ def test_runledger_backfill_names_bad_input_and_exits_1_having_written_nothing(
 
 
 def test_ctrl_c_on_runledger_backfill_starts_no_further_period_and_leaves_no_run_leased(
-        env: Env, prefect_api: str) -> None:
+        env: Env, prefect_api: str, model_server: ModelServer) -> None:
     """SIGINT while the first day's first workspace waits for the model: that call finishes and
     is persisted, the day's other workspace is released, and no later day is registered."""
-    env.set(subject_concurrency=1, offline_model_delay_seconds=3)
+    env.set(subject_concurrency=1)
+    model_server.script.append(Reply(delay=3))
     process = subprocess.Popen(
         [*RUNLEDGER, "backfill", "competitor-summary", "--from", "2026-01-01", "--to", "2026-01-03",
          "--max-active", "1"], env={**os.environ, "PREFECT_API_URL": prefect_api},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: any(r.raw_input is not None for r in env.ledger.runs()), 90,
-                   "the first workspace to store its raw input")
+        wait_until(lambda: len(model_server.requests) == 1, 90,
+                   "the first workspace's model call")
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
     finally:
@@ -120,4 +128,5 @@ def test_ctrl_c_on_runledger_backfill_starts_no_further_period_and_leaves_no_run
     first_day = get_job("competitor-summary").parse_period("2026-01-01").start
     assert {r.period_start for r in runs} == {first_day}, err
     assert sorted(r.status for r in runs) == ["completed", "pending"], err
-    assert all(r.owner is None for r in runs) and env.model_calls() == 1
+    assert all(r.owner is None for r in runs)
+    assert env.model_calls() == len(model_server.requests) == 1

@@ -9,7 +9,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -63,15 +63,6 @@ postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 # past, and a skip or latest job would skip them.
 CATCHING_UP = dataclasses.replace(competitor_summary, name="summary-catching-up",
                                   missed_runs="catch-up")
-
-
-@pytest.fixture
-def model_server(env: Env) -> Iterator[ModelServer]:
-    """An OpenAI-compatible server selected through RUNLEDGER_MODEL=openai."""
-    with ModelServer() as server:
-        env.set(model="openai", model_base_url=server.base_url, model_name="probe-model",
-                model_api_key="sk-test")
-        yield server
 
 
 def test_the_same_logical_run_twice_keeps_the_first_output_and_calls_the_model_once(

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tests.integration.pipeline_support import Env, Worker, wait_until
+from tests.integration.pipeline_support import Env, ModelServer, Reply, Worker, wait_until
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 
@@ -56,21 +56,21 @@ def test_runledger_run_names_bad_input_and_exits_1(env: Env) -> None:
 
 
 def test_ctrl_c_on_runledger_run_lets_the_model_call_under_way_finish_and_starts_no_other(
-        env: Env) -> None:
+        env: Env, model_server: ModelServer) -> None:
     """SIGINT (Ctrl-C) while the first workspace waits for the model: that call finishes and is
     persisted, the second workspace is never collected and is left pending, not leased."""
-    env.set(subject_concurrency=1, offline_model_delay_seconds=3)
+    env.set(subject_concurrency=1)
+    model_server.script.append(Reply(delay=3))
     worker = Worker.start(["competitor-summary", "--period", "2026-01-05"])
     try:
-        acme = "competitor-summary/acme"
-        wait_until(lambda: any(r.raw_input is not None for r in env.ledger.runs()), 90,
-                   f"{acme} to store its raw input")
+        wait_until(lambda: len(model_server.requests) == 1, 90,
+                   "competitor-summary/acme's model call")
         worker.signal(signal.SIGINT)
         code, _, err = worker.finish(timeout=60)
     finally:
         worker.kill()
     assert code != 0, err
-    assert env.model_calls() == 1
+    assert env.model_calls() == len(model_server.requests) == 1
     runs = {r.subject: r for r in env.ledger.runs()}
     assert (runs["acme"].status, runs["globex"].status) == ("completed", "pending"), err
     assert runs["globex"].raw_input is None and runs["globex"].owner is None

@@ -1,5 +1,7 @@
 # The two commands people need: `make run` (the main job) and `make test` (the whole suite).
 # Both bootstrap uv with pip when it is missing, then install the locked dependencies.
+# `--inexact`: what a person installed into .venv besides the lock (their own jobs' package,
+# `uv pip install -e ../acme-jobs`) stays installed; plain `uv sync` would remove it.
 PY ?= python3
 UV := $(shell command -v uv 2>/dev/null || echo "$(PY) -m uv")
 
@@ -8,13 +10,13 @@ UV := $(shell command -v uv 2>/dev/null || echo "$(PY) -m uv")
 # Prefect server, worker and CLI run of the suite) would otherwise compile Prefect from source.
 setup:
 	@$(UV) --version >/dev/null 2>&1 || $(PY) -m pip install --quiet "uv>=0.5"
-	@$(UV) sync --frozen --quiet --compile-bytecode
+	@$(UV) sync --frozen --inexact --quiet --compile-bytecode
 
 # The local stack: migrate ./runledger.db, Prefect server + UI on http://127.0.0.1:4200, the SMTP
 # sink writing .eml files to .runledger/mail, `runledger serve` with every schedule, one run of
 # the reference job and one delivery pass; Ctrl-C stops everything (options: ARGS="--help").
 run: setup
-	$(UV) run runledger stack up $(ARGS)
+	$(UV) run --no-sync runledger stack up $(ARGS)
 
 # Style, strict types, the import contracts (pyproject's [tool.importlinter]) and the committed
 # SQL of every named statement (store/sql/*.sql; `python -m store.sql --write` rewrites them).
@@ -25,10 +27,12 @@ lint: setup
 	$(UV) run lint-imports --no-cache
 	$(UV) run python -m store.sql
 
-# The documentation site, built strictly (a broken link, a missing page or a settings field
-# without a description fails); the reference pages are generated from the code by docs/hooks.py.
+# The documentation site, built strictly: any WARNING (a broken link, a missing page, a settings
+# field without a description) fails it. Not --quiet: that drops the warnings --strict counts
+# (tests/unit/test_docs_build.py proves a broken link fails this command). The reference pages
+# are generated from the code by docs/hooks.py.
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --site-dir site
 
 # Three pytest-xdist workers on two cores: the acceptance tests (one stack, mostly waiting on real
 # schedules) on one of them, so that the other two keep both cores busy with everything else.
@@ -42,10 +46,11 @@ test-fast: setup
 # The drills that break things on purpose (docs/how-to/fault-points.md) at full size: drill 1
 # with 1,000 Runs and 100 kills per ledger, drill 3 with 200 Runs and 10 restarts of a private
 # PostgreSQL, drill 4 with 2,000 messages per ledger, drill 5 with ticks of 1,000 and 10,000
-# subjects (the suite runs them reduced).
+# subjects, and the host drills (tests/hosts: network namespaces, as root) with all six
+# scenarios (the suite runs them reduced).
 drills: setup
 	RUNLEDGER_FULL=1 $(UV) run pytest -q -s tests/integration/test_fault_points.py \
-		tests/integration/test_commit_cut.py tests/drills
+		tests/integration/test_commit_cut.py tests/drills tests/hosts tests/acceptance/test_installed_package.py
 
 bench: setup
 	$(UV) run python bench/ledger_bench.py

@@ -6,7 +6,7 @@ scheduled AI jobs meet; prints one table.
 Every run is a real process (``python bench/behaviour.py child ...``) of a one-subject job with
 two recipients, against one Prefect server (PREFECT_API_URL, else a PostgreSQL-backed server of
 the script's own), an SMTP sink of the script's own and, for runledger, a SQLite ledger. For each
-scenario and system the table counts the model calls (a call log both systems append to), the
+scenario and system the table counts the model calls (runledger: its ledger; the baseline: a call log), the
 outputs written (the job's validate, which both call exactly when they persist an output) and
 the emails the sink accepted (and how many distinct Message-IDs). runledger's emails go through
 its outbox: each runledger process runs one delivery pass after its tick.
@@ -62,8 +62,9 @@ def child(system: str, job_name: str, period: str, recipients: list[str], storag
         os.environ["RUNLEDGER_FAULTS"] = "after_send_before_mark"
     import asyncio
 
-    from flows.jobs import Candidate, Job, register
-    from flows.model import CallLog, Model, OfflineModel
+    from flows.jobs import Candidate, Job
+    from flows.model import Model, OfflineModel
+    from flows.registry import register
     from store import OutboxMessage, Period
 
     log = Path(os.environ["BEHAVIOUR_LOG"])
@@ -97,7 +98,7 @@ def child(system: str, job_name: str, period: str, recipients: list[str], storag
     delay = float(os.environ.get("BEHAVIOUR_MODEL_DELAY", "0"))
     if system == "runledger":
         from flows.delivery.dispatcher import Dispatcher
-        from flows.pipeline import run_job
+        from flows.run_job.flow import run_job
         from store import Ledger
 
         state = asyncio.run(run_job(job_name, period=period, return_state=True))
@@ -118,6 +119,8 @@ def child(system: str, job_name: str, period: str, recipients: list[str], storag
             os.kill(os.getpid(), signal.SIGKILL)
 
         prefect_native.send = send_then_die  # type: ignore[assignment]
+    from call_log import CallLog
+
     model = OfflineModel(delay_seconds=delay)
     native = prefect_native.native_flow(
         job, model, lock=system.removeprefix("native-"), storage=storage,
@@ -171,7 +174,7 @@ class Case:
     def env(self, **extra: str) -> dict[str, str]:
         env = {**os.environ, "PREFECT_API_URL": self.bench.api,
                "RUNLEDGER_DATABASE_URL": self.bench.ledger_url,
-               "RUNLEDGER_MODEL_CALL_LOG": str(self.calls), "BEHAVIOUR_CALLS": str(self.calls),
+               "BEHAVIOUR_CALLS": str(self.calls),
                "BEHAVIOUR_LOG": str(self.log), "PREFECT_LOGGING_LEVEL": "ERROR",
                "PREFECT_LOCAL_STORAGE_PATH": str(self.storage / "prefect"),
                "RUNLEDGER_SMTP_HOST": "127.0.0.1", "RUNLEDGER_SMTP_PORT": str(self.bench.sink.port),
@@ -214,12 +217,25 @@ class Case:
     def run(self, timeout: float = 300, **options: Any) -> str:
         return self.finish(self.start(**options), timeout)
 
+    def model_calls(self) -> int:
+        """The calls that left: runledger's from its ledger, the baseline's from its log."""
+        if self.system != "runledger":
+            return len(self.calls.read_text().splitlines()) if self.calls.exists() else 0
+        import sqlalchemy as sa
+
+        from store import Ledger
+        from store.models import model_calls_table
+
+        with Ledger.connect(self.bench.ledger_url) as ledger, ledger.engine.connect() as conn:
+            return int(conn.execute(
+                sa.select(sa.func.count()).select_from(model_calls_table)
+                .where(model_calls_table.c.job == self.job)).scalar_one())
+
     def row(self) -> dict[str, Any]:
         time.sleep(0.5)  # the sink's last reply is counted after the client has its answer
         messages = [m for m in self.bench.sink.messages if m.message_id not in self.ids]
         lines = self.log.read_text().splitlines() if self.log.exists() else []
-        calls = self.calls.read_text().splitlines() if self.calls.exists() else []
-        return {"scenario": self.scenario, "system": self.system, "model_calls": len(calls),
+        return {"scenario": self.scenario, "system": self.system, "model_calls": self.model_calls(),
                 "outputs": sum('"output"' in x for x in lines),
                 "emails": self.bench.sink.stats["received"] - self.received,
                 "distinct": len({m.message_id for m in messages}), "runs": " / ".join(self.notes)}

@@ -34,8 +34,9 @@ from flows.delivery.dispatcher import Dispatcher
 from flows.delivery.policy import RetryPolicy
 from flows.mail.letter import Letter
 from flows.mail.settings import SmtpSettings, TlsMode
-from flows.mail.sink import STATS_FILE, free_port
+from flows.mail.sink import STATS_FILE
 from flows.mail.smtp import SmtpTransport
+from flows.ports import free_port
 from store import Ledger, OutboxMessage, RunIdentity
 
 SENDER = "jobs@example.com"

@@ -1,22 +1,23 @@
-"""Ledger throughput against seed 000's hand-written procedure, measured in the same run.
+"""Ledger throughput against the hand-written procedure a team writes first, measured in the
+same run.
 
 For each dialect (PostgreSQL, then SQLite in one WAL file), on fresh databases dropped
 afterwards, N worker processes (default 8) run, all starting each phase together at a barrier:
 
-1. seed (PostgreSQL): the procedure the seed 000 article spells out, through raw psycopg 3 on its
+1. baseline (PostgreSQL): the textbook hand-written procedure, through raw psycopg 3 on its
    own ``runs`` and ``notification_outbox`` tables in a database of its own: register (``INSERT
    ... ON CONFLICT``), claim (``UPDATE`` with a lease), raw input (``UPDATE ... COALESCE``), then
    the completion ``UPDATE`` guarded by ``lock_owner`` and the outbox ``INSERT ... ON CONFLICT``
    in one transaction, on distinct keys;
-2. ledger: full Run cycles on distinct keys: ``Ledger.register_and_claim``, ``save_input``,
+2. ledger: full Run cycles on distinct keys: ``Ledger.register_and_claim_many``, ``save_input``,
    ``complete`` with one outbox row (4 ledger transitions, with the fence, the Attempt and the
-   parameters check the seed lacks);
+   parameters check the baseline lacks);
 3. the same cycle with ``register`` and ``claim`` as two calls;
 4. (PostgreSQL) replay: the exact statements of one ledger cycle, recorded from the driver once,
    replayed through raw psycopg with fresh identifiers and no runledger code around them: the
    ceiling any client code could reach with these statements.
 
-The phases alternate in slices (S L R P S L R P ...) so that a noisy neighbour on a shared
+The phases alternate in slices (each in turn, then again) so that a noisy neighbour on a shared
 machine hurts all alike. Each process reports its own CPU time (``os.times``) over its timed
 loop: client CPU per Run is their sum over the Runs they completed.
 
@@ -79,8 +80,9 @@ PERIOD = datetime(2026, 1, 1, tzinfo=UTC)
 LEASE = timedelta(seconds=900)
 LEASE_SECONDS = 900
 
-# Seed 000's schema and statements, as the article writes them.
-SEED_SCHEMA = """
+# The baseline's schema and statements: a run key with a lock owner and a lease, the output
+# and the outbox row in one transaction, and nothing else (no fence, no Attempt row).
+BASELINE_SCHEMA = """
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
     job_name TEXT NOT NULL,
@@ -107,13 +109,13 @@ CREATE TABLE notification_outbox (
     PRIMARY KEY (run_id, channel)
 );
 """
-SEED_REGISTER = """
+BASELINE_REGISTER = """
 INSERT INTO runs (run_id, job_name, subject_id, scheduled_at, version, status)
 VALUES (%(run_id)s, %(job_name)s, %(subject_id)s, %(scheduled_at)s, %(version)s, 'pending')
 ON CONFLICT (run_id) DO UPDATE
 SET updated_at = CURRENT_TIMESTAMP
 RETURNING status, raw_input, output"""
-SEED_CLAIM = """
+BASELINE_CLAIM = """
 UPDATE runs
 SET status = 'running',
     lock_owner = %(worker_id)s,
@@ -123,14 +125,14 @@ WHERE run_id = %(run_id)s
   AND status <> 'completed'
   AND (lock_owner IS NULL OR lock_expires_at < CURRENT_TIMESTAMP OR lock_owner = %(worker_id)s)
 RETURNING run_id, status, raw_input"""
-SEED_INPUT = """
+BASELINE_INPUT = """
 UPDATE runs
 SET raw_input = COALESCE(raw_input, %(raw_input)s::jsonb),
     updated_at = CURRENT_TIMESTAMP
 WHERE run_id = %(run_id)s
   AND status <> 'completed'
 RETURNING raw_input"""
-SEED_COMPLETE = """
+BASELINE_COMPLETE = """
 UPDATE runs
 SET status = 'completed',
     output = %(output)s::jsonb,
@@ -142,14 +144,14 @@ WHERE run_id = %(run_id)s
   AND status <> 'completed'
   AND lock_owner = %(worker_id)s
 RETURNING output"""
-SEED_OUTBOX = """
+BASELINE_OUTBOX = """
 INSERT INTO notification_outbox (run_id, channel, payload)
 VALUES (%(run_id)s, %(channel)s, %(payload)s::jsonb)
 ON CONFLICT (run_id, channel) DO NOTHING"""
 
 
 def stable_run_id(job_name: str, subject_id: str, scheduled_at: datetime, version: str) -> str:
-    """The seed's run id: a SHA-256 of the logical run's normalised fields."""
+    """The baseline's run id: a SHA-256 of the logical run's normalised fields."""
     canonical_time = scheduled_at.astimezone(UTC).isoformat(timespec="seconds")
     identity = "|".join([job_name.strip(), subject_id.strip(), canonical_time, version.strip()])
     return hashlib.sha256(identity.encode("utf-8")).hexdigest()
@@ -158,12 +160,12 @@ def stable_run_id(job_name: str, subject_id: str, scheduled_at: datetime, versio
 @dataclass(frozen=True)
 class Target:
     """One benchmark's databases: the ledger URL, how the raw driver reaches it, and (on
-    PostgreSQL) the libpq URL of the seed procedure's own database."""
+    PostgreSQL) the libpq URL of the baseline procedure's own database."""
 
     dialect: str
     url: str
     raw: str  # libpq URL, or the SQLite file path
-    seed: str = ""
+    baseline: str = ""
 
     def via(self, port: int) -> Target:
         """The same databases reached through a proxy on ``port`` (without TLS, which the
@@ -174,7 +176,7 @@ class Target:
             parsed = parsed.update_query_dict({"sslmode": "disable"})
             return parsed.render_as_string(hide_password=False)
 
-        return replace(self, url=moved(self.url), raw=moved(self.raw), seed=moved(self.seed))
+        return replace(self, url=moved(self.url), raw=moved(self.raw), baseline=moved(self.baseline))
 
 
 def _replaced(value: Any, swap: list[tuple[str, str]]) -> Any:
@@ -212,44 +214,45 @@ class Worker:
         self.recipient = f"user{index}@example.com"
         if target.dialect == "postgresql":
             self.pg = psycopg.connect(target.raw, autocommit=True)
-            self.seed = psycopg.connect(target.seed, autocommit=True)
+            self.baseline = psycopg.connect(target.baseline, autocommit=True)
             self.recorded = self.record_cycle(target)
 
     def key(self) -> str:
         self.keys += 1  # the pid too: every crew of a run writes to the same databases
         return f"w{self.index}-{os.getpid()}-{self.keys}"
 
-    def seed_cycle(self) -> None:
-        """Seed 000's procedure for one logical run on a fresh key: 7 round trips."""
+    def baseline_cycle(self) -> None:
+        """The baseline procedure for one logical run on a fresh key: 7 round trips."""
         subject = self.key()
         run_id = stable_run_id("bench", subject, PERIOD, "1")
         ids = {"run_id": run_id, "worker_id": self.owner}
-        seed = self.seed
-        status, _, _ = seed.execute(SEED_REGISTER, {
+        baseline = self.baseline
+        status, _, _ = baseline.execute(BASELINE_REGISTER, {
             "run_id": run_id, "job_name": "bench", "subject_id": subject,
             "scheduled_at": PERIOD, "version": "1"}).fetchone()  # type: ignore[misc]
         assert status == "pending", "a fresh key must be new"
-        claimed = seed.execute(SEED_CLAIM, {**ids, "lease_seconds": LEASE_SECONDS}).fetchone()
+        claimed = baseline.execute(BASELINE_CLAIM, {**ids, "lease_seconds": LEASE_SECONDS}).fetchone()
         assert claimed is not None, "a fresh key must be claimable"
-        row = seed.execute(SEED_INPUT, {
+        row = baseline.execute(BASELINE_INPUT, {
             "run_id": run_id, "raw_input": json.dumps({"items": [self.index, self.keys]})
         }).fetchone()
         assert row is not None
         raw = row[0]
-        with seed.transaction():
-            done = seed.execute(SEED_COMPLETE, {
+        with baseline.transaction():
+            done = baseline.execute(BASELINE_COMPLETE, {
                 **ids, "output": json.dumps({"summary": f"{len(raw['items'])} items"})
             }).fetchone()
             assert done is not None, "the lease holder must be able to complete"
-            seed.execute(SEED_OUTBOX, {"run_id": run_id, "channel": "email", "payload": json.dumps(
+            baseline.execute(BASELINE_OUTBOX, {"run_id": run_id, "channel": "email", "payload": json.dumps(
                 {"recipient": self.recipient, "subject": f"digest {subject}", "body": "body"})})
 
     def cycle(self) -> None:
         """One full Run cycle on a fresh key: 4 ledger transitions in 3 statements."""
         key = self.key()
-        claim = self.ledger.register_and_claim(
-            RunIdentity("bench", key, PERIOD, "1"), {"recipients": 1}, owner=self.owner, lease=LEASE
-        ).claim
+        run = RunIdentity("bench", key, PERIOD, "1")
+        claim = self.ledger.register_and_claim_many(
+            [(run, {"recipients": 1})], owner=self.owner, lease=LEASE
+        )[run.run_id].claim
         assert claim is not None, "a fresh key must be claimable"
         self.finish(key, claim)
 
@@ -278,9 +281,10 @@ class Worker:
         ledger.get_many(["warm-up"])  # connect (and run the dialect's own set-up queries) first
         recorded.clear()
         key = f"w{self.index}-RECORDED-{uuid.uuid4().hex[:8]}"
-        claim = ledger.register_and_claim(
-            RunIdentity("bench", key, PERIOD, "1"), {"recipients": 1}, owner=self.owner, lease=LEASE
-        ).claim
+        run = RunIdentity("bench", key, PERIOD, "1")
+        claim = ledger.register_and_claim_many(
+            [(run, {"recipients": 1})], owner=self.owner, lease=LEASE
+        )[run.run_id].claim
         assert claim is not None
         self.finish(key, claim, ledger)
         cycle = list(recorded)
@@ -309,7 +313,7 @@ class Worker:
         )
 
     def step(self, phase: str) -> Callable[[], None]:
-        return {"seed": self.seed_cycle, "ledger": self.cycle, "separate": self.separate_cycle,
+        return {"baseline": self.baseline_cycle, "ledger": self.cycle, "separate": self.separate_cycle,
                 "replay": self.replay_cycle}[phase]
 
     def timed(self, step: Callable[[], None], seconds: float,
@@ -337,7 +341,7 @@ class Worker:
 
     def close(self) -> None:
         self.ledger.close()
-        for name in ("pg", "seed"):
+        for name in ("pg", "baseline"):
             if hasattr(self, name):
                 getattr(self, name).close()
 
@@ -434,9 +438,9 @@ class Rate:
 
 @contextmanager
 def postgres_target() -> Iterator[Target]:
-    """A ledger database and the seed procedure's own database, both dropped afterwards."""
+    """A ledger database and the baseline procedure's own database, both dropped afterwards."""
     admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    names = [f"rlbench_{uuid.uuid4().hex[:10]}", f"rlbench_seed_{uuid.uuid4().hex[:8]}"]
+    names = [f"rlbench_{uuid.uuid4().hex[:10]}", f"rlbench_base_{uuid.uuid4().hex[:8]}"]
     try:
         with admin.connect() as conn:
             for name in names:
@@ -449,8 +453,8 @@ def postgres_target() -> Iterator[Target]:
         ledger = Ledger.connect(target.url)
         ledger.migrate()
         ledger.close()
-        with psycopg.connect(target.seed, autocommit=True) as conn:
-            conn.execute(SEED_SCHEMA)
+        with psycopg.connect(target.baseline, autocommit=True) as conn:
+            conn.execute(BASELINE_SCHEMA)
         yield target
     finally:
         with admin.connect() as conn:
@@ -539,7 +543,7 @@ def account(target: Target, runs: int) -> dict[str, Work]:
     admin = psycopg.connect(target.raw, autocommit=True)
     work: dict[str, Work] = {}
     try:
-        for phase, database in (("seed", target.seed), ("ledger", target.raw),
+        for phase, database in (("baseline", target.baseline), ("ledger", target.raw),
                                 ("replay", target.raw)):
             with psycopg.connect(database) as conn:
                 row = conn.execute("SELECT oid FROM pg_database "
@@ -587,7 +591,7 @@ def verdict(ratio: float, target: float) -> str:
 
 
 def throughput(target: Target, workers: int, seconds: float, label: str) -> dict[str, Rate]:
-    phases = ["seed", "ledger", "separate", "replay"] if target.dialect == "postgresql" \
+    phases = ["baseline", "ledger", "separate", "replay"] if target.dialect == "postgresql" \
         else ["ledger", "separate"]
     if label != "local":
         phases.remove("separate")
@@ -598,20 +602,20 @@ def throughput(target: Target, workers: int, seconds: float, label: str) -> dict
         crew.stop()
     tag = f"[{target.dialect}]" + ("" if label == "local" else f" [{label}]")
     names = {
-        "seed": "seed 000 procedure, raw psycopg (7 round trips)",
+        "baseline": "baseline hand-written procedure, raw psycopg (7 round trips)",
         "ledger": "ledger, register_and_claim + save_input + complete with 1 outbox row",
         "separate": "ledger, register + claim as two calls",
         "replay": "the ledger's statements replayed through raw psycopg, no runledger code",
     }
     for phase, rate in rates.items():
         print(f"{tag} {names[phase]}: {rate.line()}", flush=True)
-    if "seed" in rates:
-        seed, ledger = rates["seed"], rates["ledger"]
+    if "baseline" in rates:
+        baseline, ledger = rates["baseline"], rates["ledger"]
         goal = TARGET_RATIO if label == "local" else HOP_TARGET_RATIO
-        ratio = ledger.per_second / seed.per_second
-        print(f"{tag} ratio ledger Runs/s : seed Runs/s = {ratio:.2f} ({verdict(ratio, goal)} the "
-              f"{goal} target); client CPU per Run ledger : seed = "
-              f"{ledger.cpu_ms / seed.cpu_ms:.2f} (target <= 1.0); the ledger reached "
+        ratio = ledger.per_second / baseline.per_second
+        print(f"{tag} ratio ledger Runs/s : baseline Runs/s = {ratio:.2f} ({verdict(ratio, goal)} the "
+              f"{goal} target); client CPU per Run ledger : baseline = "
+              f"{ledger.cpu_ms / baseline.cpu_ms:.2f} (target <= 1.0); the ledger reached "
               f"{ledger.per_second / rates['replay'].per_second:.0%} of the replay's Runs/s",
               flush=True)
     return rates

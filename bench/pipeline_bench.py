@@ -208,8 +208,9 @@ def ledger_url(dialect: str, directory: Path) -> Iterator[str | None]:
 
 def bench_job(size: int, calls: list[str]) -> Any:
     """A job of ``size`` subjects whose transform records each model call in ``calls``."""
-    from flows.jobs import Candidate, Job, register
+    from flows.jobs import Candidate, Job
     from flows.model import Model
+    from flows.registry import register
     from store import OutboxMessage, Period
 
     def collect(subject: str, period: Period) -> dict[str, Any]:
@@ -351,7 +352,7 @@ def one_round(size: int, delay: float, concurrency: int, order: list[str],
     from prefect_native import native_flow
 
     from flows.model import OfflineModel
-    from flows.pipeline import run_job
+    from flows.run_job.flow import run_job
 
     calls: list[str] = []
     job = bench_job(size, calls)
@@ -381,7 +382,7 @@ def one_round(size: int, delay: float, concurrency: int, order: list[str],
         before, sent = len(calls), received(stats)
         result[f"{name}_rerun_s"], result[f"{name}_rerun_cpu_s"], again = timed(
             lambda n=name: call(n), 0 if name == "run_job" else 3 * size)
-        assert again.name == ("Duplicate" if name == "run_job" else "Completed"), again.message
+        assert again.name == ("Cached" if name == "run_job" else "Completed"), again.message
         result[f"{name}_rerun_model_calls"] = len(calls) - before
         result[f"{name}_rerun_emails"] = received(stats) - sent
         result[f"{name}_rerun_task_runs"] = task_runs(again.state_details.flow_run_id)
@@ -484,7 +485,7 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from flows.pipeline import run_job
+    from flows.run_job.flow import run_job
 
     print(f"pipeline bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC", flush=True)

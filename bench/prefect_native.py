@@ -27,6 +27,7 @@ from email.utils import make_msgid
 from pathlib import Path
 from typing import Any
 
+from call_log import CallLog
 from prefect import Flow, flow, task
 from prefect.cache_policies import CacheKeyFnPolicy
 from prefect.context import SyncClientContext, TaskRunContext
@@ -36,7 +37,7 @@ from prefect.locking.protocol import LockManager
 from prefect.transactions import Transaction, get_transaction
 
 from flows.jobs import Job
-from flows.model import CallLog, Model
+from flows.model import Model
 
 REDIS = ("127.0.0.1", 6379)
 STAGES = ("collect", "transform", "persist")

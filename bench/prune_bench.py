@@ -1,7 +1,7 @@
 """Prune a seeded ledger with no other writer: how fast `runledger prune` makes tombstones.
 
 ``uv run python -m bench.prune_bench [--runs 100000] [--batch-size 1000]`` seeds the Runs
-(tests/integration/retention_support.py: about 1.4 kB of documents, one Attempt, one outbox
+(bench/seeding.py: about 1.4 kB of documents, one Attempt, one outbox
 message and one delivery attempt each) in a fresh SQLite file and a fresh PostgreSQL
 database, prunes them with a 90-day retention and prints the time, Runs per second and bytes
 reclaimed per ledger."""
@@ -16,10 +16,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from bench.databases import postgres_database
+from bench.seeding import old, seed
 from flows.jobs.competitor_summary import job as competitor_summary
 from flows.retention import prune_ledger
 from store import Ledger
-from tests.integration.retention_support import old, seed
 
 JOB = dataclasses.replace(competitor_summary, name="prune-bench")
 

@@ -17,6 +17,9 @@ from store import InvalidInput
 
 PREFECT_FILE = Path(__file__).with_name("prefect.yaml")
 PROJECT_ROOT = PREFECT_FILE.resolve().parents[1]
+# The module that names every deployable flow; a deployment's entrypoint is MODULE.<flow>.
+ENTRYPOINT_MODULE = "flows.entrypoints"
+RUN_JOB = f"{ENTRYPOINT_MODULE}.run_job"
 
 
 class InvalidDeployment(InvalidInput):
@@ -46,7 +49,8 @@ class ScheduleSpec:
 
 @dataclass(frozen=True)
 class DeploymentSpec:
-    """One deployment: which flow (``path.py:function`` from the project root), with what."""
+    """One deployment: which flow (``package.module.flow``, or ``path.py:flow`` from the folder
+    it is deployed from, as ``prefect deploy`` reads it), with what."""
 
     name: str
     entrypoint: str
@@ -58,8 +62,11 @@ class DeploymentSpec:
     schedules: list[ScheduleSpec]
 
     @property
-    def flow_path(self) -> Path:
-        return PROJECT_ROOT / self.entrypoint.split(":", 1)[0]
+    def job(self) -> str | None:
+        """The job a run-job deployment runs (its ``job`` parameter), else None."""
+        is_run_job = self.entrypoint.replace(":", ".").rsplit(".", 1)[-1] == "run_job"
+        job = self.parameters.get("job")
+        return job if is_run_job and isinstance(job, str) else None
 
 
 def _schedule(deployment: str, raw: dict[str, Any]) -> ScheduleSpec:
@@ -88,9 +95,11 @@ def _schedule(deployment: str, raw: dict[str, Any]) -> ScheduleSpec:
 def _deployment(raw: dict[str, Any]) -> DeploymentSpec:
     name = raw.get("name")
     entrypoint = raw.get("entrypoint")
-    if not isinstance(name, str) or not isinstance(entrypoint, str) or ":" not in entrypoint:
-        raise InvalidDeployment(f"a deployment needs a name and an entrypoint path.py:flow, "
-                                f"got {raw.get('name')!r} / {raw.get('entrypoint')!r}")
+    if not isinstance(name, str) or not isinstance(entrypoint, str) or not (
+            ":" in entrypoint or "." in entrypoint):
+        raise InvalidDeployment(f"a deployment needs a name and an entrypoint ({RUN_JOB} or "
+                                f"path.py:flow), got {raw.get('name')!r} / "
+                                f"{raw.get('entrypoint')!r}")
     pool = raw.get("work_pool") or {}
     if not pool.get("name"):
         raise InvalidDeployment(f"deployment {name!r} needs a work_pool name")
@@ -114,6 +123,17 @@ def load_deployments(path: Path = PREFECT_FILE) -> list[DeploymentSpec]:
     if len(set(names)) != len(names):
         raise InvalidDeployment(f"deployment names repeat in {path}: {names}")
     return specs
+
+
+def job_deployment(job: str, cron: str, timezone: str, description: str,
+                   pool: str = "runledger") -> DeploymentSpec:
+    """The run-job deployment of ``job`` on ``cron`` in ``timezone``, named after the job, as
+    ``runledger init`` writes it into a team's prefect.yaml."""
+    return DeploymentSpec(
+        name=job, entrypoint=RUN_JOB, parameters={"job": job},
+        tags=["runledger", f"job:{job}"], description=description, work_pool=pool,
+        work_queue="default",
+        schedules=[ScheduleSpec(slug=f"{job}-schedule", cron=cron, timezone=timezone)])
 
 
 def deployment(name: str, path: Path = PREFECT_FILE) -> DeploymentSpec:

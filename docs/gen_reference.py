@@ -89,7 +89,7 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
      "`postgresql+psycopg://postgres@127.0.0.1:5432/postgres`); each test gets a database of "
      "its own there."),
     ("RUNLEDGER_REQUIRE_POSTGRES", "tests/conftest.py, tests/drills/test_postgres_restart.py, "
-     "tests/drills/prefect_server.py",
+     "tests/support/prefect_server.py",
      "Test suite: `1` makes an unreachable PostgreSQL fail the suite instead of skipping its "
      "tests (`.ci/run` sets it), missing initdb/pg_ctl fail drill 3 (a private cluster), and "
      "an unreachable Redis fails drills 1 and 5 (their Prefect server's messaging)."),
@@ -101,17 +101,31 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
     ("RUNLEDGER_DRILL_SIZES", "tests/drills/test_volume_tick.py",
      "Drill 5: the tick sizes to run, comma-separated (default `200`, or `1000,10000` with "
      "`RUNLEDGER_FULL=1`); the peak RSS ratio is asserted when two are given."),
-    ("RUNLEDGER_DRILL_MESSAGING", "tests/drills/prefect_server.py",
+    ("RUNLEDGER_HOSTS", "tests/hosts/test_hosts.py",
+     "The host drills: `reduced` runs scenarios 1 and 6 with a few subjects each (as root); "
+     "`RUNLEDGER_FULL=1` runs all six at full size."),
+    ("RUNLEDGER_HOSTS_JOBS", "tests/hosts/jobs.py",
+     "The host drills' jobs on every host of their cluster, as JSON: job name -> [subjects, "
+     "seconds the model takes per call]; set by the harness."),
+    ("RUNLEDGER_HOSTS_KEEP_LOGS", "tests/hosts/cluster.py",
+     "A folder where the host drills copy their processes' logs before tearing the cluster "
+     "down (a failed drill's post-mortem)."),
+    ("RUNLEDGER_DRILL_MESSAGING", "tests/support/prefect_server.py",
      "Drills 1 and 5: `redis` (default) sends their Prefect server's events through Redis "
      "(`prefect-redis`), `memory` keeps Prefect's in-memory default."),
-    ("RUNLEDGER_DRILL_REDIS", "tests/drills/prefect_server.py",
+    ("RUNLEDGER_DRILL_REDIS", "tests/support/prefect_server.py",
      "Drills 1 and 5: the Redis server (default `redis://127.0.0.1:6379`); their Prefect "
      "server takes an empty db of 8-15 there and flushes it at the end."),
-    ("RUNLEDGER_TEST_RECONCILE_PROBE", "tests/integration/reconcile_support.py",
+    ("RUNLEDGER_TEST_RECONCILE_PROBE", "tests/support/reconcile_probe.py",
      "Test suite: the name of the job the reconcile process tests register in their "
      "subprocesses; set by those tests."),
-    ("RUNLEDGER_TEST_RECONCILE_POLICY", "tests/integration/reconcile_support.py",
+    ("RUNLEDGER_TEST_RECONCILE_POLICY", "tests/support/reconcile_probe.py",
      "Test suite: the missed-run policy of that job (default `catch-up`); set by those tests."),
+    ("RUNLEDGER_TEST_BUDGET_PROBE", "tests/support/budget_probe.py",
+     "Test suite: the name of the job with a budget that the two-worker budget test registers "
+     "in its `runledger run` subprocesses; set by that test."),
+    ("RUNLEDGER_TEST_BUDGET_CALLS", "tests/support/budget_probe.py",
+     "Test suite: how many calls that job's budget has room for; set by that test."),
     ("RUNLEDGER_BENCH_POSTGRES_URL", "bench/databases.py",
      "Benchmarks: the PostgreSQL admin URL the benchmark databases are created on."),
     ("RUNLEDGER_BENCH_DATABASE_PREFIX", "bench/databases.py",
@@ -417,6 +431,10 @@ OUTCOME_MEANINGS = {
                "missed-run policy (`skip`, or `latest` with a later period due) says not to run "
                "it: the occurrence is recorded skipped; no stage, no model call. Reconcile's "
                "policy decisions emit the same event.",
+    "over-budget": "The job's budget had no room for the subject's next model call: no call was "
+                   "made, the Run is pending again with its attempt given back, owed until the "
+                   "window resets or the cap is raised (then reconcile runs it). The flow run "
+                   "is named `OverBudget` and says what was spent and how to raise the cap.",
     "failed": "A permanent failure marked the Run failed (`runledger runs requeue ID` after a "
               "fix), or a transient one outlasted the retries (the Run is pending again), or "
               "the Run exists with other parameters (`RunConflict`).",
@@ -447,6 +465,13 @@ MESSAGE_STATUS_MEANINGS = {
 }
 
 
+def _prefect_name(name: str, prefect_names: dict[str, str]) -> str:
+    """The Prefect state name a flow run with outcome ``name`` ends in."""
+    if name in ("Failed", "Cancelled"):
+        return name
+    return prefect_names.get(name, "Completed")
+
+
 def _check_keys(meanings: dict[str, str], names: Iterable[str], what: str) -> None:
     if set(meanings) != set(names):
         raise ValueError(f"docs/gen_reference.py: the meanings of {what} do not match the code "
@@ -457,44 +482,56 @@ def states_page() -> str:
     from deployments.project import load_deployments
     from flows.delivery.flow import ARTIFACT_KEY, EVENT_PREFIX
     from flows.delivery.policy import Status
-    from flows.jobs import registered_jobs
-    from flows.monitoring import status_artifact_key, tick_artifact_key
-    from flows.outcomes import (
+    from flows.events import JOB_EVENTS, OCCURRENCE_EVENTS
+    from flows.registry import registered_jobs
+    from flows.retention import ARTIFACT_KEY as PRUNE_ARTIFACT_KEY
+    from flows.run_job.flow import (
+        collect_input,
+        persist_output,
+        register_and_claim,
+        transform_input,
+    )
+    from flows.run_job.monitoring import status_artifact_key, tick_artifact_key
+    from flows.run_job.outcomes import (
         DECIDING,
         EVENTS,
-        JOB_EVENTS,
         NO_SUBJECTS,
-        OCCURRENCE_EVENTS,
         OUTCOMES,
+        PREFECT_NAMES,
         STATE_NAMES,
     )
-    from flows.pipeline import collect_input, persist_output, register_and_claim, transform_input
-    from flows.retention import ARTIFACT_KEY as PRUNE_ARTIFACT_KEY
-    from flows.revision import STATE_NAMES as REVISE_STATES
+    from flows.run_job.revision import STATE_NAMES as REVISE_STATES
     from store import MESSAGE_STATUSES, RUN_STATUSES
     from store.models import ATTEMPT_OUTCOMES
 
-    _check_keys(OUTCOME_MEANINGS, OUTCOMES, "the outcomes (flows/outcomes.py)")
+    _check_keys(OUTCOME_MEANINGS, OUTCOMES, "the outcomes (flows/run_job/outcomes.py)")
     _check_keys(RUN_STATUS_MEANINGS, RUN_STATUSES, "the Run statuses")
     _check_keys(ATTEMPT_OUTCOME_MEANINGS, ATTEMPT_OUTCOMES, "the attempt outcomes")
     _check_keys(MESSAGE_STATUS_MEANINGS, MESSAGE_STATUSES, "the message statuses")
     precedence = " > ".join(STATE_NAMES[o] for o in DECIDING)
     out = ["# States, events and artifacts", "", GENERATED_NOTE.strip(), "",
            "## Flow run states of `run-job`", "",
-           "Each subject of a tick has an outcome; the flow run's state is named after the "
-           f"strongest one: {precedence}, then `Duplicate` when every subject was already "
-           "completed, else `Completed`. The state's message counts the outcomes and names up to "
-           "five subjects behind a deciding one, with the reason.", "",
-           "| outcome | flow run state | event | meaning |", "|---|---|---|---|"]
-    out += [f"| `{o}` | `{STATE_NAMES[o]}` | `{EVENTS[o]}` | {_cell(OUTCOME_MEANINGS[o])} |"
-            for o in OUTCOMES]
+           "Each subject of a tick has an outcome; the flow run's outcome is the strongest one: "
+           f"{precedence}, then `Duplicate` when every subject was already completed, else "
+           "`Completed`. The flow run ends in a state with one of Prefect's own names, because "
+           "the UI's deployment page and Runs list hide any other with their default filter "
+           "(\"All except scheduled\" lists Prefect's state names): `Failed`, `Cancelled`, "
+           "`Cached` for a Duplicate (a stored result returned, nothing run again), else "
+           "`Completed`. The outcome's name leads the state's message (`Duplicate: ...`), which "
+           "then counts the outcomes and names up to five subjects behind a deciding one, with "
+           "the reason.", "",
+           "| outcome | outcome name | flow run state | event | meaning |",
+           "|---|---|---|---|---|"]
+    out += [f"| `{o}` | `{STATE_NAMES[o]}` | `{_prefect_name(STATE_NAMES[o], PREFECT_NAMES)}` | "
+            f"`{EVENTS[o]}` | {_cell(OUTCOME_MEANINGS[o])} |" for o in OUTCOMES]
     out += ["",
-            f"A tick of a job that lists no subjects ends `{NO_SUBJECTS}` (Completed type): "
-            "nothing ran, which is not a healthy tick. The `reconcile` flow ends `Completed`, "
-            "`DryRun` for a dry run, or `Failed` when a period it ran failed.", "",
-            "A `revise` flow run ends in a Completed state named "
-            + ", ".join(f"`{n}` ({o})" for o, n in REVISE_STATES.items())
-            + " of its revision, or `Failed` (its stages failed, or the request was refused: "
+            f"A tick of a job that lists no subjects ends `Completed` with `{NO_SUBJECTS}: ...`: "
+            "nothing ran, which is not a healthy tick. The `reconcile` flow ends `Completed` "
+            "(`DryRun: ...` for a dry run), or `Failed` when a period it ran failed.", "",
+            "A `revise` flow run ends in a state named after its revision's outcome "
+            + ", ".join(f"`{n}` ({o}, state `{_prefect_name(n, PREFECT_NAMES)}`)"
+                        for o, n in REVISE_STATES.items())
+            + ", or `Failed` (its stages failed, or the request was refused: "
             "`RevisionInProgress`, `RevisionRefused`).", "",
             "Prefect's own states also appear: `Crashed` (the process died; the crash detector "
             "automation sets it when a tagged flow run's heartbeats stop), `TimedOut`, `Late`, "
@@ -529,7 +566,9 @@ def states_page() -> str:
             for k in OCCURRENCE_EVENTS if OCCURRENCE_EVENTS[k] not in EVENTS.values()]
     job_when = {"tick.completed": "a tick completed every subject of the job (the dead man's "
                                   "switch waits for it)",
-                "reconcile.capped": "a reconcile pass left owed occurrences for the next pass"}
+                "reconcile.capped": "a reconcile pass left owed occurrences for the next pass",
+                "budget.exhausted": "a budget window of the job had no room for a call (once per "
+                                    "window): what was spent of what cap, how to raise it"}
     _check_keys(job_when, tuple(JOB_EVENTS), "the job events")
     out += [f"| `{JOB_EVENTS[k]}` | `runledger.job.<job>` | {job_when[k]} |" for k in JOB_EVENTS]
     out += [f"| `{EVENT_PREFIX}.{s.value}` | `runledger.outbox.message.<message id>` (related: "
@@ -559,7 +598,7 @@ def states_page() -> str:
             f"cron `{s.cron}` ({s.timezone})" if s.cron else f"every {s.interval:g} s"
             for s in spec.schedules)
         params = ", ".join(f"`{k}={v}`" for k, v in spec.parameters.items())
-        flow = spec.entrypoint.split(":")[1].replace("_", "-")
+        flow = spec.entrypoint.replace(":", ".").rsplit(".", 1)[1].replace("_", "-")
         out.append(f"| `{flow}/{spec.name}` | `{spec.entrypoint}` | {schedules} | {params} |")
     out += ["", "## Ledger statuses", "", "### Run", "", "| status | meaning |", "|---|---|"]
     out += [f"| `{s}` | {_cell(RUN_STATUS_MEANINGS[s])} |" for s in RUN_STATUSES]

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from flows.mail.sink import free_port  # noqa: E402
+from flows.ports import free_port  # noqa: E402
 from flows.stack import commands  # noqa: E402
 
 IMAGES = ROOT / "docs" / "images"
@@ -209,11 +209,12 @@ def main() -> None:
             raise SystemExit(f"the kickoff run ended {first['state']['name']}: "
                              f"{first['state'].get('message')}")
         # The UI's "Run": a new flow run for the period containing now, which the kickoff
-        # already completed, so it ends as a Completed state named Duplicate.
+        # already completed, so it ends Cached (Prefect's name; the UI lists it) with a message
+        # that starts "Duplicate:".
         again = api.post(f"/deployments/{deployment}/create_flow_run", {})
         duplicate = wait_for(lambda: api.finished(again["id"]), 180, "the rerun")
-        if duplicate["state"]["name"] != "Duplicate":
-            raise SystemExit(f"the rerun ended {duplicate['state']['name']}, not Duplicate")
+        if duplicate["state"]["name"] != "Cached":
+            raise SystemExit(f"the rerun ended {duplicate['state']['name']}, not Cached")
         artifact = wait_for(lambda: api.artifact_id(first["id"], f"{DEPLOYMENT}-tick"), 60,
                             "the tick artifact")
         pages = {  # picture: (page, texts it must show before the picture is taken)
@@ -222,7 +223,7 @@ def main() -> None:
             "tick-artifact.png": (f"{ui}/artifacts/artifact/{artifact}",
                                   [f"{DEPLOYMENT}-tick", "acme", "globex"]),
             "duplicate-flow-run.png": (f"{ui}/runs/flow-run/{duplicate['id']}",
-                                       [duplicate["name"], "Duplicate"]),
+                                       [duplicate["name"], "Cached", "Duplicate"]),
             "custom-run-period.png": (f"{ui}/deployments/deployment/{deployment}/run",
                                       ["period"]),
         }

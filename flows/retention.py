@@ -16,8 +16,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_markdown_artifact
 
 from flows.delivery.settings import DeliverySettings
-from flows.jobs import Job, get_job, registered_jobs
+from flows.jobs import Job
 from flows.mail.settings import ProviderSettings, load_settings
+from flows.registry import get_job, registered_jobs
 from store import MAX_BATCH, InvalidInput, Ledger, Prunable, Pruned, Storage
 
 DEFAULT_OLDER_THAN = "90d"
@@ -272,7 +273,7 @@ async def prune(older_than: str = DEFAULT_OLDER_THAN, job: str | None = None,
         dry_run: Count what would be pruned and write nothing.
     """
     logger = get_run_logger()
-    with Ledger.connect() as ledger:
+    with Ledger.open_existing() as ledger:
         report = await asyncio.to_thread(checked_pass, ledger, older_than, job,
                                          dry_run=dry_run, batch_size=batch_size)
     await acreate_markdown_artifact(markdown=report.markdown(), key=ARTIFACT_KEY,

@@ -3,24 +3,59 @@ starts, so a deployment's environment decides them, not the code that imported t
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from flows.prices import Currency, ModelPrice
+
+
+class EndpointLimits(BaseModel):
+    """What a model endpoint allows, shared by every worker and job that calls it (none set:
+    no limit, and the endpoint learns the provider's rate from its 429s)."""
+
+    requests_per_minute: float | None = Field(
+        default=None, gt=0, description="Requests per minute the provider allows, e.g. 1200.")
+    tokens_per_minute: int | None = Field(
+        default=None, gt=0, description="Tokens (prompt and completion) per minute it allows.")
+    max_concurrent: int | None = Field(
+        default=None, gt=0, description="Requests it allows in flight at once.")
+
+
+class EndpointSettings(EndpointLimits):
+    """A named model endpoint: where its OpenAI-compatible API is, which model, whose key, its
+    limits and its prices."""
+
+    base_url: str = Field(description="Base URL of the OpenAI-compatible API, e.g. "
+                                      "``https://api.openai.com/v1``.")
+    model_name: str = Field(description="Model name sent to that API, e.g. ``gpt-4o-mini``.")
+    api_key_block: str | None = Field(
+        default=None, description="Name of a Prefect Secret block holding the API key.")
+    prices_block: str | None = Field(
+        default=None, description="Name of a saved \"runledger model prices\" block "
+                                  "(default: RUNLEDGER_MODEL_PRICES and its currency).")
+    timeout_seconds: float | None = Field(
+        default=None, gt=0, description="Seconds to wait for one answer (default: "
+                                        "RUNLEDGER_MODEL_TIMEOUT_SECONDS).")
 
 
 class RunledgerSettings(BaseSettings):
     """Which model transforms, how long a lease lasts, and how hard the pipeline retries.
 
-    ``model_call_log`` and ``offline_model_delay_seconds`` are test and diagnostic hooks: the
-    first makes every model call append one JSON line (job, subject, run_id, pid, time) to a
-    file, so calls can be counted across worker processes; the second makes the offline model
-    sleep on each call, so a worker can be killed in the middle of a transform."""
+    ``offline_model_delay_seconds`` is a test and diagnostic hook: the offline model sleeps on
+    each call, so a worker can be killed in the middle of a transform. (Model calls are counted
+    from the ledger, which records each one before it leaves.)"""
 
     model_config = SettingsConfigDict(env_prefix="RUNLEDGER_", extra="ignore",
                                       protected_namespaces=())
 
+    example_jobs: bool | None = Field(
+        default=None,
+        description="Register the example jobs shipped in ``flows/jobs`` (competitor-summary, "
+                    "daily-credit). Default: yes in a checkout of runledger (an editable "
+                    "install), no where runledger is installed from its wheel as a library, so "
+                    "that a team's serve, reconcile and status see only its own jobs.")
     model: Literal["offline", "openai"] = Field(
         default="offline",
         description="``offline``: an extractive summarizer, no network; ``openai``: an "
@@ -38,9 +73,36 @@ class RunledgerSettings(BaseSettings):
     )
     model_timeout_seconds: float = Field(
         default=60.0, gt=0, description="Seconds to wait for one model answer.")
-    model_call_log: Path | None = Field(
-        default=None, description="Diagnostics: every model call appends one JSON line to "
-                                  "this file.")
+    model_currency: Currency | None = Field(
+        default=None, description="ISO 4217 code of RUNLEDGER_MODEL_PRICES' currency, e.g. "
+                                  "``USD`` (needed with prices).")
+    model_prices: dict[str, ModelPrice] = Field(
+        default_factory=dict, description="Price per million input and output tokens per model "
+        "name, as JSON: ``{\"gpt-4o-mini\": {\"input\": 0.15, \"output\": 0.6}}``; a model "
+        "not listed shows its tokens and \"no price\".")
+    model_prices_block: str | None = Field(
+        default=None, description="Name of a saved \"runledger model prices\" Prefect block, "
+                                  "read instead of RUNLEDGER_MODEL_PRICES (editable in the UI).")
+    model_requests_per_minute: float | None = Field(
+        default=None, gt=0, description="The default endpoint's requests per minute, shared "
+                                        "by every worker (none: learned from 429s).")
+    model_tokens_per_minute: int | None = Field(
+        default=None, gt=0, description="The default endpoint's tokens per minute, shared by "
+                                        "every worker.")
+    model_max_concurrent: int | None = Field(
+        default=None, gt=0, description="The default endpoint's requests in flight at once, "
+                                        "shared by every worker; also how many subjects a tick "
+                                        "runs at once unless RUNLEDGER_SUBJECT_CONCURRENCY is "
+                                        "set.")
+    model_refused_for_seconds: float = Field(
+        default=300.0, gt=0, description="How long a call waits out an endpoint's refusals "
+                                         "(429s and their pauses) before its subject ends as a "
+                                         "transient failure, for reconcile to re-drive.")
+    endpoints: dict[str, EndpointSettings] = Field(
+        default_factory=dict, description="Named model endpoints a Job picks with "
+        "``endpoint=\"name\"``, as JSON: ``{\"fast\": {\"base_url\": ..., \"model_name\": ..., "
+        "\"requests_per_minute\": 600}}``; a name not here is looked up as a saved "
+        "\"runledger model endpoint\" block. ``default`` is the RUNLEDGER_MODEL* settings.")
     offline_model_delay_seconds: float = Field(
         default=0.0, ge=0, description="Diagnostics: the offline model sleeps this long on "
                                        "each call.")
@@ -48,7 +110,9 @@ class RunledgerSettings(BaseSettings):
     lease_seconds: float | None = Field(
         default=None, gt=0, description="Overrides every job's lease duration (default 900 s)."
     )
-    subject_concurrency: int = Field(default=8, ge=1, description="Subjects processed at once.")
+    subject_concurrency: int = Field(
+        default=8, ge=1, description="Subjects processed at once; when not set, the job's "
+                                     "endpoint's max concurrent (if it has one), else 8.")
     claim_batch: int = Field(
         default=500, ge=1, description="Subjects a tick registers and claims at once (one "
                                        "``register+claim`` task run); it claims the next batch "
@@ -69,3 +133,10 @@ class RunledgerSettings(BaseSettings):
     max_retry_after_seconds: float = Field(
         default=60.0, ge=0, description="Longest wait honoured from a Retry-After answer."
     )
+
+    @model_validator(mode="after")
+    def _prices_have_a_currency(self) -> RunledgerSettings:
+        if self.model_prices and self.model_currency is None:
+            raise ValueError("RUNLEDGER_MODEL_PRICES needs RUNLEDGER_MODEL_CURRENCY, an ISO 4217 "
+                             "code such as USD")
+        return self

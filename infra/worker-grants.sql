@@ -28,3 +28,10 @@ GRANT SELECT, INSERT, UPDATE ON outbox TO runledger_worker;
 -- Delivery attempts: appended, never changed.
 GRANT SELECT, INSERT ON delivery_attempts TO runledger_worker;
 GRANT USAGE ON SEQUENCE delivery_attempts_id_seq TO runledger_worker;
+-- Model calls: recorded before each call leaves (INSERT), its answer or failure after (UPDATE).
+GRANT SELECT, INSERT, UPDATE ON model_calls TO runledger_worker;
+-- Budget windows: a call reserves its estimate (INSERT ... ON CONFLICT), its answer settles it.
+GRANT SELECT, INSERT, UPDATE ON budget_windows TO runledger_worker;
+-- A tick counts what the duplicates it suppressed would have cost, per job and day (upserts).
+GRANT SELECT, INSERT, UPDATE ON suppressed_counts TO runledger_worker;
+GRANT SELECT, INSERT, UPDATE ON suppressed_costs TO runledger_worker;

@@ -1,14 +1,35 @@
 """runledger's ledger: stable Run identity, fenced leases, atomic completion with an outbox.
 
 These names are the ledger's public surface, what ``flows`` and a job's own code use; the
-modules behind them are private (an import-linter contract in ``make lint`` keeps it so)."""
+modules behind them are private (an import-linter contract in ``make lint`` keeps it so).
 
+A ledger call that fails for a reason that passes raises ``LedgerBusy`` (locked by other
+writers) or ``LedgerUnavailable`` (a dropped connection, a restarting server): both have
+``retryable`` set and wrote nothing, so the caller may try again later; ``LedgerError`` is a
+refusal that retrying will not fix. Every one is a ``RunledgerError``."""
+
+from store.budgets import BudgetExhausted, Charge, Refusal, Window
+from store.call_book import CallBook
+from store.channels import (
+    CHANNELS,
+    canonical_json,
+    check_object_key,
+    object_target,
+    revised_target,
+    split_object_target,
+)
+from store.completion import CompletedBy, Completion, Effect
 from store.database import create_database_if_missing
 from store.dialect import Storage
+from store.endpoint_limits import Acquisition, Limits, Throttle
 from store.errors import (
     DeliveryLeaseLost,
     InvalidInput,
     LeaseLost,
+    LedgerBusy,
+    LedgerError,
+    LedgerNotReady,
+    LedgerUnavailable,
     OutputPruned,
     RevisionInProgress,
     RevisionRefused,
@@ -17,12 +38,16 @@ from store.errors import (
 )
 from store.faults import AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK, fault_point
 from store.identity import RunIdentity, document_digest, params_fingerprint
+from store.lease import Claim, Registration
 from store.ledger import Ledger
 from store.message import OutboxMessage, normalize_address
+from store.model_calls import Checkpoint, InFlight, Intent, Usage
 from store.models import (
     MESSAGE_STATUSES,
     RUN_STATUSES,
     Attempt,
+    EndpointLimit,
+    ModelCall,
     Occurrence,
     QueuedMessage,
     Run,
@@ -30,29 +55,24 @@ from store.models import (
 from store.occurrences import RunState, unemitted
 from store.outbox import MessageClaim, Reply
 from store.period import Period
-from store.runs import (
-    Claim,
-    CompletedBy,
-    Completion,
-    Effect,
-    FinishedRun,
-    Registration,
-    Revision,
-    latest_completed,
-)
+from store.revisions import Revision, latest_completed
+from store.runs import FinishedRun
 from store.settings import LedgerSettings
 from store.stats import Activity
 from store.tombstones import MAX_BATCH, Prunable, Pruned
 
 __all__ = [
-    "AFTER_MODEL_ANSWER", "AFTER_SEND_BEFORE_MARK", "MAX_BATCH", "MESSAGE_STATUSES",
-    "RUN_STATUSES",
-    "Activity", "Attempt", "Claim", "CompletedBy", "Completion",
-    "DeliveryLeaseLost", "Effect", "FinishedRun", "InvalidInput", "LeaseLost", "Ledger",
-    "LedgerSettings", "MessageClaim", "Occurrence", "OutboxMessage", "OutputPruned", "Period",
-    "Prunable", "Pruned", "QueuedMessage", "Registration", "Reply", "Revision",
-    "RevisionInProgress", "RevisionRefused", "Run", "RunConflict", "RunIdentity", "RunState",
-    "RunledgerError", "Storage", "create_database_if_missing", "document_digest",
-    "fault_point", "latest_completed",
-    "normalize_address", "params_fingerprint", "unemitted",
+    "AFTER_MODEL_ANSWER", "AFTER_SEND_BEFORE_MARK", "CHANNELS", "MAX_BATCH", "MESSAGE_STATUSES",
+    "RUN_STATUSES", "Acquisition", "Activity", "Attempt", "BudgetExhausted", "CallBook", "Charge",
+    "Checkpoint", "Claim", "CompletedBy", "Completion", "DeliveryLeaseLost", "Effect",
+    "EndpointLimit", "FinishedRun", "InFlight", "Intent", "InvalidInput", "LeaseLost", "Ledger",
+    "LedgerBusy",
+    "LedgerError", "LedgerNotReady", "LedgerSettings", "LedgerUnavailable", "Limits", "MessageClaim",
+    "ModelCall", "Occurrence", "OutboxMessage", "OutputPruned", "Period", "Prunable", "Pruned",
+    "QueuedMessage", "Refusal", "Registration", "Reply", "Revision", "RevisionInProgress",
+    "RevisionRefused", "Run", "RunConflict", "RunIdentity", "RunState", "RunledgerError",
+    "Storage", "Throttle", "Usage", "Window", "canonical_json", "check_object_key",
+    "create_database_if_missing", "document_digest", "fault_point", "latest_completed",
+    "normalize_address", "object_target", "params_fingerprint", "revised_target",
+    "split_object_target", "unemitted",
 ]

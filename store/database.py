@@ -71,16 +71,52 @@ class Busy:
 DEFAULT_BUSY = Busy()
 
 
-def _postgres_engine(url: sa.URL, busy: Busy, **options: Any) -> Engine:
+@dataclass(frozen=True)
+class Reach:
+    """How soon a connection to a PostgreSQL server that stopped answering (its host gone, a
+    link cut without a reset) fails instead of waiting for ever: ``connect_timeout_s`` for a
+    new connection; for an open one, TCP keepalives (a probe after ``keepalives_idle_s`` of
+    silence, every ``keepalives_interval_s``, ``keepalives_count`` unanswered ones) and
+    ``tcp_user_timeout_ms`` for what it sent that stays unacknowledged (0: the system's
+    defaults). Without them a lease renewal sent over a cut link waits for the kernel's
+    retransmissions, about 15 minutes, while its lease expires and another worker takes over.
+    libpq parameters given in the URL's query win."""
+
+    connect_timeout_s: int = 10
+    keepalives_idle_s: int = 5
+    keepalives_interval_s: int = 2
+    keepalives_count: int = 3
+    tcp_user_timeout_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        if min(self.connect_timeout_s, self.keepalives_idle_s, self.keepalives_interval_s,
+               self.keepalives_count, self.tcp_user_timeout_ms) < 0:
+            raise InvalidInput(f"PostgreSQL client timeouts must not be negative, got {self}")
+
+    def libpq(self) -> dict[str, int]:
+        """The libpq connection parameters (0 leaves one at libpq's or the system's default)."""
+        chosen = {"connect_timeout": self.connect_timeout_s,
+                  "keepalives_idle": self.keepalives_idle_s,
+                  "keepalives_interval": self.keepalives_interval_s,
+                  "keepalives_count": self.keepalives_count,
+                  "tcp_user_timeout": self.tcp_user_timeout_ms}
+        return {"keepalives": 1, **{k: v for k, v in chosen.items() if v > 0}}
+
+
+DEFAULT_REACH = Reach()
+
+
+def _postgres_engine(url: sa.URL, busy: Busy, reach: Reach, **options: Any) -> Engine:
     # lock_timeout as a start-up option: set with the connection, no extra round trip; a
     # libpq ``options`` given in the URL is kept.
     given = url.query.get("options", "")
     startup = " ".join([*([given] if isinstance(given, str) else given),
                         f"-c lock_timeout={int(busy.postgres_lock_timeout_ms)}"]).strip()
     # Positional parameters: psycopg binds a tuple with less work than a dict of names.
+    timeouts = {k: v for k, v in reach.libpq().items() if k not in url.query}
     engine = sa.create_engine(url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
                               paramstyle="format",
-                              connect_args={"options": startup}, **options)
+                              connect_args={"options": startup, **timeouts}, **options)
 
     # Pessimistic disconnect handling only for connections that sat idle in the pool: pinging
     # on every checkout would double the round trips of a one-statement transition.
@@ -300,7 +336,8 @@ class Database:
     round trip. ``engine`` is the transactional engine, for migrations and tools."""
 
     def __init__(self, url: str, busy: Busy = DEFAULT_BUSY,
-                 sqlite_synchronous: SQLiteSynchronous = SQLITE_SYNCHRONOUS) -> None:
+                 sqlite_synchronous: SQLiteSynchronous = SQLITE_SYNCHRONOUS,
+                 reach: Reach = DEFAULT_REACH) -> None:
         if sqlite_synchronous not in get_args(SQLiteSynchronous):
             modes = " or ".join(repr(m) for m in get_args(SQLiteSynchronous))
             raise InvalidInput(f"sqlite_synchronous must be {modes}, got {sqlite_synchronous!r}")
@@ -311,9 +348,9 @@ class Database:
         if parsed.get_backend_name() == "postgresql":
             if parsed.drivername == "postgresql":
                 parsed = parsed.set(drivername="postgresql+psycopg")
-            self.engine = _postgres_engine(parsed, busy)
+            self.engine = _postgres_engine(parsed, busy, reach)
             self.autocommit = _KeptConnections(
-                _postgres_engine(parsed, busy, isolation_level="AUTOCOMMIT"), ping=True
+                _postgres_engine(parsed, busy, reach, isolation_level="AUTOCOMMIT"), ping=True
             )
         elif parsed.get_backend_name() == "sqlite":
             self.engine = _sqlite_engine(parsed, busy, sqlite_synchronous)

@@ -16,13 +16,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
-from sqlalchemy.sql.expression import ColumnElement, FunctionElement
+from sqlalchemy.sql.expression import FunctionElement
 
-from store.errors import InvalidInput
 from store.models import UTCDateTime
 from store.statement import Statement
 
-MAX_SECONDS = 366 * 24 * 3600  # longest lease or delay; SQLite's date functions overflow to NULL
 # SQLAlchemy stores SQLite datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' text; the clock must render
 # the same shape (strftime's %f has milliseconds only) so that text comparison is time order.
 _SQLITE_CLOCK = "strftime('%Y-%m-%d %H:%M:%f', 'now'{shift}) || '000'"
@@ -55,18 +53,57 @@ def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     return "(" + _SQLITE_CLOCK.format(shift=shift) + ")"
 
 
-def check_seconds(value: float, name: str = "seconds") -> float:
-    """A duration in seconds that both databases' clocks can add (0 to ``MAX_SECONDS``)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_SECONDS:
-        raise InvalidInput(
-            f"{name} must be a number of seconds between 0 and {MAX_SECONDS}, got {value!r}"
-        )
-    return float(value)
+class least(FunctionElement[Any]):
+    """The smallest of its arguments (PostgreSQL's LEAST, SQLite's scalar min)."""
+
+    inherit_cache = True
+    name = "least"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.type = next(iter(self.clauses)).type
 
 
-def seconds(value: float, name: str = "seconds") -> ColumnElement[Any]:
-    """A bound, validated duration in seconds for ``db_now(seconds(...))``."""
-    return sa.literal(check_seconds(value, name), sa.Float())
+class greatest(least):
+    """The largest of its arguments (PostgreSQL's GREATEST, SQLite's scalar max)."""
+
+    inherit_cache = True
+    name = "greatest"
+
+
+@compiles(least, "postgresql")
+@compiles(greatest, "postgresql")
+def _pg_extreme(element: least, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"{element.name.upper()}({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(least, "sqlite")
+@compiles(greatest, "sqlite")
+def _sqlite_extreme(element: least, compiler: SQLCompiler, **kw: Any) -> str:
+    name = "min" if isinstance(element, least) and not isinstance(element, greatest) else "max"
+    return f"{name}({compiler.process(element.clauses, **kw)})"
+
+
+class seconds_since(FunctionElement[Any]):
+    """Seconds from a stored timestamp to the database clock (negative for a later one), as a
+    float: what a token bucket refills by."""
+
+    type = sa.Float()
+    inherit_cache = True
+    name = "seconds_since"
+
+
+@compiles(seconds_since, "postgresql")
+def _pg_since(element: seconds_since, compiler: SQLCompiler, **kw: Any) -> str:
+    return (f"extract(epoch from (statement_timestamp() - "
+            f"{compiler.process(element.clauses, **kw)}))::float8")
+
+
+@compiles(seconds_since, "sqlite")
+def _sqlite_since(element: seconds_since, compiler: SQLCompiler, **kw: Any) -> str:
+    # julianday reads the stored text shape (any number of fractional digits).
+    return (f"((julianday('now') - julianday({compiler.process(element.clauses, **kw)}))"
+            " * 86400.0)")
 
 
 def upsert(dialect: str, table: sa.Table) -> postgresql.Insert | sqlite.Insert:

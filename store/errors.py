@@ -91,6 +91,12 @@ class LedgerUnavailable(RunledgerError):
     retryable = True
 
 
+class LedgerNotReady(RunledgerError):
+    """No ledger at the configured URL, or its schema is behind: a flow run never creates or
+    migrates one; set RUNLEDGER_DATABASE_URL to the deployment's ledger, or run `runledger db
+    upgrade` against it."""
+
+
 class LedgerError(RunledgerError):
     """The ledger database refused the statement (a missing schema, a constraint of a job's
     own tables); retrying will not help."""

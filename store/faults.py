@@ -17,7 +17,6 @@ ENV = "RUNLEDGER_FAULTS"
 AFTER_REGISTER_COMMIT = "after_register_commit"
 AFTER_CLAIM_COMMIT = "after_claim_commit"
 AFTER_REGISTER_AND_CLAIM_COMMIT = "after_register_and_claim_commit"  # a tick's register+claim
-AFTER_RENEW_COMMIT = "after_renew_commit"
 AFTER_RENEW_MANY_COMMIT = "after_renew_many_commit"  # the lease keeper's renewal
 AFTER_SAVE_INPUT_COMMIT = "after_save_input_commit"  # collect: the raw input is stored
 AFTER_COMPLETE_COMMIT = "after_complete_commit"  # persist: output, outbox rows and effect
@@ -41,14 +40,23 @@ AFTER_RELEASE_MESSAGE_COMMIT = "after_release_message_commit"
 AFTER_REQUEUE_MESSAGE_COMMIT = "after_requeue_message_commit"
 AFTER_COUNT_SUPPRESSED_COMMIT = "after_count_suppressed_commit"  # the end of a tick
 AFTER_PRUNE_BATCH_COMMIT = "after_prune_batch_commit"  # one batch of tombstones (prune)
+AFTER_CALL_INTENT_COMMIT = "after_call_intent_commit"  # a model call recorded, not yet sent
+AFTER_CHECKPOINT_COMMIT = "after_checkpoint_commit"  # an answer recorded and checkpointed
+AFTER_CALL_FAILURE_COMMIT = "after_call_failure_commit"  # a call recorded refused or failed
+AFTER_MARK_LOST_COMMIT = "after_mark_lost_commit"  # a Run's calls in flight marked lost
+AFTER_REPLAY_COMMIT = "after_replay_commit"  # a checkpoint handed out, counted as reused
+AFTER_REJECT_ANSWERS_COMMIT = "after_reject_answers_commit"
+AFTER_REFUSE_BUDGET_COMMIT = "after_refuse_budget_commit"  # a call refused by the budget
+AFTER_COUNT_SAVED_COMMIT = "after_count_saved_commit"  # what a tick's duplicates would cost
+AFTER_RELEASE_OVER_BUDGET_COMMIT = "after_release_over_budget_commit"  # a refused Run released
 
 # Stage boundaries that are not commits.
-AFTER_MODEL_ANSWER = "after_model_answer"  # flows/model/call_log.py: answered, nothing stored
+AFTER_MODEL_ANSWER = "after_model_answer"  # the provider answered, nothing of it stored yet
 AFTER_SEND_BEFORE_MARK = "after_send_before_mark"  # flows/delivery/dispatcher.py: data accepted
 
 LEDGER_POINTS = (
     AFTER_REGISTER_COMMIT, AFTER_CLAIM_COMMIT, AFTER_REGISTER_AND_CLAIM_COMMIT,
-    AFTER_RENEW_COMMIT, AFTER_RENEW_MANY_COMMIT, AFTER_SAVE_INPUT_COMMIT, AFTER_COMPLETE_COMMIT,
+    AFTER_RENEW_MANY_COMMIT, AFTER_SAVE_INPUT_COMMIT, AFTER_COMPLETE_COMMIT,
     AFTER_FAIL_COMMIT, AFTER_REQUEUE_RUN_COMMIT, AFTER_REQUEST_REVISION_COMMIT,
     AFTER_OWE_COMMIT, AFTER_SKIP_COMMIT,
     AFTER_UNSKIP_COMMIT, AFTER_MARK_OVERDUE_COMMIT, AFTER_MARK_RECOVERED_COMMIT,
@@ -56,7 +64,10 @@ LEDGER_POINTS = (
     AFTER_CLAIM_MESSAGES_COMMIT, AFTER_MARK_SENT_COMMIT,
     AFTER_SCHEDULE_RETRY_COMMIT, AFTER_MARK_UNCERTAIN_COMMIT, AFTER_MARK_DEAD_COMMIT,
     AFTER_RELEASE_MESSAGE_COMMIT, AFTER_REQUEUE_MESSAGE_COMMIT, AFTER_COUNT_SUPPRESSED_COMMIT,
-    AFTER_PRUNE_BATCH_COMMIT,
+    AFTER_PRUNE_BATCH_COMMIT, AFTER_CALL_INTENT_COMMIT, AFTER_CHECKPOINT_COMMIT,
+    AFTER_CALL_FAILURE_COMMIT, AFTER_MARK_LOST_COMMIT, AFTER_REPLAY_COMMIT,
+    AFTER_REJECT_ANSWERS_COMMIT, AFTER_REFUSE_BUDGET_COMMIT, AFTER_COUNT_SAVED_COMMIT,
+    AFTER_RELEASE_OVER_BUDGET_COMMIT,
 )
 POINTS = (*LEDGER_POINTS, AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK)
 

@@ -9,11 +9,23 @@ from typing import Any
 
 from email_validator import EmailNotValidError, validate_email
 
+from store.channels import (
+    EMAIL,
+    OBJECT,
+    WEBHOOK,
+    canonical_json,
+    check_block_name,
+    check_channel,
+    check_json_payload,
+    check_object_payload,
+    object_target,
+    split_object_target,
+)
 from store.errors import InvalidMessage
 from store.identity import has_surrogate
 
-CHANNELS = ("email",)
-MAX_MESSAGE_BYTES = 256 * 1024
+MAX_MESSAGE_BYTES = 256 * 1024  # an email, a webhook's JSON
+MAX_OBJECT_BYTES = 5 * 1024 * 1024  # an object write's report
 MAX_SUBJECT_CHARS = 998  # RFC 5322 line limit
 _HEADER_NAME = re.compile(r"^[!-9;-~]+$")  # printable ASCII except ':' (RFC 5322 ftext)
 # CR, LF and NUL, plus every other character that str.splitlines() (used when Python's email
@@ -69,18 +81,35 @@ def _normalized(address: str) -> str:
 
 @dataclass(frozen=True)
 class OutboxMessage:
-    """One message to deliver once a Run completes; unique per (run, channel, recipient)."""
+    """One effect to deliver once a Run completes; unique per (run, channel, recipient), where
+    the recipient is the channel's target. Build webhook and object messages with
+    ``OutboxMessage.webhook`` and ``OutboxMessage.object``."""
 
     recipient: str
     subject: str
     body: str
-    channel: str = "email"
+    channel: str = EMAIL
     headers: dict[str, str] = field(default_factory=dict)
+    payload: dict[str, Any] | None = None
+
+    @classmethod
+    def webhook(cls, endpoint: str, payload: dict[str, Any],
+                subject: str | None = None) -> OutboxMessage:
+        """A JSON POST to the webhook endpoint block called ``endpoint``; ``subject`` labels it
+        in the CLI (default: the endpoint's name)."""
+        return cls(recipient=endpoint, subject=subject or f"webhook {endpoint}", body="",
+                   channel=WEBHOOK, payload=payload)
+
+    @classmethod
+    def object(cls, bucket: str, key: str, body: str,
+               content_type: str = "application/json") -> OutboxMessage:
+        """A report written once to ``key`` in the bucket of the S3Bucket block called
+        ``bucket`` (under its folder)."""
+        return cls(recipient=object_target(bucket, key), subject=f"object {key}"[:200], body="",
+                   channel=OBJECT, payload={"body": body, "content_type": content_type})
 
     def __post_init__(self) -> None:
-        if self.channel not in CHANNELS:
-            raise InvalidMessage(f"channel must be one of {CHANNELS}, got {self.channel!r}")
-        object.__setattr__(self, "recipient", normalize_address(self.recipient))
+        check_channel(self.channel)
         check_header_value(self.subject, "subject")
         if not self.subject.strip():
             raise InvalidMessage("subject must not be empty")
@@ -96,6 +125,16 @@ class OutboxMessage:
         if not isinstance(self.headers, dict):
             raise InvalidMessage(f"headers must be a dict of header name to value, got "
                                  f"{type(self.headers).__name__}")
+        if self.channel == EMAIL:
+            self._check_email()
+        else:
+            self._check_effect()
+
+    def _check_email(self) -> None:
+        object.__setattr__(self, "recipient", normalize_address(self.recipient))
+        if self.payload is not None:
+            raise InvalidMessage("an email has a subject and a body, not a payload; use "
+                                 "OutboxMessage.webhook or OutboxMessage.object for JSON")
         # A copy: the caller's dict may change after validation (or be shared by messages).
         object.__setattr__(self, "headers", dict(self.headers))
         for name, value in self.headers.items():
@@ -108,6 +147,26 @@ class OutboxMessage:
         if size > MAX_MESSAGE_BYTES:
             raise InvalidMessage(f"message is {size} bytes, above the {MAX_MESSAGE_BYTES}-byte limit")
 
+    def _check_effect(self) -> None:
+        if self.headers or self.body:
+            raise InvalidMessage(f"a {self.channel} message carries its content in its payload; "
+                                 "headers and body must be empty")
+        if self.channel == WEBHOOK:
+            check_block_name(self.recipient, "the webhook endpoint")
+        else:
+            split_object_target(self.recipient)
+        payload = check_json_payload(self.payload)
+        object.__setattr__(self, "payload", payload)
+        limit = MAX_MESSAGE_BYTES
+        if self.channel == OBJECT:
+            check_object_payload(payload)
+            limit = MAX_OBJECT_BYTES
+        size = self.size_bytes()
+        if size > limit:
+            raise InvalidMessage(f"the {self.channel} payload is {size} bytes, above the "
+                                 f"{limit}-byte limit")
+
     def size_bytes(self) -> int:
         parts: list[Any] = [self.subject, self.body, *self.headers.keys(), *self.headers.values()]
-        return sum(len(str(p).encode("utf-8")) for p in parts)
+        size = sum(len(str(p).encode("utf-8")) for p in parts)
+        return size + (len(canonical_json(self.payload)) if self.payload is not None else 0)

@@ -16,7 +16,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from store.dialect import (
-    check_seconds,
     db_now,
     insert_ignoring_conflicts,
     json_rows,
@@ -26,8 +25,8 @@ from store.dialect import (
 from store.errors import InvalidInput
 from store.identity import RunIdentity
 from store.models import Occurrence, obligations_table, occurrences_table, runs_table
-from store.runs import error_text
 from store.statement import EVERYWHERE, NOWHERE, Statement, param, transition
+from store.validators import check_seconds, error_text
 
 obligations = obligations_table
 occurrences = occurrences_table

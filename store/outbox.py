@@ -1,10 +1,11 @@
-"""Outbox transitions used by the dispatcher. A message is claimed with a delivery lease and a
-fence; only the current holder can record the outcome of its delivery attempt. Each ``*_txn``
-is one transition (the caller owns the transaction) over named statements (``store.statement``)."""
+"""The outbox: a completion queues its Run's messages here, and the dispatcher delivers them. A
+message is claimed with a delivery lease and a fence; only the current holder can record the
+outcome of its delivery attempt. Each ``*_txn`` is one transition (the caller owns the
+transaction) over named statements (``store.statement``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -12,8 +13,16 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from store.dialect import check_seconds, db_now, json_rows, one_statement_writes, skip_locked
+from store.dialect import (
+    db_now,
+    insert_ignoring_conflicts,
+    json_rows,
+    one_statement_writes,
+    skip_locked,
+)
 from store.errors import DeliveryLeaseLost, InvalidInput, InvalidTransition, MessageNotFound
+from store.identity import message_key
+from store.message import OutboxMessage
 from store.models import (
     CLAIMABLE_WHERE,
     DeliveryAttempt,
@@ -22,6 +31,7 @@ from store.models import (
     outbox_table,
 )
 from store.statement import ON_POSTGRES, Statement, one_of, optional, param, transition
+from store.validators import check_seconds
 
 outbox = outbox_table
 deliveries = delivery_attempts_table
@@ -47,6 +57,7 @@ class MessageClaim:
     created_at: datetime
     claimed_at: datetime
     previous_status: str = "pending"
+    payload: dict[str, Any] | None = None  # a webhook's JSON, an object's body; None for email
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,56 @@ class Reply:
 
 
 NO_REPLY = Reply()
+
+
+# --- the queue: a completion's outbox rows (``store.runs.complete_txn`` queues them with the
+# Run it completes, in the same statement on PostgreSQL) ---
+
+
+def message_rows(run_id: str, messages: Iterable[OutboxMessage]) -> list[dict[str, Any]]:
+    """A completion's outbox rows, one per (run, channel, recipient): the first message to a
+    recipient on a channel is kept."""
+    rows: dict[str, dict[str, Any]] = {}
+    for message in messages:
+        if not isinstance(message, OutboxMessage):
+            raise InvalidInput(f"messages must be OutboxMessage objects, got {type(message).__name__}")
+        key = message_key(run_id, message.channel, message.recipient)
+        rows.setdefault(key, {
+            "message_id": key, "run_id": run_id, "channel": message.channel,
+            "recipient": message.recipient, "subject": message.subject, "body": message.body,
+            "headers": dict(message.headers), "payload": message.payload,
+        })
+    return list(rows.values())
+
+
+_GIVEN = ("message_id", "run_id", "channel", "recipient", "subject", "body", "headers",
+          "payload")
+
+
+def queue(d: str, only_if: sa.ColumnElement[bool] | None = None) -> sa.Insert:
+    """The Run's outbox rows, from one JSON array parameter; a row already queued is a no-op."""
+    given = json_rows(d, "messages", [outbox.c[n] for n in _GIVEN]).subquery("given")
+    now = db_now()
+    # Always a WHERE: SQLite cannot otherwise tell ON CONFLICT from a join's ON.
+    rows = sa.select(
+        *[given.c[n] for n in _GIVEN], sa.literal("pending"), sa.literal(0), sa.literal(0),
+        now, now, now,
+    ).where(sa.true() if only_if is None else only_if)
+    return insert_ignoring_conflicts(d, outbox).from_select(
+        [*_GIVEN, "status", "attempts", "fence", "next_attempt_at", "created_at", "updated_at"],
+        rows,
+    )
+
+
+_QUEUE = Statement(
+    "queue_messages", "The completed Run's outbox rows, one per (run, channel, recipient); a "
+    "row already queued is left as it is.", queue, dialects=("sqlite",))
+
+
+def queue_messages(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Queue a completed Run's outbox rows (``message_rows``) as a statement of its own, where
+    the completion's statement cannot carry them (SQLite)."""
+    _QUEUE.rows(conn, messages=rows)
 
 
 # --- statements: one name and one rule each (store/sql/<dialect>.sql shows what they send) ---
@@ -254,9 +315,18 @@ _GET = Statement(
     "get_message", "An outbox message by id.",
     lambda d: sa.select(outbox).where(outbox.c.message_id == param(outbox.c.message_id)))
 _LIST = Statement(
-    "list_messages", "Outbox messages, oldest first, optionally of one status and one Run.",
-    lambda d: sa.select(outbox).where(optional(outbox.c.status), optional(outbox.c.run_id))
+    "list_messages", "Outbox messages, oldest first, optionally of one status, one Run and one "
+    "channel.",
+    lambda d: sa.select(outbox).where(optional(outbox.c.status), optional(outbox.c.run_id),
+                                      optional(outbox.c.channel))
     .order_by(outbox.c.created_at, outbox.c.message_id)
+    .limit(sa.bindparam("limit", type_=sa.Integer())))
+_LIST_RECENT = Statement(
+    "list_recent_messages",
+    "The newest outbox messages first, optionally of one status, one Run and one channel.",
+    lambda d: sa.select(outbox).where(optional(outbox.c.status), optional(outbox.c.run_id),
+                                      optional(outbox.c.channel))
+    .order_by(outbox.c.created_at.desc(), outbox.c.message_id.desc())
     .limit(sa.bindparam("limit", type_=sa.Integer())))
 _LIST_DELIVERIES = Statement(
     "list_delivery_attempts", "A message's delivery attempts in order.",
@@ -312,7 +382,7 @@ def claim_messages_txn(
             run_id=r["run_id"], channel=r["channel"], recipient=r["recipient"],
             subject=r["subject"], body=r["body"], headers=dict(r["headers"] or {}),
             created_at=r["created_at"], claimed_at=r["claimed_at"],
-            previous_status=previous[r["message_id"]],
+            previous_status=previous[r["message_id"]], payload=r["payload"],
         )
         for r in rows
     ]
@@ -421,10 +491,21 @@ def get_message(conn: Connection, message_id: str) -> QueuedMessage | None:
 
 
 def list_messages(
-    conn: Connection, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+    conn: Connection, *, status: str | None = None, run_id: str | None = None,
+    channel: str | None = None, limit: int = 100,
 ) -> list[QueuedMessage]:
     """Outbox messages, oldest first."""
-    return [_message(r) for r in _LIST.rows(conn, status=status, run_id=run_id, limit=limit)]
+    return [_message(r) for r in _LIST.rows(conn, status=status, run_id=run_id, channel=channel,
+                                            limit=limit)]
+
+
+def list_recent_messages(
+    conn: Connection, *, status: str | None = None, run_id: str | None = None,
+    channel: str | None = None, limit: int = 100,
+) -> list[QueuedMessage]:
+    """The newest ``limit`` outbox messages, newest first (what a person looks at)."""
+    return [_message(r) for r in _LIST_RECENT.rows(conn, status=status, run_id=run_id,
+                                                   channel=channel, limit=limit)]
 
 
 def list_delivery_attempts(conn: Connection, message_id: str) -> list[DeliveryAttempt]:

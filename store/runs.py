@@ -9,7 +9,7 @@ as data-modifying CTEs, so a transition is one round trip (``one_statement_write
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -19,8 +19,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 from sqlmodel import Session
 
+from store.completion import UNRECORDED, CompletedBy, Completion, Effect
 from store.dialect import (
-    check_seconds,
     db_now,
     insert_ignoring_conflicts,
     json_rows,
@@ -28,26 +28,12 @@ from store.dialect import (
     one_statement_writes,
     upsert,
 )
-from store.errors import (
-    InvalidInput,
-    InvalidTransition,
-    LeaseLost,
-    OutputTooLarge,
-    RevisionInProgress,
-    RevisionRefused,
-    RunConflict,
-    RunNotFound,
-)
-from store.identity import RunIdentity, canonical_json, message_key, params_fingerprint
+from store.errors import InvalidInput, InvalidTransition, LeaseLost, RunConflict, RunNotFound
+from store.identity import RunIdentity, params_fingerprint
+from store.lease import Claim, Registration
 from store.message import OutboxMessage
-from store.models import (
-    MAX_OWNER,
-    Attempt,
-    Run,
-    attempts_table,
-    outbox_table,
-    runs_table,
-)
+from store.models import Attempt, Run, attempts_table, runs_table
+from store.outbox import message_rows, queue, queue_messages
 from store.statement import (
     EVERYWHERE,
     NOWHERE,
@@ -58,36 +44,12 @@ from store.statement import (
     param,
     transition,
 )
+from store.validators import check_calls, check_owner, check_seconds
 
 runs = runs_table
 attempts = attempts_table
-outbox = outbox_table
 
-
-# A business effect committed atomically with a completion (seed 003's daily credit): it gets a
-# Session on the completion's own transaction.
-Effect = Callable[[Session], None]
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Proof of holding a Run's lease: every write presents (run_id, owner, fence)."""
-
-    run_id: str
-    owner: str
-    fence: int
-    attempt_id: str
-    lease_expires_at: datetime
-
-
-@dataclass(frozen=True)
-class Registration:
-    """What register+claim found for one identity: the Run, the claim when this owner holds
-    it now, and the conflict when the identity exists with other parameters (nothing written)."""
-
-    run: Run
-    claim: Claim | None
-    conflict: RunConflict | None = None
+IDENTITY_COLUMNS = ("job", "subject", "period_start", "version")  # what a Run's revisions share
 
 
 @dataclass(frozen=True)
@@ -108,77 +70,8 @@ class FinishedRun:
     output_digest: str | None = None
 
 
-@dataclass(frozen=True)
-class Revision:
-    """A requested revision's Run (pending when new), and whether this request inserted it
-    (False: the same request had, e.g. a retried revise flow run)."""
-
-    run: Run
-    new: bool
-
-
-def check_calls(value: int) -> int:
-    """A number of model calls: an integer, 0 or more."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(f"model_calls must be an integer of 0 or more, got {value!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class CompletedBy:
-    """What the completing Attempt tells about itself: the model calls it made, and the Prefect
-    flow run and task run it ran in (the Run's output location), when it ran in Prefect."""
-
-    model_calls: int = 0
-    flow_run_id: str | None = None
-    task_run_id: str | None = None
-
-    def params(self) -> dict[str, Any]:
-        return {"model_calls": check_calls(self.model_calls),
-                "completed_flow_run_id": self.flow_run_id,
-                "completed_task_run_id": self.task_run_id}
-
-
-UNRECORDED = CompletedBy()  # a completion outside Prefect that counted no model calls
-
-
-@dataclass(frozen=True)
-class Completion:
-    """The completed Run and whether this call completed it (False: someone else had)."""
-
-    run: Run
-    new: bool
-
-
-def json_document(value: Any, what: str, max_bytes: int) -> dict[str, Any]:
-    """A JSON object within ``max_bytes`` when serialized; anything else is refused."""
-    if not isinstance(value, dict):
-        raise InvalidInput(f"{what} must be a dict (a JSON object), got {type(value).__name__}")
-    size = len(canonical_json(value, what).encode("utf-8"))
-    if size > max_bytes:
-        raise OutputTooLarge(f"{what} is {size} bytes, above the configured limit of {max_bytes} bytes")
-    return value
-
-
-def error_text(error: str) -> str:
-    """A failure's error as storable text: required; NUL (refused by PostgreSQL) and lone
-    surrogates (no UTF-8 form) escaped, so that any exception's message can be recorded."""
-    if not isinstance(error, str) or not error.strip():
-        raise InvalidInput("error must be a non-empty string describing the failure")
-    return error.replace("\0", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def check_owner(owner: str) -> str:
-    """A lease owner such as host:pid: non-empty text that fits the owner column."""
-    if not isinstance(owner, str) or not owner.strip() or "\0" in owner or len(owner) > MAX_OWNER:
-        raise InvalidInput(
-            f"owner must be a non-empty string such as host:pid, at most {MAX_OWNER} characters "
-            f"and without NUL, got {owner!r}"
-        )
-    return owner
-
-
-def _run(row: dict[str, Any]) -> Run:
+def run_from_row(row: dict[str, Any]) -> Run:
+    """The Run of a row the ledger read or returned."""
     # Rows come from our own table through typed result processing: no re-validation needed.
     return Run.model_construct(**row)
 
@@ -376,13 +269,6 @@ _RENEW_MANY = Statement(
     .returning(runs.c.run_id, runs.c.lease_expires_at)
 )
 
-_RENEW = Statement(
-    "renew_lease", "Extend the lease from the database clock; only the current fence holder can.",
-    lambda d: sa.update(runs).where(_holder())
-    .values(lease_expires_at=_lease_until(), updated_at=db_now())
-    .returning(runs.c.lease_expires_at)
-)
-
 _SAVE_INPUT = Statement(
     "save_input", "Store the raw input once (the first writer's value stays) and return the "
     "stored one; only the current fence holder can.",
@@ -420,31 +306,13 @@ def _finish_attempt() -> sa.Update:
     )
 
 
-_GIVEN = ("message_id", "run_id", "channel", "recipient", "subject", "body", "headers")
-
-
-def _queue(d: str, only_if: sa.ColumnElement[bool] | None = None) -> sa.Insert:
-    """The Run's outbox rows, from one JSON array parameter; a row already queued is a no-op."""
-    given = json_rows(d, "messages", [outbox.c[n] for n in _GIVEN]).subquery("given")
-    now = db_now()
-    # Always a WHERE: SQLite cannot otherwise tell ON CONFLICT from a join's ON.
-    rows = sa.select(
-        *[given.c[n] for n in _GIVEN], sa.literal("pending"), sa.literal(0), sa.literal(0),
-        now, now, now,
-    ).where(sa.true() if only_if is None else only_if)
-    return insert_ignoring_conflicts(d, outbox).from_select(
-        [*_GIVEN, "status", "attempts", "fence", "next_attempt_at", "created_at", "updated_at"],
-        rows,
-    )
-
-
 def _complete(d: str) -> sa.Update | sa.Select[Any]:
     if d != "postgresql":
         return _accept()  # the outbox rows and the Attempt's end follow as statements
     accepted = _accept().cte("accepted")
     if_accepted = sa.exists(sa.select(accepted.c.run_id))
     return sa.select(accepted).add_cte(
-        _finish_attempt().where(if_accepted).cte("finished"), _queue(d, if_accepted).cte("queued")
+        _finish_attempt().where(if_accepted).cte("finished"), queue(d, if_accepted).cte("queued")
     )
 
 
@@ -453,9 +321,6 @@ _COMPLETE = Statement(
     "record the flow run and task run that completed it; only the current fence holder can "
     "(PostgreSQL: with the outbox rows and the Attempt's end in the same statement, written "
     "only if the Run was accepted).", _complete)
-_QUEUE = Statement(
-    "queue_messages", "The completed Run's outbox rows, one per (run, channel, recipient); a "
-    "row already queued is left as it is.", _queue, dialects=("sqlite",))
 _FINISH_ATTEMPT = Statement(
     "finish_attempt", "End the Attempt with its outcome (completed, released, failed), error "
     "and model calls.",
@@ -510,56 +375,6 @@ _GET_FINISHED = Statement(
     "inputs, which can be large.", _finished)
 
 
-_LINEAGE = [c for c in runs.c if c.key not in ("raw_input", "output")]
-IDENTITY_COLUMNS = ("job", "subject", "period_start", "version")
-
-
-
-def _revisions(d: str) -> sa.Select[Any]:
-    given = runs.alias("given")
-    return (sa.select(*_LINEAGE)
-            .join_from(given, runs, sa.and_(*(runs.c[n] == given.c[n] for n in IDENTITY_COLUMNS)))
-            .where(given.c.run_id == param(runs.c.run_id))
-            .order_by(runs.c.revision))
-
-
-_REVISIONS = Statement(
-    "list_revisions", "Every revision of the logical run of the given Run (any of its "
-    "revisions), oldest first, without documents.", _revisions)
-
-
-def _request_revision(d: str) -> sa.Insert:
-    """Insert revision N of a logical run, pending, only if its revision N - 1 is finished: a
-    completed Run, or a revision given up; its stored raw input is copied from ``source`` (the
-    latest completed revision) unless recollecting. Two requests of N clash on the identity
-    key and the second inserts nothing."""
-    source, prev = runs.alias("source"), runs.alias("prev")
-    number = param(runs.c.revision)
-    follows = param(runs.c.revises_run_id)
-    finished = sa.exists(sa.select(prev.c.run_id).where(
-        prev.c.run_id == follows, prev.c.revision == number - 1,
-        sa.or_(prev.c.status == "completed",
-               sa.and_(prev.c.status == "failed", prev.c.revision > 0))))
-    raw = sa.case((sa.bindparam("recollect", type_=sa.Boolean()), sa.null()),
-                  else_=source.c.raw_input)
-    rows = sa.select(
-        param(runs.c.run_id), source.c.job, source.c.subject, source.c.period_start,
-        source.c.version, number, follows, param(runs.c.revision_reason), param(runs.c.resend),
-        param(runs.c.requested_by), param(runs.c.params_fingerprint), param(runs.c.params), raw,
-        sa.literal("pending"), sa.literal(0), sa.literal(0), db_now(), db_now(),
-    ).where(source.c.run_id == param(runs.c.run_id, "source_run_id"), finished)
-    return insert_ignoring_conflicts(d, runs).from_select(
-        ["run_id", "job", "subject", "period_start", "version", "revision", "revises_run_id",
-         "revision_reason", "resend", "requested_by", "params_fingerprint", "params", "raw_input",
-         "status", "fence", "attempts", "created_at", "updated_at"], rows,
-    ).returning(*runs.c)
-
-
-_REQUEST_REVISION = Statement(
-    "request_revision", "Insert the next revision of a logical run as pending, only if the "
-    "revision before it is finished (at most one unfinished revision per Run); the identity "
-    "key lets one of two concurrent requests win.", _request_revision)
-
 _LIST = Statement(
     "list_runs", "The latest Runs, newest period first, optionally of one job and one status.",
     lambda d: sa.select(runs).where(optional(runs.c.job), optional(runs.c.status))
@@ -583,7 +398,7 @@ _LIST_ATTEMPTS_OF = Statement(
 def get_run(conn: Connection, run_id: str) -> Run | None:
     """The Run with this id, if any."""
     row = _GET.first(conn, run_id=run_id)
-    return _run(row) if row else None
+    return run_from_row(row) if row else None
 
 
 def require_run(conn: Connection, run_id: str) -> Run:
@@ -600,7 +415,7 @@ def _ids(run_ids: Sequence[str]) -> list[dict[str, str]]:
 
 def get_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, Run]:
     """Many Runs at once, by id."""
-    return {row["run_id"]: _run(row) for row in _GET_MANY.rows(conn, ids=_ids(run_ids))}
+    return {row["run_id"]: run_from_row(row) for row in _GET_MANY.rows(conn, ids=_ids(run_ids))}
 
 
 def get_finished_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, FinishedRun]:
@@ -615,25 +430,11 @@ def get_finished_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, Fin
     return found
 
 
-def list_revisions(conn: Connection, run_id: str) -> list[Run]:
-    """Every revision of the logical run of ``run_id`` (any of its revisions' ids), oldest
-    first, without raw inputs and outputs; ``RunNotFound`` if there is no such Run."""
-    found = [_run(row) for row in _REVISIONS.rows(conn, run_id=run_id)]
-    if not found:
-        raise RunNotFound(f"no run with id {run_id!r}")
-    return found
-
-
-def latest_completed(revisions: Sequence[Run]) -> Run | None:
-    """The latest completed of a logical run's revisions (oldest first): its result."""
-    return next((r for r in reversed(revisions) if r.status == "completed"), None)
-
-
 def list_runs(
     conn: Connection, *, job: str | None = None, status: str | None = None, limit: int = 100
 ) -> list[Run]:
     """The latest Runs, newest period first."""
-    return [_run(row) for row in _LIST.rows(conn, job=job, status=status, limit=limit)]
+    return [run_from_row(row) for row in _LIST.rows(conn, job=job, status=status, limit=limit)]
 
 
 def list_attempts(conn: Connection, run_id: str) -> list[Attempt]:
@@ -663,7 +464,7 @@ def register_txn(conn: Connection, identity: RunIdentity, params: dict[str, Any]
         params_fingerprint=fingerprint, params=params or {},
     )
     if inserted is not None:
-        return _run(inserted)
+        return run_from_row(inserted)
     existing = require_run(conn, identity.run_id)
     if existing.params_fingerprint != fingerprint:
         raise _conflict(identity, existing, fingerprint)
@@ -736,7 +537,7 @@ def register_and_claim_txn(
                                attempt_id=attempt_ids[row["run_id"]])
     found: dict[str, Registration] = {}
     for row in taken:
-        run = _run(row)
+        run = run_from_row(row)
         found[run.run_id] = Registration(run, Claim(
             run.run_id, owner, run.fence, attempt_ids[run.run_id], row["lease_expires_at"]))
     left = [run_id for run_id in wanted if run_id not in found]
@@ -749,15 +550,6 @@ def register_and_claim_txn(
             conflict = _conflict(identity, run, fingerprint)
         found[run_id] = Registration(run, None, conflict)
     return {run_id: found[run_id] for run_id in wanted}
-
-
-@transition(one_statement_on=EVERYWHERE)
-def renew_txn(conn: Connection, claim: Claim, lease_seconds: float) -> datetime:
-    """Extend the lease from the database clock; only the current fence holder can."""
-    row = _RENEW.first(conn, **_holder_params(claim), lease=check_seconds(lease_seconds, "lease"))
-    if row is None:
-        raise _stale_fence(claim, get_run(conn, claim.run_id))
-    return row["lease_expires_at"]  # type: ignore[no-any-return]
 
 
 @transition(one_statement_on=EVERYWHERE)
@@ -781,20 +573,6 @@ def save_input_txn(conn: Connection, claim: Claim, raw: dict[str, Any]) -> dict[
     return row["raw_input"]  # type: ignore[no-any-return]
 
 
-def _outbox_rows(run_id: str, messages: Iterable[OutboxMessage]) -> list[dict[str, Any]]:
-    rows: dict[str, dict[str, Any]] = {}
-    for message in messages:
-        if not isinstance(message, OutboxMessage):
-            raise InvalidInput(f"messages must be OutboxMessage objects, got {type(message).__name__}")
-        key = message_key(run_id, message.channel, message.recipient)
-        rows.setdefault(key, {
-            "message_id": key, "run_id": run_id, "channel": message.channel,
-            "recipient": message.recipient, "subject": message.subject, "body": message.body,
-            "headers": dict(message.headers),
-        })
-    return list(rows.values())
-
-
 @transition(one_statement_on=ON_POSTGRES)
 def complete_txn(
     conn: Connection,
@@ -805,19 +583,19 @@ def complete_txn(
 ) -> Completion:
     """Accept the output, clear the lease and queue the outbox rows together; only the fence
     holder can; a Run completed by someone else is returned unchanged."""
-    rows = _outbox_rows(claim.run_id, messages)
+    rows = message_rows(claim.run_id, messages)
     given = {**_holder_params(claim), "output": output, "attempt_id": claim.attempt_id,
              "outcome": "completed", "error": None, **by.params()}
     row = _COMPLETE.first(conn, **given, messages=rows)
     if row is not None and not one_statement_writes(conn):
-        _QUEUE.rows(conn, messages=rows)
+        queue_messages(conn, rows)
         _FINISH_ATTEMPT.rows(conn, **given)
     if row is None:
         run = require_run(conn, claim.run_id)
         if run.status != "completed":
             raise _stale_fence(claim, run)
         return Completion(run, new=False)
-    return Completion(_run(row), new=True)
+    return Completion(run_from_row(row), new=True)
 
 
 @transition(one_statement_on=NOWHERE)
@@ -834,7 +612,7 @@ def complete_with_effect_txn(
     done = complete_txn(conn, claim, output, messages, by)
     if done.new:
         with Session(bind=conn) as session:
-            effect(session)
+            effect(session, output)
             session.flush()
     return done
 
@@ -855,7 +633,7 @@ def fail_txn(conn: Connection, claim: Claim, error: str, retryable: bool,
         conn, attempt_id=claim.attempt_id, outcome="released" if retryable else "failed",
         error=error, model_calls=calls,
     )
-    return _run(row)
+    return run_from_row(row)
 
 
 @transition(one_statement_on=NOWHERE)
@@ -865,68 +643,4 @@ def requeue_run_txn(conn: Connection, run_id: str) -> Run:
     if row is None:
         run = require_run(conn, run_id)
         raise InvalidTransition(f"run {run_id} is {run.status}; only a failed run can be requeued")
-    return _run(row)
-
-
-def revision_reason(reason: str) -> str:
-    """Why a revision is asked for: required text, storable as an error text is."""
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidInput("a revision needs a reason: say why the Run's output must be redone "
-                           "(e.g. --reason 'recipients changed')")
-    return error_text(reason.strip())
-
-
-def _unfinished(base: Run, revision: Run) -> RevisionInProgress:
-    return RevisionInProgress(
-        f"run {base.run_id} has revision {revision.revision} (run {revision.run_id}) still "
-        f"{revision.status}; at most one revision of a Run is unfinished at a time: wait for it "
-        f"to finish, or resume it with `runledger runs revise {revision.run_id} --reason ...`")
-
-
-def _not_completed(base: Run) -> RevisionRefused:
-    what = {"failed": f"requeue it instead with `runledger runs requeue {base.run_id}`"}.get(
-        base.status, "rerun its period instead (`runledger run JOB --period ...`, or Retry its "
-                     "flow run); a revision redoes a completed result")
-    return RevisionRefused(f"run {base.run_id} is {base.status}, never completed: only a "
-                           f"completed Run can be revised; {what}")
-
-
-@transition(one_statement_on=NOWHERE)
-def request_revision_txn(conn: Connection, run_id: str, reason: str,
-                         params: dict[str, Any] | None, recollect: bool, resend: bool,
-                         requested_by: str | None) -> Revision:
-    """Insert the next revision of a completed Run as pending, in one guarded statement: only
-    when every earlier revision is finished (at most one unfinished revision per Run); the
-    same request (``requested_by``) again returns its revision instead of asking for another."""
-    revisions = list_revisions(conn, run_id)
-    mine = [r for r in revisions if requested_by is not None and r.requested_by == requested_by]
-    if mine:
-        return Revision(mine[-1], new=False)
-    base, latest = revisions[0], revisions[-1]
-    if base.status != "completed":
-        raise _not_completed(base)
-    if latest.status not in ("completed", "failed"):
-        raise _unfinished(base, latest)
-    source = latest_completed(revisions)
-    assert source is not None  # the base is completed
-    if source.pruned_at is not None and not recollect:
-        raise RevisionRefused(
-            f"run {source.run_id}'s stored input was pruned on "
-            f"{source.pruned_at.date().isoformat()} (`runledger prune`): a revision of it must "
-            "collect its input again; pass --recollect")
-    chosen = source.params if params is None else params
-    identity = RunIdentity(base.job, base.subject, base.period_start, base.version,
-                           latest.revision + 1)
-    row = _REQUEST_REVISION.first(
-        conn, run_id=identity.run_id, source_run_id=source.run_id, revision=identity.revision,
-        revises_run_id=latest.run_id, revision_reason=reason, resend=resend,
-        requested_by=requested_by,
-        params_fingerprint=params_fingerprint(chosen), params=chosen or {},
-        recollect=recollect)
-    if row is not None:
-        return Revision(_run(row), new=True)
-    # Another request inserted revision N first: it is the unfinished one now.
-    winner = require_run(conn, identity.run_id)
-    if requested_by is not None and winner.requested_by == requested_by:
-        return Revision(winner, new=False)
-    raise _unfinished(base, winner)
+    return run_from_row(row)

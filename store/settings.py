@@ -8,10 +8,12 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from store.database import (
+    DEFAULT_REACH,
     POSTGRES_LOCK_TIMEOUT_MS,
     SQLITE_BUSY_TIMEOUT_MS,
     SQLITE_LOCKED_RETRIES,
     SQLITE_SYNCHRONOUS,
+    Reach,
     SQLiteSynchronous,
 )
 
@@ -21,7 +23,14 @@ DEFAULT_DATABASE_URL = "sqlite:///./runledger.db"
 class LedgerSettings(BaseSettings):
     """Where the ledger lives, how large a stored document may be, how long a writer
     waits for a lock (SQLite's write lock, a PostgreSQL row or table lock) before the ledger
-    reports ``LedgerBusy``, and whether a SQLite commit waits for the disk."""
+    reports ``LedgerBusy``, how soon a PostgreSQL server that stopped answering is given up on,
+    and whether a SQLite commit waits for the disk."""
+
+    def reach(self) -> Reach:
+        """The PostgreSQL client timeouts these settings name."""
+        return Reach(self.postgres_connect_timeout_s, self.postgres_keepalives_idle_s,
+                     self.postgres_keepalives_interval_s, self.postgres_keepalives_count,
+                     self.postgres_tcp_user_timeout_ms)
 
     model_config = SettingsConfigDict(env_prefix="RUNLEDGER_", extra="ignore")
 
@@ -43,6 +52,28 @@ class LedgerSettings(BaseSettings):
         default=POSTGRES_LOCK_TIMEOUT_MS, ge=0,
         description="PostgreSQL: ``lock_timeout`` of the ledger's connections; a lock held "
                     "longer makes the transition ``LedgerBusy`` (0 waits without limit).")
+    postgres_connect_timeout_s: int = Field(
+        default=DEFAULT_REACH.connect_timeout_s, ge=0,
+        description="PostgreSQL: seconds a new connection may take (libpq ``connect_timeout``; "
+                    "0 waits without limit).")
+    postgres_keepalives_idle_s: int = Field(
+        default=DEFAULT_REACH.keepalives_idle_s, ge=0,
+        description="PostgreSQL: seconds of silence on a connection before a TCP keepalive "
+                    "probe (0: the system's default).")
+    postgres_keepalives_interval_s: int = Field(
+        default=DEFAULT_REACH.keepalives_interval_s, ge=0,
+        description="PostgreSQL: seconds between unanswered keepalive probes (0: the system's "
+                    "default).")
+    postgres_keepalives_count: int = Field(
+        default=DEFAULT_REACH.keepalives_count, ge=0,
+        description="PostgreSQL: unanswered keepalive probes after which the connection is "
+                    "dead (0: the system's default).")
+    postgres_tcp_user_timeout_ms: int = Field(
+        default=DEFAULT_REACH.tcp_user_timeout_ms, ge=0,
+        description="PostgreSQL: how long data sent may stay unacknowledged before the "
+                    "connection is dead (``tcp_user_timeout``; 0: the system's default, about "
+                    "15 minutes). A worker cut off from the database then notices within this "
+                    "time instead of waiting on a dead connection while its leases expire.")
     sqlite_synchronous: SQLiteSynchronous = Field(
         default=SQLITE_SYNCHRONOUS,
         description="SQLite commit mode: ``normal`` (a process crash loses no commit, a power "

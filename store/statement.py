@@ -1,7 +1,7 @@
 """Named statements: every SQL statement the ledger sends has a name and the one-line rule it
 keeps, is built with SQLAlchemy Core, compiled once per dialect, and run straight on the driver
-connection. ``python -m store.sql --write`` writes what each compiles to into
-``store/sql/<dialect>.sql``, the file to read to audit the ledger (a test keeps it current).
+connection. ``store.catalogue`` writes what each compiles to into ``store/sql/<dialect>.sql``,
+the file to read to audit the ledger.
 
 Why: for these one-row statements SQLAlchemy's per-execution machinery (statement construction,
 execution context, result wrapping) costs more CPU than the database round trip itself; a
@@ -11,24 +11,17 @@ SQLAlchemy's exceptions, with a dropped connection invalidated like SQLAlchemy d
 
 from __future__ import annotations
 
-import argparse
-import sys
-import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc
-from sqlalchemy.dialects.postgresql import psycopg as pg_dialect
-from sqlalchemy.dialects.sqlite import pysqlite as sqlite_dialect
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.elements import ClauseElement
 
 Processor = Callable[[Any], Any] | None
 DIALECTS = ("postgresql", "sqlite")
-SQL_FILES = Path(__file__).with_name("sql")
 
 
 @dataclass(frozen=True)
@@ -126,7 +119,7 @@ class Statement:
     def __repr__(self) -> str:
         return f"Statement({self.name!r})"
 
-    def _for(self, dialect: Dialect) -> _Compiled:
+    def compiled(self, dialect: Dialect) -> _Compiled:
         found = self._compiled.get(dialect.name)
         if found is None:
             found = self._compiled[dialect.name] = _compile(self._build(dialect.name), dialect)
@@ -135,7 +128,7 @@ class Statement:
     def rows(self, conn: Connection, **params: Any) -> list[dict[str, Any]]:
         """Execute on ``conn``'s driver connection (inside whatever transaction it has) and
         return the returned rows as dicts keyed by column name."""
-        c = self._for(conn.dialect)
+        c = self.compiled(conn.dialect)
         values: dict[str, Any] = {}
         for name, process in c.binds.items():
             value = params[name] if name in params else c.defaults[name]
@@ -163,53 +156,3 @@ class Statement:
     def first(self, conn: Connection, **params: Any) -> dict[str, Any] | None:
         found = self.rows(conn, **params)
         return found[0] if found else None
-
-
-def _dialect(name: str) -> Dialect:
-    """The dialect as the ledger's engines configure it (positional parameters on both)."""
-    if name == "postgresql":
-        return pg_dialect.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
-    return sqlite_dialect.dialect()
-
-
-def sql_text(dialect_name: str) -> str:
-    """Every statement sent on ``dialect_name``, as it compiles, under its name and rule."""
-    import store.ledger  # noqa: F401  # defines every statement (runs, outbox, database)
-
-    dialect = _dialect(dialect_name)
-    parts = [f"-- The SQL runledger's ledger sends to {dialect_name}, statement by statement.\n"
-             "-- Written by `python -m store.sql --write`; a test fails when it is stale.\n"]
-    for statement in STATEMENTS.values():
-        if dialect_name not in statement.dialects:
-            continue
-        compiled = statement._for(dialect)
-        order = compiled.order or tuple(compiled.binds)
-        rule = textwrap.wrap(statement.rule, 96)
-        parts.append("\n".join([
-            f"-- name: {statement.name}",
-            *(f"-- {line}" for line in rule),
-            *([f"-- parameters: {', '.join(order)}"] if order else []),
-            compiled.sql.strip() + ";",
-        ]) + "\n")
-    return "\n".join(parts)
-
-
-def main(argv: list[str] | None = None, files: Path = SQL_FILES) -> int:
-    """Write (``--write``) or check the committed SQL files; 1 when one is stale."""
-    parser = argparse.ArgumentParser(prog="python -m store.sql", description=main.__doc__)
-    parser.add_argument("--write", action="store_true", help="rewrite store/sql/*.sql")
-    args = parser.parse_args(argv)
-    stale = []
-    for name in DIALECTS:
-        path = files / f"{name}.sql"
-        text = sql_text(name)
-        if args.write:
-            files.mkdir(exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-        elif not path.exists() or path.read_text(encoding="utf-8") != text:
-            stale.append(str(path))
-    if stale:
-        print(f"stale: {', '.join(stale)}; run `python -m store.sql --write`",
-              file=sys.stderr)
-        return 1
-    return 0

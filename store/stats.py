@@ -25,7 +25,7 @@ suppressed = suppressed_counts_table
 @dataclass(frozen=True)
 class Activity:
     """What happened from a moment on, as rows of plain values: the Runs completed (job,
-    completed_at, attempts), the Attempts (job, started_at, finished_at, outcome, model_calls),
+    completed_at, attempts, revision), the Attempts (job, started_at, finished_at, outcome, model_calls),
     the outbox messages (job, created_at, status) and the suppressed counts (job, day,
     duplicates, in_progress_elsewhere)."""
 
@@ -56,8 +56,8 @@ _COUNT_SUPPRESSED = Statement(
 _SINCE = sa.bindparam("since", type_=runs.c.completed_at.type)
 _COMPLETED_SINCE = Statement(
     "read_completed_since", "The Runs completed from a moment on (optionally of one job): job, "
-    "completion time and attempts, no documents.",
-    lambda d: sa.select(runs.c.job, runs.c.completed_at, runs.c.attempts)
+    "completion time, attempts and revision number, no documents.",
+    lambda d: sa.select(runs.c.job, runs.c.completed_at, runs.c.attempts, runs.c.revision)
     .where(runs.c.status == "completed", runs.c.completed_at >= _SINCE, optional(runs.c.job)))
 _ATTEMPTS_SINCE = Statement(
     "read_attempts_since", "The Attempts started or ended from a moment on (optionally of one "

@@ -3,8 +3,8 @@ completed Runs, completed before a cutoff and without an outbox message still to
 tombstones: the Run row stays (identity, status, fence, params fingerprint, attempt and model
 call counts, completion time and ids, and now ``pruned_at`` and ``output_digest``), so that a
 rerun of its period is still a duplicate; its documents (raw input, output, error, params) are
-nulled and its Attempts, its sent and dead outbox rows, their delivery attempts and its settled
-alert occurrences are deleted. Never touched: a Run not completed (pending, running, failed:
+nulled, its model calls keep their cost but lose their answers, and its Attempts, its sent and
+dead outbox rows, their delivery attempts and its settled alert occurrences are deleted. Never touched: a Run not completed (pending, running, failed:
 a failed Run awaits an operator), a Run with any message pending, sending, retry or uncertain
 (skipped whole), a skip decision (it is what keeps a skipped period skipped), the per-day
 suppressed counts (statistics, a row per job and day).
@@ -29,6 +29,7 @@ from store.identity import document_digest, require_aware
 from store.models import (
     attempts_table,
     delivery_attempts_table,
+    model_calls_table,
     occurrences_table,
     outbox_table,
     runs_table,
@@ -40,6 +41,7 @@ attempts = attempts_table
 outbox = outbox_table
 deliveries = delivery_attempts_table
 occurrences = occurrences_table
+calls = model_calls_table
 
 FINAL_MESSAGE_STATUSES = ("sent", "dead")
 UNFINISHED_MESSAGE_STATUSES = ("pending", "sending", "retry", "uncertain")
@@ -164,6 +166,14 @@ _DELETE_ATTEMPTS = Statement(
     lambda d: sa.delete(attempts).where(attempts.c.run_id.in_(_given(d)))
     .returning(attempts.c.attempt_id))
 
+# A call's cost and tokens outlive the Run's documents (spend reports read them); its answer is
+# a document, kept only to be reused by a later Attempt, which a completed Run never has.
+_FORGET_ANSWERS = Statement(
+    "forget_pruned_answers", "Null the answers of the pruned Runs' model calls; their cost, "
+    "tokens and outcome stay.",
+    lambda d: sa.update(calls).where(calls.c.run_id.in_(_given(d)), calls.c.answer.isnot(None))
+    .values(answer=sa.null()).returning(calls.c.call_id))
+
 
 def _settled_alert() -> sa.ColumnElement[bool]:
     """An occurrence that is no skip and whose every decision's event is known emitted."""
@@ -257,7 +267,7 @@ def prune_batch_txn(conn: Connection, cutoff: datetime, jobs: Sequence[str], lim
     """Make tombstones of the Runs among the next ``limit`` after the cursor ``after`` that
     are completed before ``cutoff``, of ``jobs``, with no message still to deliver: digest
     each output, delete its Attempts, final messages, their delivery attempts and settled
-    alerts, null its documents."""
+    alerts, null its documents and its model calls' answers."""
     require_aware(cutoff, "cutoff", InvalidInput)
     given = _jobs(jobs)
     window = _WINDOW.first(conn, after=after, limit=check_batch(limit))
@@ -281,6 +291,7 @@ def prune_batch_txn(conn: Connection, cutoff: datetime, jobs: Sequence[str], lim
     digests = [{"run_id": row["run_id"],
                 "output_digest": document_digest(row["output"] or {}, "output")}
                for row in picked]
+    _FORGET_ANSWERS.rows(conn, ids=ids)
     buried = _BURY.rows(conn, digests=digests)
     return Pruned(len(buried), deleted[2], deleted[1], deleted[0], deleted[3],
                   sum(int(row["document_bytes"] or 0) for row in picked), cursor)

@@ -39,6 +39,19 @@ LAYERS = ("unit", "integration", "acceptance")
 DIALECT_FIXTURES = ("db_url", "empty_db_url")
 
 
+# One pytest-xdist worker runs each group: the acceptance tests (so the session's stack starts
+# once) and the host drills (so two clusters never compete for the two cores).
+XDIST_GROUPS = ("acceptance", "hosts")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Put each acceptance and host test in its layer's xdist group as it is collected:
+    ``--dist loadgroup`` reads the group before any ``pytest_collection_modifyitems`` runs."""
+    layer = item.path.relative_to(TESTS).parts[0]
+    if layer in XDIST_GROUPS:
+        item.add_marker(pytest.mark.xdist_group(layer))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test with its layer (its folder under tests/), and with ``postgres`` when it
     uses the PostgreSQL server: through ``postgres_databases``, or a dialect fixture's
@@ -47,9 +60,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         layer = item.path.relative_to(TESTS).parts[0]
         if layer in LAYERS:
             item.add_marker(layer)
-        if layer == "acceptance":
-            # One pytest-xdist worker runs them all, so the session's stack starts once.
-            item.add_marker(pytest.mark.xdist_group("acceptance"))
         callspec: Any = getattr(item, "callspec", None)
         params: dict[str, Any] = callspec.params if callspec is not None else {}
         if "postgres_databases" in getattr(item, "fixturenames", ()) or any(
@@ -195,5 +205,6 @@ def prefect_api() -> Iterator[str]:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=90):
+    # 240 s: on a machine shared by several test sessions its start took 96 s.
+    with prefect_test_harness(server_startup_timeout=240):
         yield str(PREFECT_API_URL.value())

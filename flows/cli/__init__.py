@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.markup import escape
-
 import flows.cli.delivery_commands  # noqa: F401  (registers deliver, outbox requeue|show, sink)
 from flows.cli import (
     backfill_commands,  # noqa: F401  (registers backfill)
+    check_commands,  # noqa: F401  (registers check)
+    cost_commands,  # noqa: F401  (registers costs)
     demo,  # noqa: F401  (registers demo)
+    init_commands,  # noqa: F401  (registers init)
     ledger_commands,  # noqa: F401  (registers db, runs, outbox list)
     overdue_commands,  # noqa: F401  (registers overdue)
     prune_commands,  # noqa: F401  (registers prune)
@@ -19,8 +19,11 @@ from flows.cli import (
     stats_commands,  # noqa: F401  (registers stats)
     status_commands,  # noqa: F401  (registers status)
 )
-from flows.cli.app import app
+from flows.cli.app import app, help_as_paragraphs
+from flows.cli.output import error
 from store import RunledgerError
+
+help_as_paragraphs(app)
 
 
 def main() -> None:
@@ -29,5 +32,5 @@ def main() -> None:
     try:
         app()
     except RunledgerError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+        error(exc)
         raise SystemExit(1) from None

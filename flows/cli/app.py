@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
+
 import typer
 
+# "rich": help texts may carry Rich markup (none does yet); Typer keeps the line ends of a
+# docstring in that mode, which `help_as_paragraphs` removes.
 app = typer.Typer(
     name="runledger",
     help="Idempotent scheduled AI jobs on Prefect, with a durable outbox.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode="rich",
 )
 db_app = typer.Typer(help="Ledger database schema.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect logical runs, their attempts and outbox rows.", no_args_is_help=True)
@@ -31,3 +36,21 @@ def api_refused(error: BaseException) -> str | None:
             f"{'Unauthorized' if status == 401 else 'Forbidden'}): set PREFECT_API_AUTH_STRING "
             "to its user:password (the server's PREFECT_SERVER_API_AUTH_STRING; "
             "docs/security.md)")
+
+
+def paragraphs(text: str) -> str:
+    """``text`` (a docstring) as paragraphs separated by one blank line, each on one line, so
+    that the terminal wraps it at its own width rather than at the docstring's line ends."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def help_as_paragraphs(group: typer.Typer) -> None:
+    """Give each command of ``group`` and of its sub-groups its docstring as paragraphs for
+    ``--help``, and its first paragraph (the docstring's one-line summary) for the command list."""
+    for info in group.registered_commands:
+        text = paragraphs(info.help or inspect.getdoc(info.callback) or "")
+        info.help = text
+        info.short_help = info.short_help or text.split("\n\n")[0]
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            help_as_paragraphs(sub.typer_instance)

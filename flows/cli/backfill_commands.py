@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Coroutine
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
@@ -14,15 +15,17 @@ from rich.text import Text
 
 from flows.cli.app import app
 from flows.cli.flow_runs import run_here
-from flows.cli.ledger_commands import fail, open_ledger, print_json
+from flows.cli.output import console, fail, open_ledger, print_json
 from flows.cli.run_commands import STYLES
 from flows.cli.tables import FOLD, Col, print_table, short_id
+from flows.jobs.schedule import NOT_DUE_FLAG
 from store import RunledgerError
 
 if TYPE_CHECKING:
     from prefect import State
 
-    from flows.backfill import BackfillReport, PeriodResult, Plan
+    from flows.backfill.plan import Plan
+    from flows.backfill.report import BackfillReport, PeriodResult
 
 SHOWN = ("new", "duplicate", "failed")  # always in the progress bar, even at 0
 
@@ -34,7 +37,7 @@ def backfill_command(
         "--from", help="The first period: a date YYYY-MM-DD in the job's timezone, or an ISO "
                        "datetime with an offset.")],
     end: Annotated[str, typer.Option(
-        "--to", help="The last period (included), the same way; not in the future.")],
+        "--to", help="The last period (included), the same way; not one that is not yet due.")],
     subject: Annotated[list[str] | None, typer.Option(
         "--subject", "-s", help="A subject to run (repeatable); default: all of the job's.")] = None,
     reprocess: Annotated[str, typer.Option(
@@ -47,21 +50,33 @@ def backfill_command(
         "--rate", metavar="N/min", help="Start at most N periods a minute.")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Show what would run, period by period; write nothing.")] = False,
+    allow_not_due: Annotated[bool, typer.Option(
+        NOT_DUE_FLAG, help="Let --to be a period not due yet (refused otherwise: a completed "
+                           "Run never changes).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Run JOB's periods from --from to --to, each as a run-job subflow of the backfill flow,
-    oldest first. Completed Runs are not run again: the same command again continues where
-    it stopped. Exit status 1 if any subject failed.
+    """Run JOB's past periods from --from to --to through the backfill flow.
+
+    Each period is a run-job subflow of the backfill flow, oldest first. Completed Runs are not
+    run again: the same command again continues where it stopped. Exit status 1 if any subject
+    failed.
 
     Uses the Prefect server at PREFECT_API_URL, or a temporary local one. The ledger schema
     is created or migrated first (not for a dry run), as by `runledger db upgrade`."""
-    from flows.backfill import check, parse_rate, read_plan
-    from flows.jobs import upgrade_ledger
+    from flows.backfill.plan import read_plan
+    from flows.backfill.request import check, parse_rate
+    from flows.registry import upgrade_ledger
 
-    ledger = open_ledger()
+    # Job, range, subjects and options are checked before any ledger or server is touched
+    # (by this host's clock; the flow checks again by the database's).
     try:
         request = check(job, start, end, subject, reprocess, max_active,
-                        parse_rate(rate) if rate is not None else None, ledger.now())
+                        parse_rate(rate) if rate is not None else None, datetime.now(UTC),
+                        allow_not_due)
+    except RunledgerError as exc:
+        raise fail(exc, code=2) from None
+    ledger = open_ledger()
+    try:
         if dry_run:
             planned = read_plan(ledger, request)
         else:
@@ -73,24 +88,33 @@ def backfill_command(
     if dry_run:
         _print_plan(planned, as_json)
         return
-    console = Console(stderr=as_json)
-    from flows.backfill import BackfillReport, watching
+    out = console(stderr=as_json)
+    from flows.backfill.drive import watching
+    from flows.backfill.report import BackfillReport
 
     def call() -> Coroutine[Any, Any, State[Any]]:
-        from flows.backfill import backfill
+        from flows.backfill.flow import backfill
 
         return cast("Coroutine[Any, Any, State[Any]]", backfill(
             job=job, start=start, end=end, subjects=subject or None,
             reprocess=request.reprocess, max_active=max_active,
-            rate_per_minute=request.rate_per_minute, return_state=True))
+            rate_per_minute=request.rate_per_minute, allow_not_due=allow_not_due,
+            return_state=True))
 
-    bar = _ProgressBar(console, len(request.periods) * len(request.subjects))
+    def stopped() -> None:
+        console(stderr=True).print(
+            f"stopped the backfill of {job} {start}..{end}: periods not started were not "
+            "registered; the same command again continues where it stopped "
+            f"(runledger runs list --job {job})", markup=False, highlight=False)
+
+    bar = _ProgressBar(out, len(request.periods) * len(request.subjects))
     with bar:
-        value, state = run_here(call, BackfillReport, watching(bar.advance))
+        value, state = run_here(call, BackfillReport, watching(bar.advance),
+                                what=f"the backfill of {job} {start}..{end}", stopped=stopped)
     if as_json:
         print_json({**value.as_dict(), "flow_run_id": str(state.state_details.flow_run_id)})
     else:
-        _print_report(console, value)
+        _print_report(out, value)
     if value.failed():
         raise typer.Exit(1)
 
@@ -148,7 +172,7 @@ PLAN_COLUMNS = [Col("period"), Col("to run", fold=FOLD), Col("completed"), Col("
 
 
 def _print_plan(planned: Plan, as_json: bool) -> None:
-    from flows.backfill import BackfillReport
+    from flows.backfill.report import BackfillReport
 
     if as_json:
         print_json(BackfillReport(planned, dry_run=True).as_dict())
@@ -159,4 +183,4 @@ def _print_plan(planned: Plan, as_json: bool) -> None:
                  f"unskip {len(p.unskip)}" if p.unskip else ""]
         rows.append([p.period.label, ", ".join(p.run) or "-", str(len(p.completed)),
                      str(len(p.failed)), str(len(p.skipped)), " ".join(filter(None, first))])
-    print_table(Console(), PLAN_COLUMNS, rows, title="dry run: " + planned.summary())
+    print_table(console(), PLAN_COLUMNS, rows, title="dry run: " + planned.summary())

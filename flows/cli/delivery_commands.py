@@ -1,26 +1,28 @@
-"""Delivery commands: `deliver` (one dispatcher pass, the same code as the deliver-outbox flow),
-`outbox requeue|show`, and `sink` (the local SMTP sink)."""
+"""Delivery commands: `deliver` (one dispatcher pass per channel, the same code as the
+deliver-outbox flow), `outbox requeue|show`, and `sink` (the local SMTP sink)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from flows.cli.app import app, outbox_app
-from flows.cli.ledger_commands import fail, open_ledger, print_json
+from flows.cli.output import console, fail, open_ledger, print_json
 from flows.delivery.dispatcher import Dispatcher
-from flows.mail.errors import MailConfigurationError
+from flows.delivery.report import DeliveryReport
+from flows.errors import DeliveryConfigurationError
 from flows.mail.letter import message_id_for
 from flows.mail.sink import Fault, serve
-from store import RunledgerError
+from store import CHANNELS, Ledger, RunledgerError
 
-console = Console()
 CONFIGURATION_EXIT = 2
 
 
@@ -30,34 +32,54 @@ def deliver(
                                    help="Messages claimed per batch (one lease each)."),
     max_seconds: float = typer.Option(60.0, "--max-seconds", min=0.1,
                                       help="Stop claiming new batches after this many seconds."),
+    channel: str | None = typer.Option(
+        None, "--channel", help=f"Deliver only this channel ({', '.join(CHANNELS)}); default: "
+                                "every channel of RUNLEDGER_DELIVERY_CHANNELS."),
     as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every outcome that is not sent."),
 ) -> None:
     """Deliver due outbox messages once (until none is due), like one deliver-outbox flow run."""
+    if channel is not None and channel not in CHANNELS:
+        raise typer.BadParameter(f"must be one of {', '.join(CHANNELS)}, got {channel!r}",
+                                 param_hint="--channel")
     if verbose:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     ledger = open_ledger()
     try:
-        dispatcher = Dispatcher.from_settings(ledger)
-        report = asyncio.run(dispatcher.run_pass(batch_size=batch_size, max_seconds=max_seconds))
-    except MailConfigurationError as exc:
-        Console(stderr=True).print(f"[bold red]configuration error:[/] {exc}")
-        raise typer.Exit(CONFIGURATION_EXIT) from None
+        reports = asyncio.run(_passes(ledger, channel, batch_size, max_seconds))
+    except DeliveryConfigurationError as exc:
+        raise fail(exc, CONFIGURATION_EXIT, label="configuration error") from None
     finally:
         ledger.close()
     if as_json:
-        print_json(report.counts)
+        total: Counter[str] = Counter()
+        for report in reports:
+            total.update(report.counts)
+        print_json(dict(total) if len(reports) == 1 else
+                   {"total": dict(total), **{r.channel: r.counts for r in reports}})
         return
-    counts = ", ".join(f"{n} {name}" for name, n in report.counts.items() if n)
-    console.print(f"delivered in {report.seconds:.1f} s: {counts or 'nothing was due'}")
-    if report.stopped:
-        console.print(f"[yellow]stopped early:[/] {report.stopped}")
-    rows = report.rows()
-    if rows:
-        table = Table(*rows[0], title="not sent")
-        for row in rows:
-            table.add_row(*row.values())
-        console.print(table)
+    out = console()
+    for report in reports:
+        counts = ", ".join(f"{n} {name}" for name, n in report.counts.items() if n)
+        out.print(f"{report.channel}: delivered in {report.seconds:.1f} s: "
+                  f"{counts or 'nothing was due'}")
+        if report.stopped:
+            out.print(f"[yellow]stopped early:[/] {escape(report.stopped)}")
+        rows = report.rows()
+        if rows:
+            table = Table(*rows[0], title=f"{report.channel}: not sent")
+            for row in rows:
+                table.add_row(*row.values())
+            out.print(table)
+
+
+async def _passes(ledger: Ledger, channel: str | None, batch_size: int,
+                  max_seconds: float) -> list[DeliveryReport]:
+    """One pass per channel, side by side, as the deliver-outbox flow runs them."""
+    dispatchers = ([Dispatcher.from_settings(ledger, channel=channel)] if channel
+                   else Dispatcher.for_channels(ledger))
+    return list(await asyncio.gather(*[d.run_pass(batch_size=batch_size, max_seconds=max_seconds)
+                                       for d in dispatchers]))
 
 
 @outbox_app.command("requeue")
@@ -74,10 +96,17 @@ def outbox_requeue(message_id: str = typer.Argument(
         raise fail(exc) from exc
     finally:
         ledger.close()
-    console.print(f"message {message.message_id} to {message.recipient} is {message.status}, "
-                  f"due now, Message-ID {message_id_for(message.message_id)}")
-    if before is not None and before.status == "uncertain":
-        console.print("[yellow]note:[/] it was uncertain: the receiver may already have it; the "
+    out = console()
+    same_key = (f"Message-ID {message_id_for(message.message_id)}" if message.channel == "email"
+                else f"key {message.message_id}")
+    out.print(f"{message.channel} message {message.message_id} to {escape(message.recipient)} is "
+              f"{message.status}, due now, {same_key}")
+    if before is not None and before.status == "uncertain" and message.channel != "email":
+        out.print("[yellow]note:[/] it was uncertain: before sending it again the dispatcher asks "
+                  "the receiver where it can (a webhook's status lookup, an object's HEAD); "
+                  "otherwise the copy carries the same key")
+    elif before is not None and before.status == "uncertain":
+        out.print("[yellow]note:[/] it was uncertain: the receiver may already have it; the "
                       "copy carries the same Message-ID so it can be recognised")
 
 
@@ -103,16 +132,22 @@ def outbox_show(
         print_json({"message": message.model_dump(mode="json"),
                     "attempts": [a.model_dump(mode="json") for a in attempts]})
         return
-    console.print(f"[bold]{message.recipient}[/] {message.subject!r}\nmessage {message.message_id} "
-                  f"(Message-ID {message_id_for(message.message_id)}) run {message.run_id}\n"
+    out = console()
+    key = (f"Message-ID {message_id_for(message.message_id)}" if message.channel == "email"
+           else f"{message.channel}, key {message.message_id}")
+    out.print(f"[bold]{escape(message.recipient)}[/] {escape(repr(message.subject))}\nmessage "
+              f"{message.message_id} ({key}) run {message.run_id}\n"
                   f"status [bold]{message.status}[/], attempts {message.attempts}, next attempt "
                   f"{message.next_attempt_at or '-'}, last error {message.last_error or '-'}")
+    if message.payload is not None:
+        out.print(f"channel {message.channel}, payload:")
+        out.print(escape(json.dumps(message.payload, indent=2, ensure_ascii=False)[:4000]))
     table = Table("attempt", "owner", "started", "finished", "outcome", "reply", "provider id")
     for a in attempts:
         table.add_row(str(a.attempt), a.owner, str(a.started_at), str(a.finished_at), a.outcome,
                       f"{a.reply_code or ''} {a.reply_text or ''}".strip(),
                       a.provider_message_id or "")
-    console.print(table)
+    out.print(table)
 
 
 @app.command("sink")
@@ -132,5 +167,6 @@ def sink(
         parsed = [Fault.parse(spec) for spec in faults or []]
     except RunledgerError as exc:
         raise typer.BadParameter(str(exc), param_hint="--fault") from None
-    stats = serve(host, port, maildir, dedupe=dedupe, faults=parsed, announce=console.print)
-    console.print(f"sink stopped: {stats}")
+    out = console()
+    stats = serve(host, port, maildir, dedupe=dedupe, faults=parsed, announce=out.print)
+    out.print(f"sink stopped: {stats}")

@@ -8,12 +8,10 @@ import socket
 from datetime import UTC, datetime, timedelta
 
 import typer
-from rich.console import Console
 
 from flows.cli.app import app
+from flows.cli.output import console, fail
 from store import Ledger, OutboxMessage, Period, RunIdentity, RunledgerError
-
-console = Console()
 
 
 @app.command("demo")
@@ -30,43 +28,43 @@ def demo(
         finally:
             ledger.close()
     except RunledgerError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(1) from exc
+        raise fail(exc) from exc
 
 
 def _demo(ledger: Ledger) -> None:
     ledger.migrate()
-    console.print(f"ledger: {ledger.engine.url.render_as_string()} ({ledger.dialect}), schema migrated")
+    out = console()
+    out.print(f"ledger: {ledger.engine.url.render_as_string()} ({ledger.dialect}), schema migrated")
     period = Period.containing(datetime.now(UTC), "daily", "UTC")
     identity = RunIdentity("demo", "hello", period.start, "v1")
     owner = f"{socket.gethostname()}:{os.getpid()}"
     message = OutboxMessage("demo@example.com", f"Demo digest {period.label}", "Hello from runledger.")
 
     run = ledger.register(identity, params={"recipients": [message.recipient]})
-    console.print(f"1. register {identity.job}/{identity.subject}/{period.label}: run {run.run_id[:12]} "
+    out.print(f"1. register {identity.job}/{identity.subject}/{period.label}: run {run.run_id[:12]} "
                   f"is [bold]{run.status}[/]")
     claim = ledger.claim(run.run_id, owner, timedelta(minutes=5))
     if claim is None:
-        console.print("2. claim: no lease, the Run is already completed or leased elsewhere "
+        out.print("2. claim: no lease, the Run is already completed or leased elsewhere "
                       "(run the demo again tomorrow for a fresh Run)")
     else:
-        console.print(f"2. claim as {owner}: fence {claim.fence}, lease until "
+        out.print(f"2. claim as {owner}: fence {claim.fence}, lease until "
                       f"{claim.lease_expires_at:%H:%M:%S} UTC by the database clock")
         raw = ledger.save_input(claim, {"items": ["alpha", "beta"]})
-        console.print(f"3. save_input: stored raw input {raw}")
+        out.print(f"3. save_input: stored raw input {raw}")
         done = ledger.complete(claim, {"summary": f"{len(raw['items'])} items"}, [message])
-        console.print(f"4. complete: new={done.new}, output {done.run.output}, "
+        out.print(f"4. complete: new={done.new}, output {done.run.output}, "
                       f"{len(ledger.messages(run_id=run.run_id))} outbox row queued")
 
-    console.print("[bold]repeat the same logical run[/] (a retry, an overlap or a manual rerun):")
+    out.print("[bold]repeat the same logical run[/] (a retry, an overlap or a manual rerun):")
     again = ledger.register(identity, params={"recipients": [message.recipient]})
-    console.print(f"5. register: same run {again.run_id[:12]}, status [bold]{again.status}[/], "
+    out.print(f"5. register: same run {again.run_id[:12]}, status [bold]{again.status}[/], "
                   f"{len(ledger.runs(job='demo'))} demo row(s) in the ledger for all days")
     retry = ledger.claim(again.run_id, owner, timedelta(minutes=5))
-    console.print(f"6. claim: {'granted' if retry else 'none, the Run is completed: no model call'}")
+    out.print(f"6. claim: {'granted' if retry else 'none, the Run is completed: no model call'}")
     if claim is not None:
         replay = ledger.complete(claim, {"summary": "a different answer"}, [message])
-        console.print(f"7. complete again: new={replay.new}, the stored output {replay.run.output} "
+        out.print(f"7. complete again: new={replay.new}, the stored output {replay.run.output} "
                       "is returned (the different answer is dropped)")
-    console.print(f"outbox rows for this run: {len(ledger.messages(run_id=again.run_id))} "
+    out.print(f"outbox rows for this run: {len(ledger.messages(run_id=again.run_id))} "
                   "(one per recipient, whatever the retries)")

@@ -3,14 +3,16 @@ the settings runledger gives it; its report, or the error in one line."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import typer
+
 from flows.cli.app import api_refused
-from flows.cli.ledger_commands import fail
+from flows.cli.interrupt import INTERRUPTED, Interrupts, run_interruptibly, server_of_its_own
+from flows.cli.output import error, fail
 
 if TYPE_CHECKING:
     from prefect import State
@@ -54,16 +56,35 @@ def ephemeral_server() -> AbstractContextManager[Any]:
 
 
 def run_here(start: Callable[[], Coroutine[Any, Any, State[Any]]], report: type[R],
-             around: AbstractContextManager[Any] | None = None) -> tuple[R, State[Any]]:
+             around: AbstractContextManager[Any] | None = None, what: str = "the flow run",
+             stopped: Callable[[], None] | None = None) -> tuple[R, State[Any]]:
     """Run the flow call ``start`` makes (with ``return_state=True``) to its end, inside
     ``around`` if given, and return its report with its final state. A server refusing our
-    credentials, or a flow run that ended without a report, exits with the error in one line."""
-    with ephemeral_server(), around or nullcontext():
+    credentials, or a flow run that ended without a report, exits with the error in one line.
+    Ctrl-C stops it as flows/cli/interrupt.py says; ``stopped`` then reports what was left,
+    and the command exits 130."""
+    interrupts = Interrupts()
+    try:
+        return _run_here(start, report, around, what, stopped, interrupts)
+    except KeyboardInterrupt:  # before the flow run started: while its server was starting
+        error(f"Ctrl-C before {what} started: nothing ran", label="stopped")
+        raise typer.Exit(INTERRUPTED) from None
+
+
+def _run_here(start: Callable[[], Coroutine[Any, Any, State[Any]]], report: type[R],
+              around: AbstractContextManager[Any] | None, what: str,
+              stopped: Callable[[], None] | None, interrupts: Interrupts
+              ) -> tuple[R, State[Any]]:
+    with ephemeral_server(), server_of_its_own(interrupts), around or nullcontext():
         try:
             # Prefect types a flow call as an Awaitable (it is a coroutine) and, for a flow
             # that returns a State, its final state as State[State]: it ends in the State
             # returned.
-            state = asyncio.run(start())
+            state = run_interruptibly(start, what, interrupts)
+        except KeyboardInterrupt:
+            if stopped is not None:
+                stopped()
+            raise typer.Exit(INTERRUPTED) from None
         except Exception as exc:
             refused = api_refused(exc)
             if refused is None:

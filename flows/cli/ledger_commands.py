@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import typer
@@ -11,10 +10,20 @@ from rich.markup import escape
 
 from flows.cli.app import db_app, outbox_app, runs_app
 from flows.cli.logical_runs import attempt_fields, period_label, prefect_ui_url, run_fields
+from flows.cli.output import console, fail, open_ledger, print_json
 from flows.cli.tables import EMAIL, FOLD, Col, print_table, short_id, utc
-from store import MESSAGE_STATUSES, RUN_STATUSES, Ledger, Run, RunledgerError, latest_completed
-
-console = Console()
+from flows.prices import format_money
+from flows.spend import spend_of
+from store import (
+    CHANNELS,
+    MESSAGE_STATUSES,
+    RUN_STATUSES,
+    Attempt,
+    ModelCall,
+    Run,
+    RunledgerError,
+    latest_completed,
+)
 
 # Job and period are what a list of Runs is read for; attempts and version go first on a
 # narrow console (`runs show` has them). A recipient is worth more than the run id it belongs
@@ -28,27 +37,19 @@ ATTEMPT_COLUMNS = [Col("fence"), Col("attempt id", drop=5), Col("owner", fold=FO
                    Col("started (UTC)", drop=2), Col("finished (UTC)", drop=3),
                    Col("duration", drop=1), Col("outcome"), Col("model calls", drop=4),
                    Col("error", fold=FOLD, optional=True)]
+CALL_COLUMNS = [Col("fence"), Col("pos"), Col("model", fold=FOLD, drop=3),
+                Col("started (UTC)", drop=2), Col("outcome"), Col("tokens in", drop=4),
+                Col("tokens out", drop=4), Col("latency", drop=1), Col("cost", fold=FOLD),
+                Col("reused", drop=5), Col("error", fold=FOLD, optional=True)]
 RUN_OUTBOX_COLUMNS = [Col("message id"), Col("channel", drop=1), Col("recipient", fold=EMAIL),
                       Col("status"), Col("attempts", drop=2),
                       Col("last error", fold=FOLD, optional=True)]
-OUTBOX_COLUMNS = [Col("message id"), Col("run id", drop=1), Col("recipient", fold=EMAIL),
-                  Col("subject", fold=FOLD), Col("status"), Col("attempts", drop=2),
-                  Col("next attempt (UTC)", drop=3), Col("last error", fold=FOLD, optional=True)]
-
-
-def open_ledger() -> Ledger:
-    """The ledger at $RUNLEDGER_DATABASE_URL (default ./runledger.db); close it (``with``)."""
-    return Ledger.connect()
-
-
-def fail(error: BaseException) -> typer.Exit:
-    """Print a domain error in one clear line and exit 1 (no traceback for expected errors)."""
-    Console(stderr=True).print(f"[bold red]error:[/] {error}")
-    return typer.Exit(1)
-
-
-def print_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+# An address is what the list is read for and a folded one is misread: it never folds; the
+# run id, the channel and the subject are left out first at 80 columns.
+OUTBOX_COLUMNS = [Col("message id"), Col("run id", drop=5), Col("channel", drop=4),
+                  Col("target"), Col("subject", fold=FOLD, drop=3), Col("status"),
+                  Col("attempts", drop=1), Col("next attempt (UTC)", drop=2),
+                  Col("last error", fold=FOLD, optional=True)]
 
 
 def _check_choice(value: str | None, allowed: tuple[str, ...], what: str) -> None:
@@ -58,9 +59,11 @@ def _check_choice(value: str | None, allowed: tuple[str, ...], what: str) -> Non
 
 @db_app.command("upgrade")
 def db_upgrade(revision: str = typer.Argument("head", help="Alembic revision to upgrade to.")) -> None:
-    """Create or migrate the ledger schema (Alembic upgrade) and create the registered jobs'
-    own business tables that are missing. Run it before the workers of a new version start."""
-    from flows.jobs import upgrade_ledger
+    """Create or migrate the ledger schema and the registered jobs' tables.
+
+    Runs Alembic's upgrade to REVISION, then creates the registered jobs' own business tables
+    that are missing. Run it before the workers of a new version start."""
+    from flows.registry import upgrade_ledger
 
     ledger = open_ledger()
     try:
@@ -70,14 +73,15 @@ def db_upgrade(revision: str = typer.Argument("head", help="Alembic revision to 
     finally:
         ledger.close()
     tables = f"; tables of {', '.join(with_tables)}" if with_tables else ""
-    console.print(f"ledger schema at {revision} ({ledger.dialect}){tables}")
+    console().print(f"ledger schema at {revision} ({ledger.dialect}){tables}")
 
 
 @runs_app.command("list")
 def runs_list(
     job: str | None = typer.Option(None, "--job", help="Only runs of this job."),
     status: str | None = typer.Option(None, "--status", help=f"One of {', '.join(RUN_STATUSES)}."),
-    limit: int = typer.Option(100, "--limit", min=1),
+    limit: int = typer.Option(100, "--limit", min=1,
+                              help="Show the N Runs of the newest periods (default 100)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List logical runs, newest period first."""
@@ -89,7 +93,7 @@ def runs_list(
         ui_url = prefect_ui_url()
         print_json([run_fields(r, attempts[r.run_id], ui_url) for r in runs])
         return
-    print_table(console, RUN_COLUMNS, [
+    print_table(console(), RUN_COLUMNS, [
         [short_id(r.run_id), r.job, r.subject, period_label(r), r.version, str(r.revision),
          r.status, str(r.attempts)] for r in runs])
 
@@ -99,15 +103,19 @@ def runs_show(
     run_id: str = typer.Argument(..., help="The Run id, or a unique prefix of it (4+ characters)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Show one Run with its period (in the job's timezone and UTC), input version, duration,
-    output location (links into the Prefect UI when PREFECT_UI_URL or PREFECT_API_URL is set),
-    attempts and outbox rows."""
+    """Show one Run with its attempts, model calls, outbox rows and revisions.
+
+    Its period in the job's timezone and in UTC, its input version, its duration and its output
+    location, which links into the Prefect UI when PREFECT_UI_URL or PREFECT_API_URL is set;
+    each model call of each attempt with its outcome, tokens, latency, cost and how often its
+    answer was reused from the checkpoint."""
     with open_ledger() as ledger:
         try:
             run = ledger.get(ledger.resolve_run_id(run_id))
         except RunledgerError as exc:
             raise fail(exc) from exc
         attempts = ledger.attempts(run.run_id)
+        calls = ledger.calls.of_run(run.run_id)
         messages = ledger.messages(run_id=run.run_id, limit=10_000)
         revisions = ledger.revisions(run.run_id)
     record = run_fields(run, attempts, prefect_ui_url())
@@ -121,34 +129,69 @@ def runs_show(
         print_json({
             "run": {**record, "raw_input": run.raw_input, "output": run.output},
             "attempts": [attempt_fields(a) for a in attempts],
+            "model_calls": [c.model_dump(mode="json") for c in calls],
+            "spend": spend_of([c.model_dump() for c in calls]).as_dict(),
             "outbox": [m.model_dump(mode="json", exclude={"body"}) for m in messages],
             "lineage": lineage,
         })
         return
-    _print_run(run, record)
+    out = console()
+    _print_run(out, run, record)
     if len(revisions) > 1:
-        print_table(console, LINEAGE_COLUMNS, [
+        print_table(out, LINEAGE_COLUMNS, [
             [f"{r.revision}{' (current result)' if r is current else ''}", short_id(r.run_id),
              r.status, utc(r.created_at), r.revision_reason or ""] for r in revisions],
             title="revisions (the result is the latest completed)")
-    print_table(console, ATTEMPT_COLUMNS, [
+    print_table(out, ATTEMPT_COLUMNS, [
         [str(a.fence), a.attempt_id, a.owner, utc(a.started_at), utc(a.finished_at),
          _duration(attempt_fields(a)["duration_seconds"]), a.outcome or "(open)",
-         "-" if a.model_calls is None else str(a.model_calls), a.error or ""]
+         _attempt_calls(a, calls), a.error or ""]
         for a in attempts], title="attempts")
-    print_table(console, RUN_OUTBOX_COLUMNS, [
+    spend = spend_of([c.model_dump() for c in calls])
+    print_table(out, CALL_COLUMNS, [
+        [str(c.fence), str(c.position), c.model, utc(c.started_at), c.outcome or "(in flight)",
+         _count(c.prompt_tokens), _count(c.completion_tokens),
+         "-" if c.latency_ms is None else f"{c.latency_ms} ms",
+         _call_cost(c),
+         str(c.reuses), c.error or ""] for c in calls],
+        title=f"model calls: {spend.paid} paid, {spend.lost} lost, {spend.reused} reused, "
+              f"{spend.tokens} tokens, {spend.money()}")
+    print_table(out, RUN_OUTBOX_COLUMNS, [
         [short_id(m.message_id), m.channel, m.recipient, m.status, str(m.attempts),
          m.last_error or ""] for m in messages], title="outbox")
+
+
+def _attempt_calls(attempt: Attempt, calls: list[ModelCall]) -> str:
+    """The calls that left during an Attempt, from the ledger's call records (a killed
+    Attempt's too); an Attempt of a Run recorded before calls were (no records) shows the
+    count it kept when it ended."""
+    if calls:
+        return str(sum(1 for c in calls if c.fence == attempt.fence))
+    return "-" if attempt.model_calls is None else str(attempt.model_calls)
+
+
+def _call_cost(call: ModelCall) -> str:
+    """A call's cost for people: not billed (refused), unknown (no usage reached the ledger),
+    no price, or the amount."""
+    if call.outcome == "refused":
+        return "not billed"
+    if call.cost_nanos is None and call.prompt_tokens is None and call.completion_tokens is None:
+        return "in flight" if call.outcome is None else "unknown"
+    return format_money(call.cost_nanos, call.currency)
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _duration(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.3f} s"
 
 
-def _print_run(run: Run, record: dict[str, Any]) -> None:
+def _print_run(out: Console, run: Run, record: dict[str, Any]) -> None:
     """The Run's identity, period, state, evidence and output location, as lines of text."""
     window = record["period_window"]
-    console.print(f"[bold]{escape(run.job)}[/] / {escape(run.subject)} / {record['period']} / "
+    out.print(f"[bold]{escape(run.job)}[/] / {escape(run.subject)} / {record['period']} / "
                   f"{escape(run.version)}", highlight=False)
     lines = [f"run id {run.run_id} (its run key)"]
     if run.revision:
@@ -162,7 +205,7 @@ def _print_run(run: Run, record: dict[str, Any]) -> None:
                      "registered here)")
     lines.append(f"status {run.status}, fence {run.fence}, attempts {run.attempts} "
                  f"(numbers {', '.join(map(str, record['attempt_numbers'])) or '-'}), "
-                 f"model calls {run.model_calls}, owner {run.owner or '-'}, "
+                 f"owner {run.owner or '-'}, "
                  f"lease until {run.lease_expires_at or '-'}")
     if run.pruned_at is not None:
         lines.append(f"tombstone: output pruned on {utc(run.pruned_at)} UTC (sha256 "
@@ -182,7 +225,7 @@ def _print_run(run: Run, record: dict[str, Any]) -> None:
     if run.error:
         lines.append(f"error: {run.error}")
     for line in lines:
-        console.print(line, markup=False, highlight=False)
+        out.print(line, markup=False, highlight=False)
 
 
 @runs_app.command("requeue")
@@ -194,7 +237,7 @@ def runs_requeue(run_id: str = typer.Argument(
             run = ledger.requeue_run(ledger.resolve_run_id(run_id))
         except RunledgerError as exc:
             raise fail(exc) from exc
-    console.print(f"run {run.run_id} is {run.status}")
+    console().print(f"run {run.run_id} is {run.status}")
 
 
 @outbox_app.command("list")
@@ -202,20 +245,28 @@ def outbox_list(
     status: str | None = typer.Option(None, "--status", help=f"One of {', '.join(MESSAGE_STATUSES)}."),
     run_id: str | None = typer.Option(None, "--run",
                                       help="Only messages of this Run (its id or a unique prefix)."),
-    limit: int = typer.Option(100, "--limit", min=1),
+    channel: str | None = typer.Option(None, "--channel", help=f"One of {', '.join(CHANNELS)}."),
+    limit: int = typer.Option(100, "--limit", min=1,
+                              help="Show the newest N messages (default 100)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """List outbox messages (oldest first)."""
+    """List outbox messages, newest first; the target is the address, the webhook endpoint,
+    or the bucket block and object key."""
     _check_choice(status, MESSAGE_STATUSES, "--status")
+    _check_choice(channel, CHANNELS, "--channel")
     with open_ledger() as ledger:
         try:
             run = None if run_id is None else ledger.resolve_run_id(run_id)
         except RunledgerError as exc:
             raise fail(exc) from exc
-        messages = ledger.messages(status=status, run_id=run, limit=limit)
+        messages = ledger.recent_messages(status=status, run_id=run, channel=channel,
+                                          limit=limit)
     if as_json:
-        print_json([m.model_dump(mode="json", exclude={"body"}) for m in messages])
+        print_json([m.model_dump(mode="json", exclude={"body", "payload"}) for m in messages])
         return
-    print_table(console, OUTBOX_COLUMNS, [
-        [short_id(m.message_id), short_id(m.run_id), m.recipient, m.subject, m.status,
+    out = console()
+    print_table(out, OUTBOX_COLUMNS, [
+        [short_id(m.message_id), short_id(m.run_id), m.channel, m.recipient, m.subject, m.status,
          str(m.attempts), utc(m.next_attempt_at), m.last_error or ""] for m in messages])
+    if len(messages) == limit:
+        out.print(f"the newest {limit}; older ones with a larger --limit", highlight=False)

@@ -1,4 +1,4 @@
-"""A logical Run as an operator reads it (seed 001's fields): its key, its period in the job's
+"""A logical Run as an operator reads it: its key, its period in the job's
 timezone and in UTC, its attempt numbers, its input version, how long it took, where its output
 came from in Prefect, and its final state. `runs show` and `runs list --json` print this."""
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 @cache
 def _job(name: str) -> Job | None:
-    from flows.jobs import get_job
+    from flows.registry import get_job
 
     try:
         return get_job(name)

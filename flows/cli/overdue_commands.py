@@ -9,19 +9,17 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.text import Text
 
 from flows.cli.app import app
-from flows.cli.ledger_commands import open_ledger, print_json
+from flows.cli.output import console, fail, open_ledger, print_json
 from flows.cli.tables import FOLD, Col, print_table
-from flows.jobs import Job, get_job, registered_jobs
+from flows.jobs import Job
 from flows.reconcile import Step
-from flows.reconcile.flow import prepare
+from flows.reconcile.prepare import prepare
+from flows.registry import get_job, registered_jobs
 from store import RunledgerError
 
-console = Console()
 ERROR_EXIT = 2  # 1 says something is overdue
 
 # What is owed is read by job, subject, period and why; the state is in the why, the due time
@@ -96,19 +94,16 @@ def duration(value: timedelta) -> str:
     return f"{minutes}m" if minutes else f"{seconds}s"
 
 
-def _error(exc: BaseException) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
-    return typer.Exit(ERROR_EXIT)
-
-
 @app.command("overdue")
 def overdue(
     job: str | None = typer.Option(None, "--job", help="Only this job (default: every job)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (times in UTC)."),
 ) -> None:
-    """List what the jobs owe that is late, with why: never started, stranded, failed, still
-    running past its due time, and the occurrences skipped by their missed-run policy (listed,
-    never counted as overdue). Due times are in each job's timezone. Reads only.
+    """List what the jobs owe that is late, and why.
+
+    Why: never started, stranded, failed, still running past its due time, or skipped by the
+    job's missed-run policy (listed, never counted as overdue). Due times are in each job's
+    timezone. Reads only.
 
     Exit status: 0 when nothing is overdue (owed and not completed nor skipped by its due
     time plus the job's grace), 1 when something is, 2 on an error; so it can gate a script."""
@@ -120,21 +115,22 @@ def overdue(
             planned = prepare(ledger, one, dry_run=True)
             found += late_steps(one, planned.steps, planned.now)
     except RunledgerError as exc:
-        raise _error(exc) from None
+        raise fail(exc, ERROR_EXIT) from None
     finally:
         ledger.close()
     count = sum(1 for late in found if late.step.overdue)
     if as_json:
         print_json([late.as_dict() for late in found])
     elif found:
-        print_table(console, COLUMNS, [late.row() for late in found])
+        out = console()
+        print_table(out, COLUMNS, [late.row() for late in found])
         skipped = sum(1 for late in found if late.step.state == "skipped")
         within = len(found) - count - skipped
         parts = [f"{count} overdue", f"{skipped} skipped by policy"]
         if within:
             parts.append(f"{within} late within their grace")
-        console.print(", ".join(parts))
+        out.print(", ".join(parts))
     else:
-        console.print("nothing owed is late")
+        console().print("nothing owed is late")
     if count:
         raise typer.Exit(1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -17,7 +16,7 @@ from rich.progress import (
 )
 
 from flows.cli.app import app
-from flows.cli.ledger_commands import fail, open_ledger, print_json
+from flows.cli.output import console, fail, open_ledger, print_json
 from flows.cli.tables import Col, print_table
 from store import RunledgerError
 
@@ -37,19 +36,21 @@ def prune(
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Runs per transaction (at most 10000).")] = 1000,
 ) -> None:
-    """Keep a tombstone of each completed Run older than the retention and delete its bulky
-    data: raw input, output, error and params, its attempts, its sent and dead outbox rows and
+    """Turn Runs completed longer ago than the retention into tombstones.
+
+    Keeps a tombstone of each such Run and deletes its bulky data: raw input, output, error and params, its attempts, its sent and dead outbox rows and
     their delivery attempts. A rerun of a pruned period is still a Duplicate. Never touched: a
     Run not completed (pending, running, failed) and a Run with a message still to deliver.
+
     Refused, nothing written: a retention shorter than a job's reconcile window, the delivery
     retry window or the provider's key retention."""
     from flows.retention import checked_pass
 
-    console = Console(stderr=as_json)
+    out = console(stderr=as_json)
     with open_ledger() as ledger:
-        show = not as_json and console.is_terminal
+        show = not as_json and out.is_terminal
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, disable=not show) as bar:
+                      TimeElapsedColumn(), console=out, disable=not show) as bar:
             task: list[TaskID] = []
 
             def progress(done: int, total: int) -> None:
@@ -67,4 +68,4 @@ def prune(
         return
     title = ("dry run: nothing written; " if dry_run else "") + \
         f"Runs completed before {report.cutoff.isoformat(timespec='seconds')}"
-    print_table(console, SUMMARY_COLUMNS, [[what, n] for what, n in report.rows()], title=title)
+    print_table(out, SUMMARY_COLUMNS, [[what, n] for what, n in report.rows()], title=title)

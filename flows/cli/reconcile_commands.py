@@ -7,11 +7,10 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from rich.console import Console
 
 from flows.cli.app import app
 from flows.cli.flow_runs import run_here
-from flows.cli.ledger_commands import fail, open_ledger, print_json
+from flows.cli.output import console, fail, open_ledger, print_json
 from flows.cli.tables import FOLD, Col, print_table, short_id
 from store import RunledgerError
 
@@ -35,14 +34,17 @@ def reconcile(
         "--dry-run", help="Only say what would be done: write nothing, run nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Compare what each job owes with the ledger and act: run missed periods as the job's
-    missed-run policy says (or record them skipped), re-drive stranded Runs up to the job's
-    attempt cap, report overdue and recovered occurrences (Prefect events).
+    """Compare what each job owes with the ledger and act on the difference.
+
+    Runs missed periods as the job's missed-run policy says (or records them skipped),
+    re-drives stranded Runs up to the job's attempt cap, and reports overdue and recovered
+    occurrences (Prefect events).
 
     Runs the reconcile flow on the Prefect server at PREFECT_API_URL, or a temporary local one;
     --dry-run needs no Prefect server. Exits 1 when a period it ran failed."""
-    from flows.jobs import get_job, registered_jobs
-    from flows.reconcile.flow import JobReconciled, prepare
+    from flows.reconcile.flow import JobReconciled
+    from flows.reconcile.prepare import prepare
+    from flows.registry import get_job, registered_jobs
 
     try:
         jobs = [get_job(job)] if job else list(registered_jobs().values())
@@ -72,12 +74,12 @@ def _show(results: list[JobReconciled], as_json: bool) -> None:
     if as_json:
         print_json([r.as_dict() for r in results])
         return
-    console = Console()
+    out = console()
     for result in results:
         rows = [[r["subject"], r["period"], r["state"], r["action"],
                  "yes" if r["overdue"] else "", short_id(r["run_id"]), r["reason"]]
                 for r in result.rows() if r["state"] != "completed"]
         if rows:
-            print_table(console, STEP_COLUMNS, rows, title=result.summary())
+            print_table(out, STEP_COLUMNS, rows, title=result.summary())
         else:
-            console.print(result.summary(), markup=False, highlight=False)
+            out.print(result.summary(), markup=False, highlight=False)

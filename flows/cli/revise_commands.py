@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Coroutine
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from rich.console import Console
 
 from flows.cli.app import runs_app
 from flows.cli.flow_runs import run_here
-from flows.cli.ledger_commands import fail, open_ledger, print_json
+from flows.cli.output import console, fail, open_ledger, print_json
+from flows.jobs.schedule import NOT_DUE_FLAG
+from flows.run_job.outcomes import outcome_name
 from store import InvalidInput, RunledgerError
 
 if TYPE_CHECKING:
@@ -47,14 +49,19 @@ def runs_revise(
     params: Annotated[str | None, typer.Option(
         "--params", help="The revision's parameters as a JSON object (default: the latest "
                          "completed revision's); they must be what the job computes now.")] = None,
+    allow_not_due: Annotated[bool, typer.Option(
+        NOT_DUE_FLAG, help="Revise a Run of a period not due yet (refused otherwise).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
 ) -> None:
-    """Compute a new output for a completed Run as its next revision (a new Run row linked to
-    it), through the revise flow: the original Run and its deliveries stay as they are.
+    """Compute a new output for a completed Run as its next revision.
+
+    The revision is a new Run row linked to the original, computed through the revise flow: the
+    original Run and its deliveries stay as they are.
 
     Uses the Prefect server at PREFECT_API_URL, or a temporary local one. At most one revision
     of a Run is unfinished at a time."""
-    from flows.jobs import upgrade_ledger
+    from flows.jobs.schedule import require_due
+    from flows.registry import get_job, upgrade_ledger
 
     try:
         if not reason.strip():
@@ -64,21 +71,26 @@ def runs_revise(
         with open_ledger() as ledger:
             upgrade_ledger(ledger)
             full_id = ledger.resolve_run_id(run_id)
+            target = ledger.get(full_id)
+        job = get_job(target.job)
+        require_due(job, job.period_at(target.period_start), datetime.now(UTC),
+                    allow_not_due=allow_not_due)
     except RunledgerError as exc:
         raise fail(exc) from None
-    from flows.revision import RevisionReport
+    from flows.run_job.revision import RevisionReport
 
     def call() -> Coroutine[Any, Any, State[Any]]:
-        from flows.revision import revise
+        from flows.run_job.revision import revise
 
         return cast("Coroutine[Any, Any, State[Any]]", revise(
             run_id=full_id, reason=reason, recollect=recollect, resend=resend,
-            params=new_params, return_state=True))
+            params=new_params, allow_not_due=allow_not_due, return_state=True))
 
-    value, state = run_here(call, RevisionReport)
+    value, state = run_here(call, RevisionReport, what=f"the revision of run {full_id[:12]}")
     if as_json:
         print_json({**value.as_dict(), "flow_run_id": str(state.state_details.flow_run_id)})
     else:
-        Console().print(f"{state.name}: {value.message}", markup=False, highlight=False)
+        console().print(f"{outcome_name(state)}: {value.message}", markup=False,
+                        highlight=False)
     if value.outcome == "failed":
         raise typer.Exit(1)

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Coroutine
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from flows.cli.app import app
 from flows.cli.flow_runs import run_here
-from flows.cli.ledger_commands import open_ledger, print_json
+from flows.cli.output import console, fail, open_ledger, print_json
 from flows.cli.tables import FOLD, Col, print_table, short_id
+from flows.jobs.schedule import NOT_DUE_FLAG
+from store import Period, RunledgerError
 
 if TYPE_CHECKING:
     from prefect import State
 
-    from flows.outcomes import TickReport
+    from flows.run_job.outcomes import TickReport
 
 STYLES = {"new": "green", "duplicate": "cyan", "in-progress-elsewhere": "yellow",
           "lease-lost": "yellow", "stopped": "yellow", "failed": "bold red"}
@@ -31,7 +33,10 @@ def run(
     period: Annotated[str | None, typer.Option(
         "--period",
         help="A date YYYY-MM-DD in the job's timezone, or an ISO datetime with an offset; "
-             "default: the period containing now.")] = None,
+             "default: the latest period that is due.")] = None,
+    allow_not_due: Annotated[bool, typer.Option(
+        NOT_DUE_FLAG, help="Run a period that is not due yet (refused otherwise: a completed "
+                           "Run never changes).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
 ) -> None:
     """Run one tick of JOB now through the run-job flow and print each subject's outcome.
@@ -39,22 +44,38 @@ def run(
     Uses the Prefect server at PREFECT_API_URL, or a temporary local one. The ledger schema
     and the jobs' own tables are created or migrated first (RUNLEDGER_DATABASE_URL), as by
     `runledger db upgrade`."""
-    from flows.jobs import upgrade_ledger
+    from flows.jobs.schedule import require_due
+    from flows.registry import get_job, upgrade_ledger
 
+    # Job, subjects and period are checked before any ledger or server is touched.
+    now = datetime.now(UTC)
+    try:
+        definition = get_job(job)
+        the_period = definition.parse_period(period) if period else \
+            definition.latest_due_period(now)
+        definition.resolve_subjects(subject or None)
+        require_due(definition, the_period, now, allow_not_due=allow_not_due)
+    except RunledgerError as exc:
+        raise fail(exc, code=2) from None
     ledger = open_ledger()
     try:
         upgrade_ledger(ledger)
     finally:
         ledger.close()
-    from flows.outcomes import TickReport
+    from flows.run_job.outcomes import TickReport
 
     def call() -> Coroutine[Any, Any, State[Any]]:
-        from flows.pipeline import run_job
+        from flows.run_job.flow import run_job
 
         return cast("Coroutine[Any, Any, State[Any]]", run_job(
-            job=job, subjects=subject or None, period=period, return_state=True))
+            job=job, subjects=subject or None, period=period or the_period.start.isoformat(),
+            allow_not_due=allow_not_due, return_state=True))
 
-    value, state = run_here(call, TickReport)
+    def stopped() -> None:
+        _print_stopped(definition.name, the_period)
+
+    value, state = run_here(call, TickReport, what=f"{job} {the_period.label}",
+                            stopped=stopped)
     if as_json:
         print_json({**value.as_dict(), "flow_run_id": str(state.state_details.flow_run_id)})
     else:
@@ -68,11 +89,27 @@ TICK_COLUMNS = [Col("subject", fold=FOLD), Col("outcome"), Col("run id"), Col("a
                 Col("outbox rows", drop=2), Col("error", fold=FOLD, optional=True)]
 
 
+def _print_stopped(job: str, period: Period) -> None:
+    """After a Ctrl-C: each Run of the tick as the ledger has it now."""
+    with open_ledger() as ledger:
+        runs = [r for r in ledger.runs(job=job, limit=10_000) if r.period_start == period.start]
+    done = sum(r.status == "completed" for r in runs)
+    states = ", ".join(f"{r.subject} {r.status}{' (leased)' if r.owner else ''}"
+                       for r in sorted(runs, key=lambda r: r.subject))
+    again = (f". Run it again to finish: runledger run {job} --period {period.label}"
+             if done < len(runs) or not runs else "")
+    console(stderr=True).print(
+        f"stopped {job} {period.label}: "
+        + (f"{done} of {len(runs)} Run(s) completed; {states}" if runs
+           else "no Run was registered") + again, markup=False, highlight=False)
+
+
 def _print(report: TickReport) -> None:
-    print_table(Console(), TICK_COLUMNS, [
+    out = console()
+    print_table(out, TICK_COLUMNS, [
         [s.subject, Text(s.outcome, style=STYLES[s.outcome]), short_id(s.run_id), str(s.attempts),
          str(s.outbox_rows), s.error or ""] for s in report.subjects], title=report.summary())
     for s in report.subjects:
         if s.pruned:  # a tombstone: the stored output is gone, and nothing was recomputed
-            Console().print(f"{s.subject}: output {s.pruned} (not recomputed)", markup=False,
+            out.print(f"{s.subject}: output {s.pruned} (not recomputed)", markup=False,
                             highlight=False)

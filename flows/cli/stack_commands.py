@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from flows.cli.app import api_refused, app
+from flows.cli.output import console, error, fail
 from flows.stack.auth import StackAuth
 from flows.stack.automations import (
     HEARTBEAT_SECONDS,
@@ -25,7 +25,6 @@ from flows.stack.prefect_server import client
 from flows.stack.work_pool import DEFAULT_POOL
 from store import RunledgerError
 
-console = Console()
 stack_app = typer.Typer(help="The local stack: Prefect server, SMTP sink, serve or workers.",
                         no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
@@ -37,15 +36,30 @@ def serve(
                                      help="Most flow runs executed at once."),
     file: Annotated[Path | None, typer.Option(
         "--file", exists=True, dir_okay=False,
-        help="Another prefect.yaml (its entrypoints are paths from the project root); "
-             "default deployments/prefect.yaml.")] = None,
+        help="A prefect.yaml to serve instead (entrypoints flows.entrypoints.<flow>, or "
+             "path.py:flow from the current folder); default: runledger's deployments plus "
+             "one per registered job on the schedule its Job derives.")] = None,
 ) -> None:
-    """Serve every deployment of deployments/prefect.yaml with its schedules (needs
-    PREFECT_API_URL). On exit Prefect pauses them and drops their future scheduled runs."""
-    from deployments.project import PREFECT_FILE
-    from deployments.serve import serve_all
+    """Serve deployments with their schedules: by default runledger's own (reconcile,
+    deliver-outbox, prune, backfill, revise) and one per registered job.
 
-    serve_all(limit=limit, path=(file or PREFECT_FILE).resolve())
+    Needs PREFECT_API_URL. Every job's schedule is checked against its Job first. On exit
+    Prefect pauses the deployments and drops their future scheduled runs."""
+    from deployments.project import PREFECT_FILE, load_deployments
+    from deployments.serve import serve_all
+    from flows.deployment_check import schedule_problems, with_every_job
+
+    try:
+        specs = load_deployments(file.resolve()) if file else with_every_job(
+            load_deployments(PREFECT_FILE))
+        problems = schedule_problems(specs, datetime.now(UTC))
+    except RunledgerError as exc:
+        raise fail(exc, code=2) from None
+    if problems:
+        for problem in problems:
+            error(problem)
+        raise typer.Exit(2)
+    serve_all(specs, limit=limit)
 
 
 @stack_app.command("up")
@@ -81,8 +95,7 @@ def stack_up(
                              redis_url=redis, auth=StackAuth.from_env(os.environ))
         up(config, say=typer.echo)
     except RunledgerError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(1) from None
+        raise fail(exc) from None
 
 
 @stack_app.command("automations")
@@ -96,9 +109,10 @@ def stack_automations(
              "it (custom-webhook/ops, slack-webhook/oncall) or by its name alone. With it, "
              "also installs the overdue/give-up alert and each job's dead man's switch."),
 ) -> None:
-    """Install runledger's automations on the server in PREFECT_API_URL, or update them in
-    place: the crash detector (workers must send heartbeats:
-    PREFECT_FLOWS_HEARTBEAT_FREQUENCY=30) and, with --notify-block, the alerts: a notification
+    """Install runledger's automations on the server at PREFECT_API_URL, or update them.
+
+    The crash detector (workers must send heartbeats: PREFECT_FLOWS_HEARTBEAT_FREQUENCY=30)
+    and, with --notify-block, the alerts: a notification
     per overdue or given-up occurrence, and per registered job one when no tick completed
     every subject within its cadence plus grace (the server sends it even when the
     scheduler, the reconciler and every worker are down)."""
@@ -106,28 +120,26 @@ def stack_automations(
 
     url = PREFECT_API_URL.value()
     if not url:
-        Console(stderr=True).print("[bold red]error:[/] set PREFECT_API_URL to your server's API")
-        raise typer.Exit(1)
+        raise fail("set PREFECT_API_URL to your server's API")
     try:
         with client(url) as api:
             try:
                 block = notification_block(api, notify_block) if notify_block else None
             except RunledgerError as exc:
-                Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
-                raise typer.Exit(1) from None
+                raise fail(exc) from None
             install_crash_detector(api, within)
-            console.print(f"installed the crash detector on {url} (within {within:.0f} s)")
+            out = console()
+            out.print(f"installed the crash detector on {url} (within {within:.0f} s)")
             if block is not None:
-                from flows.jobs import registered_jobs
+                from flows.registry import registered_jobs
 
                 names = install_alerts(api, registered_jobs().values(), block.id,
                                        datetime.now(UTC))
-                console.print(f"installed the alerts through {escape(notify_block or '')}:")
+                out.print(f"installed the alerts through {escape(notify_block or '')}:")
                 for name in names:
-                    console.print(f"  {escape(name)}")
+                    out.print(f"  {escape(name)}")
     except Exception as exc:
         refused = api_refused(exc)
         if refused is None:
             raise
-        Console(stderr=True).print(f"[bold red]error:[/] {refused}")
-        raise typer.Exit(1) from None
+        raise fail(refused) from None

@@ -7,19 +7,23 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from flows.cli.app import app
-from flows.cli.ledger_commands import fail, open_ledger, print_json
+from flows.cli.output import console, fail, open_ledger, print_json
 from flows.cli.tables import FOLD, Col, print_table
-from store import InvalidInput, RunledgerError
+from flows.spend import cost_text
+from flows.stats import DayStats, daily_stats
+from store import InvalidInput, Ledger, RunledgerError
 
 DEFAULT_DAYS = 7  # today and the six days before, when --since is not given
 # What completed, what it cost and what was suppressed are read first; the finer splits go
 # first on a narrow console (--json has them all).
-COLUMNS = [Col("job", fold=FOLD), Col("day (UTC)"), Col("completed"), Col("attempts"),
-           Col("Runs in N attempts", drop=2), Col("takeovers", drop=3), Col("duplicates"),
-           Col("elsewhere", drop=4), Col("model calls"), Col("outbox", fold=FOLD, drop=1)]
+# The job's name never wraps (a folded name reads as two jobs).
+COLUMNS = [Col("job"), Col("day (UTC)"), Col("completed"), Col("revised", drop=6),
+           Col("attempts", drop=1), Col("Runs in N attempts", drop=3), Col("takeovers", drop=4),
+           Col("duplicates"), Col("elsewhere", drop=5), Col("calls paid"),
+           Col("lost", drop=7), Col("reused", drop=7), Col("tokens", drop=8),
+           Col("cost", fold=FOLD), Col("outbox", fold=FOLD, drop=2)]
 
 
 def parse_since(text: str) -> datetime:
@@ -34,6 +38,27 @@ def parse_since(text: str) -> datetime:
     return datetime.combine(day, time(0), UTC)
 
 
+def checked_window(job: str | None, since: str | None) -> datetime | None:
+    """Check ``--job`` names a registered job and parse ``--since`` before the ledger opens;
+    a bad one ends the command with its error."""
+    try:
+        if job is not None:
+            from flows.registry import get_job  # lazy: the job registry loads every job
+
+            get_job(job)
+        return None if since is None else parse_since(since)
+    except RunledgerError as exc:
+        raise fail(exc) from exc
+
+
+def window_start(ledger: Ledger, start: datetime | None) -> datetime:
+    """``start``, or 00:00 UTC of the ledger's today minus ``DEFAULT_DAYS - 1`` days."""
+    if start is not None:
+        return start
+    today = ledger.now().date()
+    return datetime.combine(today - timedelta(days=DEFAULT_DAYS - 1), time(0), UTC)
+
+
 @app.command("stats")
 def stats(
     job: Annotated[str | None, typer.Option("--job", help="Only this registered job.")] = None,
@@ -41,36 +66,37 @@ def stats(
         "--since", help="First UTC day, YYYY-MM-DD; default: six days before today.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Per job and UTC day: logical Runs completed, attempts started, attempts per completed Run
-    (how many Runs took 1, 2, ... attempts), lease takeovers, duplicates suppressed (Runs a
-    tick asked for again that were completed, or held by another worker: elsewhere), model
-    calls, and the outbox messages queued that day by their status now. Reads only."""
-    from flows.stats import daily_stats
+    """Count per job and UTC day what completed, what it cost and what was suppressed.
 
-    try:
-        if job is not None:
-            from flows.jobs import get_job
-
-            get_job(job)
-        start = None if since is None else parse_since(since)
-    except RunledgerError as exc:
-        raise fail(exc) from exc
+    Logical Runs completed and revisions completed (revised), attempts started, attempts per
+    completed Run (how many Runs took 1, 2, ... attempts), lease takeovers, duplicates
+    suppressed (Runs a tick asked for again that were completed, or held by another worker:
+    elsewhere), model calls paid (answered, failed or lost in flight), lost, answers reused
+    from a checkpoint, tokens and cost (revisions' included), and the outbox messages queued
+    that day by their status now. Reads only."""
+    start = checked_window(job, since)
     with open_ledger() as ledger:
-        if start is None:
-            today = ledger.now().date()
-            start = datetime.combine(today - timedelta(days=DEFAULT_DAYS - 1), time(0), UTC)
-        days = daily_stats(ledger.activity(start, job), start)
+        start = window_start(ledger, start)
+        days = daily_stats(ledger.activity(start, job), start, ledger.calls.since(start, job))
     if as_json:
         print_json([d.as_dict() for d in days])
         return
     if not days:
-        Console().print(f"nothing recorded since {start.date().isoformat()} (UTC)")
+        console().print(f"nothing recorded since {start.date().isoformat()} (UTC)")
         return
-    print_table(Console(), COLUMNS, [
-        [d.job, d.day.isoformat(), str(d.completed), str(d.attempts),
+    print_table(console(), COLUMNS, [
+        [d.job, d.day.isoformat(), str(d.completed), str(d.revised), str(d.attempts),
          ", ".join(f"{runs} in {n}" for n, runs in sorted(d.attempts_per_completed.items()))
          or "-",
          str(d.lease_takeovers), str(d.duplicates), str(d.in_progress_elsewhere),
-         str(d.model_calls),
+         str(d.model_calls), str(d.spend.lost + d.revision_spend.lost),
+         str(d.spend.reused + d.revision_spend.reused),
+         str(d.spend.tokens + d.revision_spend.tokens), _cost(d),
          ", ".join(f"{count} {status}" for status, count in sorted(d.messages.items())) or "-"]
         for d in days])
+
+
+def _cost(day: DayStats) -> str:
+    both = day.spend.cost + day.revision_spend.cost
+    return cost_text(both, day.spend.unpriced + day.revision_spend.unpriced,
+                     day.spend.unknown + day.revision_spend.unknown)

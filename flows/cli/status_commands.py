@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from flows.cli.app import app
-from flows.cli.ledger_commands import fail, open_ledger, print_json
-from flows.cli.tables import Col, print_table
+from flows.cli.output import console, fail, open_ledger, print_json
+from flows.cli.tables import FOLD, Col, print_table
 from store import RunledgerError
 
 # The counts are what a board is read for; the costs go first on a narrow console.
 BOARD_COLUMNS = [Col("period"), Col("owed", drop=3), Col("completed"), Col("pending"),
                  Col("running"), Col("failed"), Col("skipped"), Col("overdue"),
-                 Col("attempts", drop=1), Col("model calls", drop=2)]
+                 Col("attempts", drop=1), Col("model calls", drop=2), Col("tokens", drop=4),
+                 Col("cost", fold=FOLD, drop=3)]
 MAX_PERIODS = 1_000  # a board reads every Run of the periods it shows
 
 
@@ -28,13 +28,15 @@ def status(
         help="How many of each job's latest owed periods to show.")] = 7,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (times in UTC).")] = False,
 ) -> None:
-    """Show each job's status board: its last period whose every owed subject completed, its
-    latest owed periods with their occurrences counted by status (completed, pending, running,
-    failed, skipped by policy, overdue), the next period due, and the attempts and model calls
-    the periods shown spent. Reads only; the same board is each job's runledger-status-<job>
+    """Show each job's status board, from the ledger.
+
+    Its last period whose every owed subject completed, its latest owed periods with their occurrences counted by status (completed, pending, running,
+    failed, skipped by policy, overdue), the next period due, and the attempts, model calls,
+    tokens and cost the periods shown spent (their Runs' calls, as `runledger costs` reads
+    them). Reads only; the same board is each job's runledger-status-<job>
     artifact in Prefect's UI."""
     from flows.board import STATUSES, job_board
-    from flows.jobs import get_job, registered_jobs
+    from flows.registry import get_job, registered_jobs
 
     try:
         jobs = [get_job(job)] if job else list(registered_jobs().values())
@@ -46,10 +48,11 @@ def status(
     if as_json:
         print_json([board.as_dict() for board in boards])
         return
-    console = Console()
+    out = console()
     for board in boards:
         rows = [[r["period"], str(r["owed"]), *(str(r[s]) for s in STATUSES),
-                 str(r["attempts"]), str(r["model_calls"])] for r in board.rows()]
-        console.print(board.summary(), markup=False, highlight=False)
+                 str(r["attempts"]), str(r["model_calls"]), str(r["tokens"]), r["cost"]]
+                for r in board.rows()]
+        out.print(board.summary(), markup=False, highlight=False)
         if rows:
-            print_table(console, BOARD_COLUMNS, rows)
+            print_table(out, BOARD_COLUMNS, rows)

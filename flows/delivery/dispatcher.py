@@ -13,12 +13,12 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from flows.delivery.policy import Decision, RetryPolicy, Status
 from flows.delivery.report import Delivery, DeliveryReport
 from flows.delivery.settings import DeliverySettings, open_transport
-from flows.mail.errors import MailConfigurationError
-from flows.mail.letter import Letter
+from flows.errors import DeliveryConfigurationError
 from flows.mail.settings import SmtpSettings, load_settings
 from flows.mail.transport import OutcomeKind, SendOutcome, Transport
 from store import (
@@ -48,17 +48,17 @@ def dispatcher_owner() -> str:
 
 
 class Dispatcher:
-    """Delivers the outbox through one transport. Several dispatchers may run at once: each
-    message is leased to one of them, and only the lease holder's outcome is recorded."""
+    """Delivers one channel's outbox messages through its transport. Several dispatchers may run
+    at once: each message is leased to one of them, and only the lease holder's outcome is
+    recorded."""
 
     def __init__(
         self,
         ledger: Ledger,
-        transport: Transport,
+        transport: Transport[Any],
         policy: RetryPolicy,
         *,
         lease_seconds: float = 600.0,
-        channel: str = "email",
         owner: str | None = None,
         observer: Observer | None = None,
         rng: random.Random | None = None,
@@ -66,7 +66,7 @@ class Dispatcher:
     ) -> None:
         policy.check_retention(transport.key_retention_seconds, transport.name)
         if lease_seconds < 2 * transport.send_reserve_seconds:
-            raise MailConfigurationError(
+            raise DeliveryConfigurationError(
                 f"the delivery lease ({lease_seconds:g} s, RUNLEDGER_DELIVERY_LEASE_SECONDS) must be "
                 f"at least twice the longest send ({transport.send_reserve_seconds:g} s from the "
                 "transport timeout), or messages would be taken over while still being sent"
@@ -75,7 +75,7 @@ class Dispatcher:
         self.transport = transport
         self.policy = policy
         self.lease_seconds = lease_seconds
-        self.channel = channel
+        self.channel = transport.channel
         self.owner = owner or dispatcher_owner()
         self.observer = observer
         self.rng = rng or random.Random()
@@ -90,25 +90,37 @@ class Dispatcher:
 
     @classmethod
     def from_settings(
-        cls, ledger: Ledger, *, smtp: SmtpSettings | None = None, observer: Observer | None = None
+        cls, ledger: Ledger, *, channel: str = "email", smtp: SmtpSettings | None = None,
+        observer: Observer | None = None,
     ) -> Dispatcher:
-        """A dispatcher configured from RUNLEDGER_DELIVERY_* and the transport's settings
-        (``smtp`` overrides RUNLEDGER_SMTP_*, e.g. from a Prefect block)."""
+        """A dispatcher of ``channel`` configured from RUNLEDGER_DELIVERY_* and the transport's
+        settings (``smtp`` overrides RUNLEDGER_SMTP_*, e.g. from a Prefect block)."""
         settings = load_settings(DeliverySettings)
-        return cls(ledger, open_transport(settings, smtp), settings.policy(),
+        return cls(ledger, open_transport(settings, channel, smtp), settings.policy(),
                    lease_seconds=settings.lease_seconds, observer=observer,
                    mark_batch=settings.mark_batch)
 
+    @classmethod
+    def for_channels(
+        cls, ledger: Ledger, *, smtp: SmtpSettings | None = None,
+        observer: Observer | None = None,
+    ) -> list[Dispatcher]:
+        """One dispatcher per channel of RUNLEDGER_DELIVERY_CHANNELS."""
+        settings = load_settings(DeliverySettings)
+        return [cls.from_settings(ledger, channel=channel, smtp=smtp, observer=observer)
+                for channel in settings.channel_list]
+
     async def run_pass(self, batch_size: int = 100, max_seconds: float = 60.0) -> DeliveryReport:
         """Deliver batches until nothing is due or ``max_seconds`` pass. Each message is tried at
-        most once per pass; a ``MailConfigurationError`` stops the pass after giving back every
+        most once per pass; a ``DeliveryConfigurationError`` stops the pass after giving back every
         untried claim."""
         if batch_size < 1 or max_seconds <= 0:
             raise ValueError(f"batch_size must be >= 1 and max_seconds > 0, got {batch_size}, "
                              f"{max_seconds}")
         started = time.monotonic()
         deadline = started + max_seconds
-        report = DeliveryReport(owner=self.owner, transport=self.transport.name)
+        report = DeliveryReport(owner=self.owner, transport=self.transport.name,
+                                channel=self.channel)
         self._tried = set()
         # Claims of the next batch and sent marks run on this thread while messages are sent.
         self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runledger-ledger")
@@ -175,8 +187,8 @@ class Dispatcher:
                 return
             self._tried.add(claim.message_id)
             try:
-                outcome = await self.transport.send(Letter.from_claim(claim, self.transport.sender))
-            except MailConfigurationError as exc:
+                outcome = await self._attempt(claim)
+            except DeliveryConfigurationError as exc:
                 self._release(rest, report)
                 report.stopped = str(exc)
                 raise
@@ -196,6 +208,16 @@ class Dispatcher:
                     report.stopped = f"receiver asked to wait {outcome.retry_after:g} s"
                     return
                 await asyncio.sleep(outcome.retry_after)
+
+    async def _attempt(self, claim: MessageClaim) -> SendOutcome:
+        """One attempt: when an earlier one may have arrived, the receiver is asked first (where
+        it can say) and a message it has is not sent again; then the send."""
+        item = self.transport.render(claim)
+        if claim.attempt > 1:
+            settled = await self.transport.settle(item)
+            if settled is not None:
+                return settled
+        return await self.transport.send(item)
 
     async def _record(self, claim: MessageClaim, outcome: SendOutcome,
                       report: DeliveryReport) -> None:
@@ -266,7 +288,7 @@ class Dispatcher:
         delivery = Delivery(
             message_id=claim.message_id, run_id=claim.run_id, recipient=claim.recipient,
             attempt=claim.attempt, status=decision.status, delay=decision.delay,
-            error=decision.error, reply_code=outcome.reply.code,
+            error=decision.error, reply_code=outcome.reply.code, channel=claim.channel,
         )
         report.add(delivery)
         if self.observer is not None:

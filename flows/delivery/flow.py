@@ -1,8 +1,11 @@
-"""The ``deliver-outbox`` Prefect flow: one dispatcher pass per flow run (deploy it on an
-interval schedule, separately from the jobs), a summary artifact, and one event per outcome."""
+"""The ``deliver-outbox`` Prefect flow: one dispatcher pass per channel per flow run (the channels
+of RUNLEDGER_DELIVERY_CHANNELS, side by side; deploy it on an interval schedule, separately from
+the jobs), a summary artifact, and one event per outcome."""
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -10,7 +13,7 @@ from prefect.artifacts import acreate_markdown_artifact
 from prefect.events import emit_event
 
 from flows.delivery.dispatcher import Dispatcher
-from flows.delivery.report import Delivery
+from flows.delivery.report import Delivery, DeliveryReport
 from flows.mail.block import SmtpServer
 from flows.mail.errors import MailConfigurationError
 from flows.mail.settings import SmtpSettings
@@ -33,7 +36,7 @@ def announce(delivery: Delivery) -> None:
     """Emit ``runledger.outbox.<status>`` for a recorded outcome (resource: the message;
     related: its logical run; the flow run is attached by Prefect)."""
     payload: dict[str, Any] = {"attempt": delivery.attempt, "status": delivery.status.value,
-                               "recipient": delivery.recipient}
+                               "channel": delivery.channel, "recipient": delivery.recipient}
     if delivery.error:
         payload["error"] = delivery.error
     if delivery.reply_code is not None:
@@ -66,18 +69,25 @@ async def deliver_outbox(
     """
     logger = get_run_logger()
     smtp = await smtp_settings(smtp_block) if smtp_block else None
-    ledger = Ledger.connect()
+    ledger = Ledger.open_existing()
     try:
-        dispatcher = Dispatcher.from_settings(ledger, smtp=smtp, observer=announce)
-        logger.info("dispatcher %s via %s", dispatcher.owner, dispatcher.transport.name)
-        report = await dispatcher.run_pass(batch_size=batch_size, max_seconds=max_seconds)
+        dispatchers = Dispatcher.for_channels(ledger, smtp=smtp, observer=announce)
+        for dispatcher in dispatchers:
+            logger.info("dispatcher %s: %s via %s", dispatcher.owner, dispatcher.channel,
+                        dispatcher.transport.name)
+        # One pass per channel, side by side: a slow webhook does not hold the email back.
+        reports: list[DeliveryReport] = await asyncio.gather(*[
+            d.run_pass(batch_size=batch_size, max_seconds=max_seconds) for d in dispatchers])
     finally:
         ledger.close()
     await acreate_markdown_artifact(
-        markdown=report.markdown(), key=ARTIFACT_KEY,
-        description="Outbox messages sent, retried, uncertain and dead in this run",
+        markdown="\n\n".join(r.markdown() for r in reports), key=ARTIFACT_KEY,
+        description="Outbox messages sent, retried, uncertain and dead in this run, per channel",
     )
-    logger.info("delivery: %s", report.counts)
-    if report.stopped:
-        logger.warning("stopped early: %s", report.stopped)
-    return report.counts
+    counts: Counter[str] = Counter()
+    for report in reports:
+        logger.info("delivery %s: %s", report.channel, report.counts)
+        if report.stopped:
+            logger.warning("%s stopped early: %s", report.channel, report.stopped)
+        counts.update(report.counts)
+    return dict(counts)

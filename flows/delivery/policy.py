@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 from enum import StrEnum
 
-from flows.mail.errors import MailConfigurationError
+from flows.errors import DeliveryConfigurationError
 from flows.mail.transport import OutcomeKind, SendOutcome
 from store import InvalidInput, MessageClaim
 
@@ -81,7 +81,7 @@ class RetryPolicy:
         """Refuse a window longer than the receiver remembers keys: a retry after the key expired
         could deliver a second copy."""
         if retention_seconds is not None and self.max_window > retention_seconds:
-            raise MailConfigurationError(
+            raise DeliveryConfigurationError(
                 f"the retry window ({_duration(self.max_window)}, RUNLEDGER_DELIVERY_MAX_WINDOW_HOURS) "
                 f"is longer than {transport}'s idempotency-key retention "
                 f"({_duration(retention_seconds)}); shorten the window"

@@ -16,12 +16,13 @@ class Delivery:
 
     message_id: str
     run_id: str
-    recipient: str
+    recipient: str  # the channel's target
     attempt: int
     status: Status
     delay: float | None = None
     error: str | None = None
     reply_code: int | None = None
+    channel: str = "email"
 
 
 @dataclass
@@ -32,6 +33,7 @@ class DeliveryReport:
 
     owner: str
     transport: str
+    channel: str = "email"
     deliveries: list[Delivery] = field(default_factory=list)
     released: set[str] = field(default_factory=set)
     lost: int = 0
@@ -68,7 +70,7 @@ class DeliveryReport:
     def markdown(self) -> str:
         counts = self.counts
         lines = [
-            f"# Outbox delivery ({self.transport})",
+            f"# Outbox delivery: {self.channel} ({self.transport})",
             "",
             "| outcome | messages |",
             "|---|---:|",

@@ -1,25 +1,25 @@
-"""The job definition API and the registry of jobs (see docs/how-to/write-a-job.md)."""
+"""What a job author imports: the job definition and its budget, what its stages return, the
+model it calls and the errors it raises (see docs/how-to/write-a-job.md). Operators find jobs by name and
+upgrade the ledger through ``flows.registry``; every other error is in ``flows.errors``."""
 
-from flows.jobs.errors import (
-    JobError,
-    PermanentError,
-    TransientError,
-    UnknownJob,
-    UnknownSubject,
-    ValidationFailed,
-    is_transient,
-)
+from flows.errors import PermanentError, TransientError, ValidationFailed
+from flows.jobs.budget import Budget
 from flows.jobs.job import Candidate, Job, MissedRunPolicy
-from flows.jobs.registry import (
-    ENTRY_POINT_GROUP,
-    get_job,
-    register,
-    registered_jobs,
-    upgrade_ledger,
-)
+from flows.model import Generation, Model
+from store import InvalidInput, OutboxMessage, Period, normalize_address
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "Candidate", "Job", "JobError", "MissedRunPolicy", "PermanentError",
-    "TransientError", "UnknownJob", "UnknownSubject", "ValidationFailed", "get_job",
-    "is_transient", "register", "registered_jobs", "upgrade_ledger",
+    "Budget",
+    "Candidate",
+    "Generation",
+    "InvalidInput",
+    "Job",
+    "MissedRunPolicy",
+    "Model",
+    "OutboxMessage",
+    "Period",
+    "PermanentError",
+    "TransientError",
+    "ValidationFailed",
+    "normalize_address",
 ]

@@ -1,5 +1,7 @@
 """competitor-summary: every day, per workspace, summarize the competitor documents collected
-for it and email the summary to the workspace's subscribers.
+for it and email the summary to the workspace's subscribers; optionally also POST it to a
+webhook (RUNLEDGER_COMPETITOR_SUMMARY_WEBHOOK, an endpoint block) and write it once to object
+storage (RUNLEDGER_COMPETITOR_SUMMARY_BUCKET, an S3Bucket block).
 
 A source folder holds one sub-folder per workspace (the subjects) with the documents
 (``*.md``), optionally ``urls.txt`` (one http(s) URL per line: pages fetched at collect time,
@@ -16,11 +18,17 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from flows.jobs.errors import ValidationFailed
+from flows.jobs import (
+    Candidate,
+    InvalidInput,
+    Job,
+    Model,
+    OutboxMessage,
+    Period,
+    ValidationFailed,
+    normalize_address,
+)
 from flows.jobs.http_source import fetch_document, http_client
-from flows.jobs.job import Candidate, Job
-from flows.model import Model
-from store import InvalidInput, OutboxMessage, Period, normalize_address
 
 SAMPLE_DATA = Path(__file__).with_name("sample_data")
 SUBSCRIBERS = "subscribers.txt"
@@ -47,6 +55,14 @@ class CompetitorSummarySettings(BaseSettings):
                                   description="Most bytes of documents collected per workspace.")
     fetch_timeout_seconds: float = Field(default=20.0,
                                          description="Timeout of each page fetched from urls.txt.")
+    webhook: str | None = Field(
+        default=None,
+        description="Name of a runledger webhook endpoint block: each summary is also POSTed "
+                    "there as JSON (e.g. a Slack incoming webhook or an internal API).")
+    bucket: str | None = Field(
+        default=None,
+        description="Name of a prefect-aws S3Bucket block: each summary is also written there "
+                    "once, as competitor-summary/<workspace>/<day>.md.")
 
 
 def _settings() -> CompetitorSummarySettings:
@@ -137,14 +153,37 @@ def validate(candidate: Candidate) -> None:
 
 
 def messages(workspace: str, period: Period, output: dict[str, Any]) -> list[OutboxMessage]:
+    """An email per subscriber; with a webhook endpoint, a JSON POST; with a bucket, the
+    summary as a Markdown report written once."""
+    settings = _settings()
     subject = f"Competitor summary for {workspace}, {period.label}"
     body = f"{output['text']}\n\nSources: {', '.join(output['documents'])}\n"
-    return [OutboxMessage(recipient, subject, body) for recipient in subscribers(workspace)]
+    made = [OutboxMessage(recipient, subject, body) for recipient in subscribers(workspace)]
+    if settings.webhook:
+        made.append(OutboxMessage.webhook(settings.webhook, {
+            "job": "competitor-summary", "workspace": workspace, "period": period.label,
+            "text": subject + "\n\n" + output["text"], "summary": output["text"],
+            "documents": output["documents"],
+        }, subject=subject))
+    if settings.bucket:
+        report = f"# {subject}\n\n{body}"
+        made.append(OutboxMessage.object(
+            settings.bucket, f"competitor-summary/{workspace}/{period.label}.md", report,
+            "text/markdown"))
+    return made
 
 
 def params(workspace: str, period: Period) -> dict[str, Any]:
-    """The recipients shape the Run: the same day with other recipients is a conflict."""
-    return {"recipients": subscribers(workspace)}
+    """The recipients shape the Run: the same day with other recipients (or another webhook
+    endpoint or bucket) is a conflict."""
+    settings = _settings()
+    found: dict[str, Any] = {"recipients": subscribers(workspace)}
+    # Only when set, so that Runs from before these settings keep their fingerprint.
+    if settings.webhook:
+        found["webhook"] = settings.webhook
+    if settings.bucket:
+        found["bucket"] = settings.bucket
+    return found
 
 
 job = Job(
@@ -161,5 +200,6 @@ job = Job(
     # A summary three days late helps nobody: after an outage only the latest day runs.
     missed_runs="latest",
     due=timedelta(hours=7),  # deployments/prefect.yaml: 07:00 in the job's timezone
-    description="Daily competitor summary per workspace, emailed to its subscribers.",
+    description="Daily competitor summary per workspace, emailed to its subscribers (and "
+                "optionally POSTed to a webhook and written to object storage).",
 )

@@ -14,10 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.orm import registry
 from sqlmodel import Field, Session, SQLModel, func, select
 
-from flows.jobs.errors import ValidationFailed
-from flows.jobs.job import Candidate, Job
-from flows.model import Model
-from store import OutboxMessage, Period
+from flows.jobs import Candidate, Job, Model, OutboxMessage, Period, ValidationFailed
 
 
 class DailyCreditSettings(BaseSettings):
@@ -100,8 +97,9 @@ job = Job(
     effect=effect,
     params=params,
     tables=CreditTables.metadata,
-    # Money: every day owed is credited, however long nothing ran (seed 001).
+    # Money: every day owed is credited, however long nothing ran (a missed day runs late, never
+    # skipped).
     missed_runs="catch-up",
     due=timedelta(minutes=5),  # deployments/prefect.yaml: 00:05 in the job's timezone
-    description="Credit each account a fixed number of units once a day (seed 003).",
+    description="Credit each account a fixed number of units once a day, never twice.",
 )

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from flows.jobs.errors import PermanentError, TransientError
+from flows.errors import PermanentError, TransientError
 from flows.retry_after import retry_after_seconds
 
 USER_AGENT = "runledger-collect/1"

@@ -11,23 +11,22 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import MetaData
-from sqlmodel import Session
 
-from flows.jobs.errors import InvalidJob, UnknownSubject
-from store import OutboxMessage, Period, RunIdentity
-
-if TYPE_CHECKING:
-    from flows.model import Model
+from flows.errors import InvalidJob, UnknownSubject
+from flows.jobs.budget import Budget
+from flows.model import Model
+from store import Effect, OutboxMessage, Period, RunIdentity
 
 MissedRunPolicy = Literal["skip", "latest", "catch-up"]
 DEFAULT_LEASE_SECONDS = 900.0
 DEFAULT_GRACE = timedelta(hours=1)
 DEFAULT_CATCH_UP_WINDOW = timedelta(days=7)
 DEFAULT_MAX_ATTEMPTS = 5
+MAX_ENDPOINT_NAME = 300
 _NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
 
@@ -48,7 +47,6 @@ Collect = Callable[[str, Period], dict[str, Any]]
 Transform = Callable[[dict[str, Any], "Model"], Candidate]
 Validate = Callable[[Candidate], None]
 Messages = Callable[[str, Period, dict[str, Any]], Sequence[OutboxMessage]]
-Effect = Callable[[Session, dict[str, Any]], None]
 Params = Callable[[str, Period], dict[str, Any]]
 Subjects = Sequence[str] | Callable[[], Iterable[str]]
 
@@ -87,6 +85,15 @@ class Job:
         catch_up_window: how far back reconcile looks for owed occurrences.
         max_attempts: claims a Run may take before reconcile gives up on it (``failed``).
         lease_seconds: how long a claim lasts without renewal (RUNLEDGER_LEASE_SECONDS wins).
+        budget: what the job may spend on its model per period and per UTC day
+            (``Budget(per_period="2.50")``); a subject the budget refuses ends over-budget,
+            with no model call, and is owed until the window resets or the cap is raised.
+        endpoint: the name of the model endpoint ``transform`` calls (default: ``default``,
+            the RUNLEDGER_MODEL* settings); jobs naming the same endpoint share its limits.
+        shard_size: a tick run from a deployment with more subjects to run than this is split
+            into shards of at most this many, each a flow run of the same deployment that any
+            worker of its work pool takes (the run-job ``shard_size`` parameter wins); default
+            None: a tick runs in one flow run.
     """
 
     name: str
@@ -109,6 +116,9 @@ class Job:
     catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     lease_seconds: float = DEFAULT_LEASE_SECONDS
+    budget: Budget | None = None
+    endpoint: str = "default"
+    shard_size: int | None = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -125,6 +135,19 @@ class Job:
                              f"{', '.join(get_args(MissedRunPolicy))}, got {self.missed_runs!r}")
         if not self.lease_seconds > 0:
             raise InvalidJob(f"job {self.name}: lease_seconds must be positive")
+        if self.budget is not None and not isinstance(self.budget, Budget):
+            raise InvalidJob(f"job {self.name}: budget must be a Budget, such as "
+                             f"Budget(per_period=\"2.50\"), got {self.budget!r}")
+        if not isinstance(self.endpoint, str) or not self.endpoint.strip() \
+                or len(self.endpoint) > MAX_ENDPOINT_NAME:
+            raise InvalidJob(f"job {self.name}: endpoint must name a model endpoint (at most "
+                             f"{MAX_ENDPOINT_NAME} characters), such as \"default\", got "
+                             f"{self.endpoint!r}")
+        if self.shard_size is not None and (isinstance(self.shard_size, bool)
+                                            or not isinstance(self.shard_size, int)
+                                            or self.shard_size < 1):
+            raise InvalidJob(f"job {self.name}: shard_size must be a whole number of subjects, "
+                             f"1 or more (or None: never shard), got {self.shard_size!r}")
         if self.start is not None and (not isinstance(self.start, datetime)
                                        or self.start.tzinfo is None):
             raise InvalidJob(f"job {self.name}: start must be a timezone-aware datetime, "

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from store import RunledgerError
+from flows.errors import DeliveryConfigurationError
 
 
-class MailConfigurationError(RunledgerError):
+class MailConfigurationError(DeliveryConfigurationError):
     """The mail transport is misconfigured (settings, authentication or TLS); nothing was sent
     and the claimed messages were given back without counting an attempt."""

@@ -13,7 +13,7 @@ import httpx
 from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import Letter
 from flows.mail.settings import ProviderSettings
-from flows.mail.transport import OutcomeKind, SendOutcome
+from flows.mail.transport import EmailTransport, OutcomeKind, SendOutcome
 from flows.retry_after import retry_after_seconds
 from store import Reply
 
@@ -64,7 +64,7 @@ def _error(response: httpx.Response) -> tuple[str | None, str]:
     return (_text(name, 100) if name else None), _text(body.get("message") or body)
 
 
-class ProviderTransport:
+class ProviderTransport(EmailTransport):
     """Sends Letters through an HTTP email API over one pooled client per pass."""
 
     name = "provider"

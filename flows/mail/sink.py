@@ -16,7 +16,6 @@ import os
 import random
 import re
 import signal
-import socket
 import ssl
 import threading
 import time
@@ -31,6 +30,7 @@ from typing import Any
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
+from flows.ports import free_port
 from store import InvalidInput
 
 STAGES = ("rcpt", "data")
@@ -246,13 +246,6 @@ class SinkHandler:
         temporary = target.with_suffix(".tmp")
         temporary.write_text(json.dumps(self.snapshot(), sort_keys=True))
         os.replace(temporary, target)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (aiosmtpd's Controller cannot take port 0)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
 
 
 def _authenticator(username: str, password: str) -> Any:

@@ -17,7 +17,7 @@ from aiosmtplib import (
 from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import Letter
 from flows.mail.settings import SmtpSettings, TlsMode
-from flows.mail.transport import OutcomeKind, SendOutcome
+from flows.mail.transport import EmailTransport, OutcomeKind, SendOutcome
 from store import Reply
 
 SERVICE_CLOSING = 421
@@ -43,7 +43,7 @@ def _tls_failure(exc: BaseException) -> ssl.SSLError | None:
     return None
 
 
-class SmtpTransport:
+class SmtpTransport(EmailTransport):
     """Sends Letters to one SMTP server, reconnecting after a disconnect or a 421."""
 
     name = "smtp"

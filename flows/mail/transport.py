@@ -1,14 +1,21 @@
-"""What every transport promises: send one Letter and say, in one classified outcome, what the
-receiver did with it. Configuration problems are raised as ``MailConfigurationError`` instead."""
+"""What every transport of every channel promises: render a claimed outbox message (a Letter for
+email, a Parcel for a webhook or an object write), send it, and say, in one classified outcome,
+what the receiver did with it; and, before another attempt, ask the receiver whether an earlier
+one arrived, where the receiver can say. Configuration problems are raised as
+``DeliveryConfigurationError`` instead."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from flows.mail.letter import Letter
-from store import Reply
+from store import MessageClaim, Reply, canonical_json
+
+T = TypeVar("T")
 
 
 class OutcomeKind(StrEnum):
@@ -41,14 +48,15 @@ class SendOutcome:
         return self.kind.value
 
 
-class Transport(Protocol):
-    """A connection to one receiver (an SMTP server or an HTTP provider), reused for a pass."""
+class Transport(Protocol[T]):
+    """A connection to the receivers of one channel (an SMTP server, an HTTP email provider,
+    webhook endpoints, buckets), reused for a pass."""
 
     name: str
+    channel: str
 
-    @property
-    def sender(self) -> str:
-        """The From address (RUNLEDGER_MAIL_FROM)."""
+    def render(self, claim: MessageClaim) -> T:
+        """What this transport sends for the claimed message: the same on every attempt."""
         ...
 
     @property
@@ -61,6 +69,50 @@ class Transport(Protocol):
         """The longest one send can take before its timeouts fire."""
         ...
 
-    async def send(self, letter: Letter) -> SendOutcome: ...
+    async def send(self, item: T) -> SendOutcome: ...
+
+    async def settle(self, item: T) -> SendOutcome | None:
+        """Before another attempt: SENT if the receiver says it has the message (no resend),
+        None to send it (never seen, or the receiver offers no lookup), any other outcome to
+        record without sending (the receiver cannot say now)."""
+        ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Parcel:
+    """What a webhook or object-storage transport delivers for one outbox message (as a Letter
+    is for email)."""
+
+    key: str
+    channel: str
+    target: str
+    payload: Mapping[str, Any]
+    created_at: datetime
+
+    @classmethod
+    def from_claim(cls, claim: MessageClaim) -> Parcel:
+        return cls(key=claim.message_id, channel=claim.channel, target=claim.recipient,
+                   payload=claim.payload or {}, created_at=claim.created_at)
+
+    def body(self) -> bytes:
+        return canonical_json(self.payload)
+
+
+class EmailTransport:
+    """What both email transports share: a claim becomes a Letter from the configured sender,
+    and no email receiver offers a status lookup (an uncertain message follows the policy)."""
+
+    channel = "email"
+
+    @property
+    def sender(self) -> str:
+        """The From address (RUNLEDGER_MAIL_FROM)."""
+        raise NotImplementedError
+
+    def render(self, claim: MessageClaim) -> Letter:
+        return Letter.from_claim(claim, self.sender)
+
+    async def settle(self, item: Letter) -> SendOutcome | None:
+        return None

@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
-from flows.jobs.errors import PermanentError, TransientError
+from flows.errors import PermanentError, TransientError
 
 
 class ModelUnavailable(TransientError):
     """The model did not answer in time or is overloaded (timeout, 429, 5xx, connection lost)."""
 
+    # The HTTP status of the provider's error reply (a refusal: not billed); None when no
+    # reply came (a timeout or a lost connection: the provider may have billed the call).
+    status: int | None = None
+    # The provider asked every caller to slow down (429, or 503 with a pause hint): the
+    # endpoint pauses for every worker and the call is tried again in-process.
+    rate_limited: bool = False
+
+
+class EndpointRefusing(ModelUnavailable):
+    """The endpoint kept refusing (429) longer than RUNLEDGER_MODEL_REFUSED_FOR_SECONDS: the
+    subject ends as a transient failure for reconcile to re-drive later, without the stage
+    retries (they would only call into the same refusal)."""
+
 
 class ModelRejected(PermanentError):
     """The model refused the request or answered nonsense (4xx, malformed reply)."""
+
+    status: int | None = None  # as ModelUnavailable's; None for a malformed reply
 
 
 class ModelMisconfigured(PermanentError):

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, TypeVar, cast
 
+from prefect.blocks.core import Block
 from pydantic import SecretStr
 
 from flows.model.errors import ModelMisconfigured
 from flows.model.offline import OfflineModel
 from flows.model.openai_compatible import OpenAICompatibleModel
+from flows.model.price_block import ModelPrices
 from flows.model.protocol import Model
+from flows.prices import PriceList
 from flows.settings import RunledgerSettings
+
+B = TypeVar("B", bound=Block)
+
+
+def load_block(kind: type[B], name: str) -> B:
+    """The saved block ``name`` of ``kind``, loaded synchronously: Block.load dispatches on its
+    context, and in a tick's thread (inside an async flow run) it would return a coroutine."""
+    load: Any = kind.load
+    return cast(B, load(name, _sync=True))
 
 
 def api_key(settings: RunledgerSettings) -> SecretStr | None:
@@ -20,15 +32,18 @@ def api_key(settings: RunledgerSettings) -> SecretStr | None:
         return settings.model_api_key
     if not settings.model_api_key_block:
         return None
+    return api_key_in_block(settings.model_api_key_block, "RUNLEDGER_MODEL_API_KEY_BLOCK")
+
+
+def api_key_in_block(name: str, named_by: str) -> SecretStr:
+    """The API key the Prefect Secret block ``name`` holds (``named_by`` is the setting that
+    names it, for the error)."""
     from prefect.blocks.system import Secret
 
     try:
-        block = cast("Secret[str]", Secret.load(settings.model_api_key_block))
+        block = cast("Secret[str]", load_block(Secret, name))
     except ValueError as exc:
-        raise ModelMisconfigured(
-            f"no Prefect Secret block named {settings.model_api_key_block!r} "
-            "(RUNLEDGER_MODEL_API_KEY_BLOCK)"
-        ) from exc
+        raise ModelMisconfigured(f"no Prefect Secret block named {name!r} ({named_by})") from exc
     return SecretStr(str(block.get()))
 
 
@@ -46,3 +61,25 @@ def model_from_settings(settings: RunledgerSettings | None = None) -> Model:
         settings.model_base_url, settings.model_name, api_key(settings),
         timeout_seconds=settings.model_timeout_seconds,
     )
+
+
+def prices_from_settings(settings: RunledgerSettings | None = None) -> PriceList:
+    """The model prices: from the Prefect block RUNLEDGER_MODEL_PRICES_BLOCK names, else from
+    RUNLEDGER_MODEL_PRICES and RUNLEDGER_MODEL_CURRENCY (none: every model shows "no price")."""
+    settings = settings or RunledgerSettings()
+    if not settings.model_prices_block:
+        return PriceList(currency=settings.model_currency, prices=settings.model_prices)
+    return prices_in_block(settings.model_prices_block, "RUNLEDGER_MODEL_PRICES_BLOCK")
+
+
+def prices_in_block(name: str, named_by: str) -> PriceList:
+    """The prices the saved "runledger model prices" block ``name`` holds (``named_by`` is
+    the setting that names it, for the error)."""
+    try:
+        block = load_block(ModelPrices, name)
+    except ValueError as exc:
+        raise ModelMisconfigured(
+            f"no \"runledger model prices\" block named {name!r} ({named_by})") from exc
+    if not isinstance(block, ModelPrices):
+        raise ModelMisconfigured(f"block {name!r} is not a \"runledger model prices\" block")
+    return block.price_list()

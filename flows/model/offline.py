@@ -1,7 +1,9 @@
 """The offline model: an extractive summarizer that needs no network and no downloaded weights.
 
 It keeps the few sentences whose words are most frequent in the text, in their original order.
-Deterministic, so the same input always gives the same summary."""
+Deterministic, so the same input always gives the same summary. It reports its usage in words
+(whitespace-separated, the system text included in the prompt's), where a provider counts
+tokens: a model without a price, whose usage still shows what it read and wrote."""
 
 from __future__ import annotations
 
@@ -49,10 +51,16 @@ def summarize(text: str, max_sentences: int) -> str:
     return " ".join(found[i] for i in sorted(best))
 
 
+def words(text: str | None) -> int:
+    """The offline model's unit of usage: whitespace-separated words."""
+    return len(text.split()) if text else 0
+
+
 class OfflineModel:
     """A Model that summarizes the prompt by extraction; ``delay_seconds`` simulates latency."""
 
     name = NAME
+    endpoint = "offline"
 
     def __init__(self, *, max_sentences: int = 3, delay_seconds: float = 0.0) -> None:
         self.max_sentences = max_sentences
@@ -61,7 +69,8 @@ class OfflineModel:
     def generate(self, prompt: str, *, system: str | None = None) -> Generation:
         if self.delay_seconds:
             time.sleep(self.delay_seconds)
-        return Generation(summarize(prompt, self.max_sentences), self.name)
+        text = summarize(prompt, self.max_sentences)
+        return Generation(text, self.name, words(system) + words(prompt), words(text))
 
     def close(self) -> None:
         return None

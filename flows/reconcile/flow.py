@@ -1,9 +1,10 @@
 """The ``reconcile`` flow: for each job, compare what it owes with the ledger and act, so that
 every owed occurrence ends completed, skipped by its policy, or failed and reported.
 
-One pass per job: record the subjects it owes (first time seen), plan (``plan.py``), record the
-policy's skips and the give-ups, report overdue occurrences, run the missed and stranded ones as
-``run-job`` subflows (oldest period first, a few at a time), then report the recovered ones.
+One pass per job: record the subjects it owes (first time seen) and plan (``prepare.py``,
+``plan.py``), record the policy's skips and the give-ups, report overdue occurrences, run the
+missed and stranded ones as ``run-job`` subflows (oldest period first, a few at a time), then
+report the recovered ones.
 Overlapping passes are safe: the ledger decides each skip, give-up, report and claim once."""
 
 from __future__ import annotations
@@ -12,30 +13,23 @@ import asyncio
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect import State, flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
-from prefect.states import Completed, Failed
+from prefect.states import Failed
 
-from flows.jobs import Job, get_job, registered_jobs
-from flows.outcomes import TickReport, emit_decisions, emit_job_event
-from flows.reconcile.plan import (
-    ACTIONS,
-    DEFAULT_CAP,
-    STATES,
-    Plan,
-    Step,
-    first_owed,
-    owed_occurrences,
-    plan,
-    window_start,
-)
+from flows.board import Board
+from flows.events import emit_decisions, emit_job_event
+from flows.jobs import Job
+from flows.reconcile.plan import ACTIONS, STATES, Plan, Step
+from flows.reconcile.prepare import prepare
+from flows.registry import get_job, registered_jobs
+from flows.run_job.flow import run_job
+from flows.run_job.monitoring import create_status_artifact, read_board
+from flows.run_job.outcomes import TickReport, listed_completed
 from flows.settings import RunledgerSettings
 from store import Ledger, Occurrence
-
-if TYPE_CHECKING:
-    from flows.board import Board
 
 
 @dataclass
@@ -84,29 +78,6 @@ class JobReconciled:
                 "ticks": [t.summary() for t in self.ticks]}
 
 
-def prepare(ledger: Ledger, job: Job, now: datetime | None = None, *, dry_run: bool = False,
-            cap: int = DEFAULT_CAP, backoff: timedelta = timedelta(minutes=1),
-            max_backoff: timedelta = timedelta(hours=1), since: datetime | None = None) -> Plan:
-    """The job's plan at ``now`` (default: the database clock) over the periods from the one
-    starting at ``since`` (default: the catch-up window's start); records, unless ``dry_run``,
-    the period each subject seen for the first time is owed from."""
-    now = ledger.now() if now is None else now
-    since = window_start(job, now) if since is None else since
-    runs = {r.run_id: r for r in ledger.run_states(job.name, since)}
-    known = ledger.obligations(job.name)
-    first_run: dict[str, datetime] = {}
-    for run in runs.values():
-        if run.version == job.version and run.subject not in known:
-            first_run[run.subject] = min(run.period_start, first_run.get(run.subject, now))
-    new = {s: first_owed(job, now, known, first_run.get(s))
-           for s in job.subject_names() if s not in known}
-    owed_from = ledger.owe(job.name, new) if new and not dry_run else {**new, **known}
-    owed = owed_occurrences(job, owed_from, now, since)
-    occurrences = {o.run_id: o for o in ledger.occurrences(job.name, since)}
-    return plan(job, owed, runs, occurrences, now, cap=cap, backoff=backoff,
-                max_backoff=max_backoff)
-
-
 def _steps(planned: Plan) -> dict[str, Step]:
     return {s.owed.identity.run_id: s for s in planned.steps}
 
@@ -143,8 +114,6 @@ def report_recovered(ledger: Ledger, done: JobReconciled) -> None:
 async def drive(done: JobReconciled, concurrency: int) -> None:
     """Run the missed and stranded occurrences as ``run-job`` subflows, one per period with
     its subjects, oldest period first, at most ``concurrency`` at once."""
-    from flows.pipeline import run_job
-
     by_period: dict[str, list[Step]] = defaultdict(list)
     for step in done.plan.acting("run", "redrive"):
         by_period[step.owed.period.label].append(step)
@@ -166,7 +135,7 @@ async def reconcile_jobs(jobs: list[Job], *, dry_run: bool = False, now: datetim
     """One pass over ``jobs`` at ``now`` (default: the database clock, read per job): plan,
     decide and (unless ``dry_run``) drive each in turn."""
     settings = settings or RunledgerSettings()
-    ledger = Ledger.connect()
+    ledger = Ledger.open_existing()
     try:
         results = []
         for job in jobs:
@@ -188,13 +157,10 @@ async def reconcile_jobs(jobs: list[Job], *, dry_run: bool = False, now: datetim
 
 async def refresh_boards(jobs: list[Job]) -> None:
     """Create the next version of each job's status board artifact, as the pass left it."""
-    # Imported here: the board is computed from this module's plan (``prepare``).
-    from flows.monitoring import create_status_artifact, read_board
-
     def read(ledger: Ledger) -> list[Board | None]:
         return [read_board(ledger, job) for job in jobs]
 
-    with Ledger.connect() as ledger:
+    with Ledger.open_existing() as ledger:
         boards = await asyncio.to_thread(read, ledger)
     for board in boards:
         if board is not None:
@@ -229,4 +195,4 @@ async def reconcile(job: str | None = None, dry_run: bool = False) -> State[Any]
     failed = [t for r in results for t in r.ticks if t.state_name() == "Failed"]
     if failed:
         return Failed(message=message, data=results)
-    return Completed(name="DryRun" if dry_run else "Completed", message=message, data=results)
+    return listed_completed("DryRun" if dry_run else "Completed", message, results)

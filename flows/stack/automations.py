@@ -22,8 +22,8 @@ from prefect.events.schemas.automations import AutomationCore, EventTrigger, Pos
 from prefect.events.schemas.events import ResourceSpecification
 from prefect.exceptions import ObjectNotFound
 
+from flows.events import JOB_EVENTS, OCCURRENCE_EVENTS
 from flows.jobs import Job
-from flows.outcomes import JOB_EVENTS, OCCURRENCE_EVENTS
 from flows.stack.processes import StackError
 
 CRASH_DETECTOR = "runledger: mark silent flow runs crashed"
@@ -222,11 +222,42 @@ def _duration(value: timedelta) -> str:
     return " ".join(parts) or "0 s"
 
 
+BUDGET_EXHAUSTED = JOB_EVENTS["budget.exhausted"]
+BUDGET_ALERT = "runledger: notify an exhausted budget"
+BUDGET_SUBJECT = ('runledger budget exhausted: {{ event.resource["runledger.job"] }} '
+                  '({{ event.payload.scope }} from {{ event.payload.window_start }})')
+BUDGET_BODY = """\
+{{ event.event }}: job {{ event.resource["runledger.job"] }}
+window: {{ event.payload.scope }} from {{ event.payload.window_start }}
+{{ event.payload.spent }}; calls refused: {{ event.payload.refused }}
+what to do: {{ event.payload.fix }}
+at: {{ event.occurred }}"""
+
+
+def budget_automation(notify_block_id: UUID) -> AutomationCore:
+    """Notify through the block once per exhausted budget window, saying how much was spent
+    and how to raise the cap."""
+    return AutomationCore(
+        name=BUDGET_ALERT,
+        description="A job's budget window has no room for its next model call: its subjects "
+                    "end over-budget until the window resets or the cap is raised.",
+        trigger=EventTrigger(
+            match=ResourceSpecification({"prefect.resource.id": "runledger.job.*"}),
+            expect={BUDGET_EXHAUSTED},
+            posture=Posture.Reactive,
+            threshold=1,
+            within=timedelta(0),
+        ),
+        actions=[SendNotification(block_document_id=notify_block_id, subject=BUDGET_SUBJECT,
+                                  body=BUDGET_BODY)],
+    )
+
+
 def install_alerts(client: SyncPrefectClient, jobs: Iterable[Job], notify_block_id: UUID,
                    now: datetime) -> list[str]:
-    """Install (create or update by name) the overdue/give-up alert and every job's dead man's
-    switch; their names."""
-    automations = [alert_automation(notify_block_id),
+    """Install (create or update by name) the overdue/give-up alert, the budget alert and
+    every job's dead man's switch; their names."""
+    automations = [alert_automation(notify_block_id), budget_automation(notify_block_id),
                    *(dead_mans_switch(job, notify_block_id, now) for job in jobs)]
     for automation in automations:
         install(client, automation)

@@ -7,13 +7,16 @@ delivery pass, prints where to look, and on Ctrl-C stops everything it started."
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -24,9 +27,8 @@ from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 from prefect.client.schemas.objects import FlowRun
 
-from deployments.project import PROJECT_ROOT
-from flows.jobs import upgrade_ledger
-from flows.mail.sink import free_port
+from flows.ports import free_port, port_is_free
+from flows.registry import registered_jobs, upgrade_ledger
 from flows.stack import commands
 from flows.stack.auth import NO_AUTH, StackAuth, is_loopback
 from flows.stack.automations import HEARTBEAT_SECONDS, install_crash_detector
@@ -39,7 +41,7 @@ from flows.stack.prefect_server import (
     ui_url,
     wait_until_healthy,
 )
-from flows.stack.processes import StackError, Supervisor, port_is_free
+from flows.stack.processes import StackError, Supervisor
 from flows.stack.work_pool import DEFAULT_POOL, ensure_pool
 from store import Ledger, LedgerSettings, RunledgerError, create_database_if_missing
 
@@ -47,6 +49,7 @@ REFERENCE_DEPLOYMENT = "competitor-summary"
 DELIVERY_DEPLOYMENT = "deliver-outbox"
 DEFAULT_SENDER = "runledger@example.org"
 SINK_HOST = "127.0.0.1"
+SERVER = "prefect-server"  # the child everything else needs: its exit stops the stack
 Say = Callable[[str], None]
 
 
@@ -80,6 +83,11 @@ class StackConfig:
     @property
     def prefect_home(self) -> Path:
         return self.home / "prefect"
+
+    @property
+    def record(self) -> Path:
+        """Where a running stack says who it is: pid, UI, ledger."""
+        return self.home / "stack.json"
 
     @property
     def api(self) -> str:
@@ -170,6 +178,34 @@ def _shown(url: str) -> str:
     return sa.engine.make_url(url).render_as_string(hide_password=True)
 
 
+def running_stack(record: Path) -> dict[str, Any] | None:
+    """What the stack recorded in ``record`` if its process still lives, else None."""
+    try:
+        found: dict[str, Any] = json.loads(record.read_text(encoding="utf-8"))
+        cmdline = Path(f"/proc/{int(found['pid'])}/cmdline").read_bytes()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found if b"stack" in cmdline else None  # not a reused pid
+
+
+def refuse_second_stack(config: StackConfig, ledger_url: str) -> None:
+    """A stack already running from this home, or a server on the port, is left alone and named:
+    a second stack on the same ledger would run every schedule twice."""
+    found = running_stack(config.record)
+    if found is not None:
+        raise StackError(
+            f"a runledger stack is already running from {config.home} (pid {found['pid']}, "
+            f"since {found['started']}): UI {found['ui']}, ledger {found['ledger']}. Use it, or "
+            f"stop it with Ctrl-C in its terminal (or kill -INT {found['pid']}); it was left "
+            "alone")
+    if not port_is_free(config.host, config.port):
+        raise StackError(
+            f"port {config.port} on {config.host} is in use, by another Prefect server or a "
+            f"stack started with another --home; nothing was started. A second stack on the "
+            f"same ledger ({_shown(ledger_url)}) would run every schedule twice: use the one "
+            "running, or give this one its own RUNLEDGER_DATABASE_URL and --port")
+
+
 def _mail_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.eml"))
 
@@ -190,6 +226,25 @@ def _stop_on_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@dataclass
+class Restarts:
+    """When each child of the stack was started again lately: one that exits more than
+    ``limit`` times within ``window`` seconds is crash-looping, and restarting it hides that."""
+
+    limit: int = 5
+    window: float = 300.0
+    times: dict[str, list[float]] = field(default_factory=dict)
+
+    def record(self, name: str, now: float) -> int | None:
+        """Count a restart of ``name`` at ``now`` (monotonic seconds): its number within the
+        window, or None (not counted) when the window already holds ``limit`` of them."""
+        recent = [t for t in self.times.get(name, []) if now - t < self.window]
+        if len(recent) >= self.limit:
+            return None
+        self.times[name] = [*recent, now]
+        return len(recent) + 1
+
+
 class LocalStack:
     """Starts and stops the local stack described by a StackConfig."""
 
@@ -203,22 +258,27 @@ class LocalStack:
         config = self.config
         # Before anything starts: an exposed API without authentication is refused.
         config.auth.check(config.host)
-        if not port_is_free(config.host, config.port):
-            raise StackError(f"port {config.port} on {config.host} is in use (another Prefect "
-                             f"server?); choose another with --port")
+        refuse_second_stack(config, self.ledger_url)
         for folder in (config.prefect_home, config.mail_dir, config.log_dir):
             folder.mkdir(parents=True, exist_ok=True)
+        config.record.write_text(json.dumps({
+            "pid": os.getpid(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "ui": ui_url(config.host, config.port), "ledger": self._shown_ledger()}))
         self._migrate()
         self._start_server()
         # The sink has no authentication and no TLS: it listens on loopback whatever --host is.
-        smtp_port = free_port(SINK_HOST)
-        self.supervisor.start("sink", commands.sink_argv(SINK_HOST, smtp_port, config.mail_dir),
-                              NO_AUTH.client_env(os.environ))
-        env = flow_env(os.environ, config, self.ledger_url, smtp_port)
+        self.smtp_port = free_port(SINK_HOST)
+        self.supervisor.start("sink", self.sink_argv(), NO_AUTH.client_env(os.environ))
+        env = flow_env(os.environ, config, self.ledger_url, self.smtp_port)
         if config.workers:
             self._start_workers(env)
         else:
-            self.supervisor.start("serve", commands.serve_argv(), env, cwd=PROJECT_ROOT)
+            # Flow runs start in the folder the stack was started from, as a worker's would
+            # in the folder `prefect deploy` ran in.
+            self.supervisor.start("serve", commands.serve_argv(), env, cwd=Path.cwd())
+
+    def sink_argv(self) -> list[str]:
+        return commands.sink_argv(SINK_HOST, self.smtp_port, self.config.mail_dir)
 
     def _migrate(self) -> None:
         ledger = Ledger.connect(self.ledger_url)
@@ -240,7 +300,7 @@ class LocalStack:
                  f"({'PostgreSQL' if database else 'SQLite in ' + str(config.prefect_home)}"
                  f"{events})")
         server = self.supervisor.start(
-            "prefect-server", commands.server_argv(config.host, config.port, ui=True), env)
+            SERVER, commands.server_argv(config.host, config.port, ui=True), env)
         try:
             wait_until_healthy(config.api, server)
         except StackError as exc:
@@ -251,6 +311,8 @@ class LocalStack:
             raise
         with client(config.api, config.auth.value) as api:
             install_crash_detector(api, config.crash_after_seconds)
+            # Also when serving: a team's `prefect deploy` to this server finds its pool.
+            ensure_pool(api, config.pool)
 
     def _create_prefect_database(self, url: str) -> None:
         """Create the ``<ledger>_prefect`` database the stack chose; a user who may not create
@@ -264,10 +326,8 @@ class LocalStack:
 
     def _start_workers(self, env: dict[str, str]) -> None:
         config = self.config
-        with client(config.api, config.auth.value) as api:
-            ensure_pool(api, config.pool)
         self.say(f"applying deployments/prefect.yaml to work pool {config.pool}")
-        done = subprocess.run(commands.deploy_argv(pool=config.pool), env=env, cwd=PROJECT_ROOT,
+        done = subprocess.run(commands.deploy_argv(pool=config.pool), env=env, cwd=Path.cwd(),
                               capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise StackError(f"prefect deploy failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
@@ -277,7 +337,9 @@ class LocalStack:
 
     def kickoff(self, timeout: float = 300.0) -> None:
         """One run of the reference job, then one delivery pass, each waited for."""
-        names = [REFERENCE_DEPLOYMENT, DELIVERY_DEPLOYMENT]
+        # The reference job is an example: a team's install without it kicks off delivery only.
+        names = [REFERENCE_DEPLOYMENT, DELIVERY_DEPLOYMENT] if \
+            REFERENCE_DEPLOYMENT in registered_jobs() else [DELIVERY_DEPLOYMENT]
         auth = self.config.auth
         ids = wait_for_deployments(self.config.api, names, timeout=120, auth=auth)
         for name in names:
@@ -326,22 +388,51 @@ class LocalStack:
         return sa.engine.make_url(self.ledger_url).render_as_string(hide_password=True)
 
     def watch(self, poll_seconds: float = 1.0) -> None:
-        """Block until Ctrl-C, SIGTERM or a child's unexpected exit (which is an error)."""
+        """Block until Ctrl-C, SIGTERM, an exit of the Prefect server or a child's crash loop
+        (an error). An exited serve or worker is started again and reported. The SMTP sink's
+        exit is reported and the rest runs on: deliveries then fail and retry with backoff,
+        which is what a person may want to watch."""
+        reported: set[int] = set()
+        restarts = Restarts()
         while True:
-            for child in self.supervisor.children:
-                if not child.running():
-                    raise StackError(f"{child.name} exited ({child.process.returncode}); "
-                                     f"its log ends with:\n{child.log_tail()}")
+            for child in list(self.supervisor.children):
+                if child.running() or child.pid in reported:
+                    continue
+                code = child.process.returncode
+                if child.name == "sink":
+                    reported.add(child.pid)
+                    self.say(f"the SMTP sink exited ({code}); the rest of the stack runs on: "
+                             "deliveries fail and retry with backoff (runledger outbox list). "
+                             "Start it again in another terminal: runledger "
+                             f"{' '.join(self.sink_argv()[-7:])}")
+                    continue
+                if child.name == SERVER:
+                    raise StackError(f"the Prefect server exited ({code}); its log ends with:"
+                                     f"\n{child.log_tail()}")
+                count = restarts.record(child.name, time.monotonic())
+                if count is None:
+                    raise StackError(
+                        f"{child.name} exited ({code}) {restarts.limit + 1} times within "
+                        f"{restarts.window:g} s; its log ends with:\n{child.log_tail()}")
+                again = self.supervisor.restart(child)
+                self.say(f"{child.name} exited ({code}); started it again as pid {again.pid} "
+                         f"(restart {count} of at most {restarts.limit} within "
+                         f"{restarts.window:g} s; log {child.log})")
             time.sleep(poll_seconds)
 
     def stop(self) -> None:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
+            if not self.supervisor.children:  # refused before anything started: say nothing
+                return
             self.say("stopping the stack ...")
             stragglers = self.supervisor.stop()
             self.say("stopped" + (f" (killed {len(stragglers)} leftover process(es))"
                                   if stragglers else ""))
         finally:
+            with contextlib.suppress(OSError, ValueError, KeyError):  # only our own record
+                if json.loads(self.config.record.read_text())["pid"] == os.getpid():
+                    self.config.record.unlink()
             signal.signal(signal.SIGINT, previous)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,18 +26,6 @@ PROC = Path("/proc")
 
 class StackError(RunledgerError):
     """The local stack could not be started or stopped."""
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """True if a server could listen on ``port`` now (connections of a server that just
-    stopped, in TIME_WAIT, do not count: servers bind with SO_REUSEADDR too)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def _die_with_parent() -> None:
@@ -85,11 +72,15 @@ def _alive(pid: int) -> bool:
 
 @dataclass
 class Child:
-    """One started process: its name in the stack, the Popen handle and its log file."""
+    """One started process: its name in the stack, the Popen handle, its log file, and how it
+    was started (to start it again)."""
 
     name: str
     process: subprocess.Popen[bytes]
     log: Path
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -136,9 +127,16 @@ class Supervisor:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        child = Child(name, process, log)
+        child = Child(name, process, log, list(argv), dict(env), cwd)
         self.children.append(child)
         return child
+
+    def restart(self, child: Child) -> Child:
+        """Start an exited child again, as it was started, in its place in the stop order."""
+        again = self.start(child.name, child.argv, child.env, child.cwd)
+        self.children.remove(again)
+        self.children[self.children.index(child)] = again
+        return again
 
     def tagged(self) -> list[int]:
         """Pids of every living process that carries this stack's tag."""

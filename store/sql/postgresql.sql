@@ -1,6 +1,193 @@
 -- The SQL runledger's ledger sends to postgresql, statement by statement.
 -- Written by `python -m store.sql --write`; a test fails when it is stale.
 
+-- name: reserve_budget
+-- Reserve a call's estimate in a job's budget window (creating the window with the given cap),
+-- only if what is spent, what is reserved and the estimate together stay within the cap; the cap
+-- given replaces the stored one (a raised cap applies at once).
+-- parameters: job, scope, window_start, unit, currency, cap, estimate, param_1, param_2, param_3, estimate, cap, calls_1
+INSERT INTO budget_windows (job, scope, window_start, unit, currency, cap, reserved, spent, calls, refused, updated_at) SELECT %s::VARCHAR AS anon_1, %s::VARCHAR AS anon_2, %s::TIMESTAMP WITH TIME ZONE AS anon_3, %s::VARCHAR AS anon_4, %s::VARCHAR AS anon_5, %s::BIGINT AS anon_6, %s::BIGINT AS anon_7, %s::INTEGER AS anon_8, %s::INTEGER AS anon_9, %s::INTEGER AS anon_10, statement_timestamp() AS db_now_1 
+WHERE %s::BIGINT <= %s::BIGINT ON CONFLICT (job, scope, window_start) DO UPDATE SET unit = excluded.unit, currency = excluded.currency, cap = excluded.cap, reserved = (budget_windows.reserved + excluded.reserved), calls = (budget_windows.calls + %s::INTEGER), exhausted_at = NULL, updated_at = excluded.updated_at WHERE budget_windows.spent + budget_windows.reserved + excluded.reserved <= excluded.cap RETURNING budget_windows.reserved;
+
+-- name: refuse_budget
+-- Count a call the window had no room for (creating the window if it has none yet).
+-- parameters: job, scope, window_start, unit, currency, cap, reserved, spent, calls, refused, refused_1
+INSERT INTO budget_windows (job, scope, window_start, unit, currency, cap, reserved, spent, calls, refused, updated_at) VALUES (%s::VARCHAR, %s::VARCHAR, %s::TIMESTAMP WITH TIME ZONE, %s::VARCHAR, %s::VARCHAR, %s::BIGINT, %s::BIGINT, %s::BIGINT, %s::INTEGER, %s::INTEGER, statement_timestamp()) ON CONFLICT (job, scope, window_start) DO UPDATE SET refused = (budget_windows.refused + %s::INTEGER), updated_at = excluded.updated_at RETURNING budget_windows.spent, budget_windows.reserved;
+
+-- name: exhaust_budget
+-- Record when the window was first found without room, unless it is recorded already (a
+-- reservation that succeeds again clears it): one statement decides who says, once, that the
+-- budget is exhausted.
+-- parameters: job, scope, window_start
+UPDATE budget_windows SET exhausted_at=statement_timestamp() WHERE budget_windows.job = %s::VARCHAR AND budget_windows.scope = %s::VARCHAR AND budget_windows.window_start = %s::TIMESTAMP WITH TIME ZONE AND budget_windows.exhausted_at IS NULL RETURNING budget_windows.exhausted_at;
+
+-- name: settle_budget
+-- Replace a call's reservation in a window by its real cost (0 to release it: a call that failed
+-- or was refused; its estimate for a call lost in flight).
+-- parameters: estimate, estimate, param_1, cost, job, scope, window_start
+UPDATE budget_windows SET reserved=CASE WHEN (budget_windows.reserved > %s::BIGINT) THEN budget_windows.reserved - %s::BIGINT ELSE %s::INTEGER END, spent=(budget_windows.spent + %s::BIGINT), updated_at=statement_timestamp() WHERE budget_windows.job = %s::VARCHAR AND budget_windows.scope = %s::VARCHAR AND budget_windows.window_start = %s::TIMESTAMP WITH TIME ZONE;
+
+-- name: list_budget_windows
+-- A job's budget windows from a moment on, oldest first.
+-- parameters: job, since
+SELECT budget_windows.job, budget_windows.scope, budget_windows.window_start, budget_windows.unit, budget_windows.currency, budget_windows.cap, budget_windows.reserved, budget_windows.spent, budget_windows.calls, budget_windows.refused, budget_windows.exhausted_at, budget_windows.updated_at 
+FROM budget_windows 
+WHERE budget_windows.job = %s::VARCHAR AND budget_windows.window_start >= %s::TIMESTAMP WITH TIME ZONE ORDER BY budget_windows.window_start, budget_windows.scope;
+
+-- name: release_over_budget
+-- A Run whose next model call the budget refused goes back to pending with the refusal as its
+-- error, and the attempt it took is given back (it did nothing: reconcile re-drives it, and never
+-- gives up on it for budget refusals); only the current fence holder can.
+-- parameters: status, attempts_1, attempts_2, param_1, error, run_id, fence, owner, status_1
+UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, attempts=CASE WHEN (runs.attempts > %s::INTEGER) THEN runs.attempts - %s::INTEGER ELSE %s::INTEGER END, error=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.attempts;
+
+-- name: end_over_budget_attempt
+-- The Attempt the budget refused ends released, with the refusal.
+-- parameters: outcome, error, model_calls, attempt_id
+UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR, model_calls=%s::INTEGER WHERE attempts.attempt_id = %s::VARCHAR;
+
+-- name: configure_endpoint_limit
+-- Create an endpoint's limits (buckets full) or replace its configured ones; the adaptive rate
+-- starts over only when the configured rate changes.
+-- parameters: name, requests_per_minute, tokens_per_minute, max_concurrent, requests_per_minute, requests_per_minute, param_1, requests_per_minute, param_2, param_3, param_4, tokens_per_minute, param_5, tokens_per_minute, param_6, param_7, param_8, refusals, granted, calls, refused
+INSERT INTO endpoint_limits (name, requests_per_minute, tokens_per_minute, max_concurrent, rate, request_level, token_level, refilled_at, refusals, granted, calls, refused, updated_at) VALUES (%s::VARCHAR, CAST(%s AS FLOAT), CAST(%s::BIGINT AS BIGINT), %s::INTEGER, CAST(%s AS FLOAT), CASE WHEN (CAST(%s AS FLOAT) IS NULL) THEN %s ELSE GREATEST((CAST(%s AS FLOAT) / CAST(%s AS FLOAT)) * %s, %s) END, CASE WHEN (CAST(%s::BIGINT AS BIGINT) IS NULL) THEN %s ELSE GREATEST((CAST(%s::BIGINT AS BIGINT) / CAST(%s AS DOUBLE PRECISION)) * %s, %s) END, statement_timestamp(), %s::INTEGER, %s, %s::INTEGER, %s::INTEGER, statement_timestamp()) ON CONFLICT (name) DO UPDATE SET requests_per_minute = excluded.requests_per_minute, tokens_per_minute = excluded.tokens_per_minute, max_concurrent = excluded.max_concurrent, rate = CASE WHEN (endpoint_limits.requests_per_minute IS NOT DISTINCT FROM excluded.requests_per_minute) THEN endpoint_limits.rate ELSE excluded.rate END, updated_at = excluded.updated_at;
+
+-- name: lock_endpoint_limit
+-- Lock an endpoint's limits row until the transaction ends.
+-- parameters: name
+SELECT endpoint_limits.name 
+FROM endpoint_limits 
+WHERE endpoint_limits.name = %s::VARCHAR FOR UPDATE;
+
+-- name: acquire_endpoint_slot
+-- Refill the endpoint's buckets by the database time elapsed and take one request and the call's
+-- tokens, only if the endpoint is not paused, both buckets hold them and fewer calls than its
+-- maximum are in flight; the levels are returned either way (how long to wait).
+-- parameters: param_1, param_2, param_1, param_2, tokens, param_1, param_2, requests_1, tokens, tokens_per_minute_1, param_3, param_4, rate_1, param_5, param_6, param_7, param_8, param_9, tokens_per_minute_2, param_10, param_11, param_12, param_13, in_flight_seconds, name
+UPDATE endpoint_limits SET request_level=(decided.requests - CASE WHEN decided.ok THEN %s::INTEGER ELSE %s::INTEGER END), token_level=(decided.tokens - CASE WHEN decided.ok THEN %s::INTEGER ELSE %s::INTEGER END * %s::BIGINT), refilled_at=statement_timestamp(), granted=decided.ok, calls=(endpoint_limits.calls + CASE WHEN decided.ok THEN %s::INTEGER ELSE %s::INTEGER END), updated_at=statement_timestamp() FROM (SELECT refilled.name AS name, refilled.requests AS requests, refilled.tokens AS tokens, refilled.admits AND (refilled.rate IS NULL OR refilled.requests >= %s) AND (refilled.tokens_per_minute IS NULL OR refilled.tokens >= LEAST(CAST(%s::BIGINT AS FLOAT), (refilled.tokens_per_minute / CAST(%s AS DOUBLE PRECISION)) * %s)) AS ok 
+FROM (SELECT endpoint_limits.name AS name, CASE WHEN (endpoint_limits.rate IS NULL) THEN %s ELSE LEAST(GREATEST((endpoint_limits.rate / CAST(%s AS FLOAT)) * %s, %s), endpoint_limits.request_level + (GREATEST(extract(epoch from (statement_timestamp() - endpoint_limits.refilled_at))::float8, %s) * endpoint_limits.rate) / CAST(%s AS FLOAT)) END AS requests, CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN %s ELSE LEAST(GREATEST((endpoint_limits.tokens_per_minute / CAST(%s AS DOUBLE PRECISION)) * %s, %s), endpoint_limits.token_level + (GREATEST(extract(epoch from (statement_timestamp() - endpoint_limits.refilled_at))::float8, %s) * endpoint_limits.tokens_per_minute) / CAST(%s AS FLOAT)) END AS tokens, (endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= statement_timestamp()) AND (endpoint_limits.max_concurrent IS NULL OR (SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (statement_timestamp() + make_interval(secs => -%s))) < endpoint_limits.max_concurrent) AS admits, endpoint_limits.rate AS rate, endpoint_limits.tokens_per_minute AS tokens_per_minute 
+FROM endpoint_limits 
+WHERE endpoint_limits.name = %s::VARCHAR) AS refilled) AS decided WHERE endpoint_limits.name = decided.name RETURNING endpoint_limits.granted, endpoint_limits.refilled_at, endpoint_limits.paused_until, endpoint_limits.rate, endpoint_limits.request_level, endpoint_limits.tokens_per_minute, endpoint_limits.token_level;
+
+-- name: refuse_endpoint
+-- The provider refused a call: pause the endpoint for every worker until the time it named (else a
+-- backoff doubling per refusal), both capped, never shortening a pause; cut the rate by 30% once
+-- per pause (learning one from the calls just made when none is known); give back the call's
+-- tokens.
+-- parameters: name, db_now_1, param_1, coalesce_1, param_2, request_level, param_3, tokens, pause_seconds, refusals_1, param_4, refusals_2, param_5, refusals_3, param_6, refusals_4, param_7, refusals_5, param_8, param_9, max_pause_seconds, refusals_6, refused_1, name
+UPDATE endpoint_limits SET rate=CASE WHEN (endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= statement_timestamp()) THEN GREATEST(coalesce(endpoint_limits.rate, CAST((SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.endpoint = %s::VARCHAR AND model_calls.started_at > (statement_timestamp() + make_interval(secs => %s))) AS FLOAT) * %s) * %s, %s) ELSE endpoint_limits.rate END, request_level=%s, token_level=CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN %s ELSE endpoint_limits.token_level + %s::BIGINT END, paused_until=GREATEST(coalesce(endpoint_limits.paused_until, statement_timestamp()), (statement_timestamp() + make_interval(secs => LEAST(coalesce(CAST(%s AS FLOAT), CASE WHEN (endpoint_limits.refusals = %s::INTEGER) THEN %s WHEN (endpoint_limits.refusals = %s::INTEGER) THEN %s WHEN (endpoint_limits.refusals = %s::INTEGER) THEN %s WHEN (endpoint_limits.refusals = %s::INTEGER) THEN %s WHEN (endpoint_limits.refusals = %s::INTEGER) THEN %s ELSE %s END), %s)))), refusals=(endpoint_limits.refusals + %s::INTEGER), refused=(endpoint_limits.refused + %s::INTEGER), updated_at=statement_timestamp() WHERE endpoint_limits.name = %s::VARCHAR RETURNING endpoint_limits.paused_until, endpoint_limits.rate;
+
+-- name: settle_endpoint_call
+-- An answered call settles the tokens it took to what it used and raises the endpoint's rate by
+-- its share of a second's step, up to the configured rate.
+-- parameters: coalesce_1, coalesce_1, param_1, estimate, used, refusals, name
+UPDATE endpoint_limits SET rate=CASE WHEN (endpoint_limits.requests_per_minute IS NOT NULL AND endpoint_limits.rate + (coalesce(endpoint_limits.requests_per_minute, endpoint_limits.rate) * %s) / CAST(endpoint_limits.rate AS FLOAT) > endpoint_limits.requests_per_minute) THEN endpoint_limits.requests_per_minute ELSE endpoint_limits.rate + (coalesce(endpoint_limits.requests_per_minute, endpoint_limits.rate) * %s) / CAST(endpoint_limits.rate AS FLOAT) END, token_level=CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN %s ELSE (endpoint_limits.token_level + %s::BIGINT) - %s::BIGINT END, refusals=%s::INTEGER, updated_at=statement_timestamp() WHERE endpoint_limits.name = %s::VARCHAR;
+
+-- name: read_endpoint_limit
+-- An endpoint's limits and their state.
+-- parameters: name
+SELECT endpoint_limits.name, endpoint_limits.requests_per_minute, endpoint_limits.tokens_per_minute, endpoint_limits.max_concurrent, endpoint_limits.rate, endpoint_limits.request_level, endpoint_limits.token_level, endpoint_limits.refilled_at, endpoint_limits.paused_until, endpoint_limits.refusals, endpoint_limits.granted, endpoint_limits.calls, endpoint_limits.refused, endpoint_limits.updated_at 
+FROM endpoint_limits 
+WHERE endpoint_limits.name = %s::VARCHAR;
+
+-- name: record_call_intent
+-- Record a model call before it leaves, in flight (no outcome), only while its Attempt holds the
+-- Run's lease (fence, owner, database clock).
+-- parameters: call_id, run_id, attempt_id, fence, endpoint, model, position, prompt_digest, estimate, budget_period, budget_day, run_id, fence, owner, status_1
+INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, model, position, prompt_digest, started_at, estimate, budget_period, budget_day) SELECT %s::VARCHAR AS anon_1, %s::VARCHAR AS anon_2, %s::VARCHAR AS anon_3, %s::INTEGER AS anon_4, runs.job, %s::VARCHAR AS anon_5, %s::VARCHAR AS anon_6, %s::INTEGER AS anon_7, %s::VARCHAR AS anon_8, statement_timestamp() AS db_now_1, %s::BIGINT AS anon_9, %s::TIMESTAMP WITH TIME ZONE AS anon_10, %s::DATE AS anon_11 
+FROM runs 
+WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING model_calls.call_id;
+
+-- name: record_call_answer
+-- Record a call answered with its usage and checkpoint its answer, only while its Attempt holds
+-- the Run's lease; otherwise the call is lost (another attempt may be paying for it again) and
+-- only its usage is recorded.
+-- parameters: run_id, owner, status_1, param_1, param_2, prompt_tokens, completion_tokens, latency_ms, cost_nanos, currency, run_id, owner, status_1, answer, call_id, outcome_1
+UPDATE model_calls SET finished_at=statement_timestamp(), outcome=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = %s::VARCHAR AND runs.fence = model_calls.fence AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR))) THEN %s::VARCHAR ELSE %s::VARCHAR END, prompt_tokens=%s::INTEGER, completion_tokens=%s::INTEGER, latency_ms=%s::INTEGER, cost_nanos=%s::BIGINT, currency=%s::VARCHAR, answer=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = %s::VARCHAR AND runs.fence = model_calls.fence AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR))) THEN %s::JSONB ELSE NULL END WHERE model_calls.call_id = %s::VARCHAR AND (model_calls.outcome IS NULL OR model_calls.outcome = %s::VARCHAR AND model_calls.latency_ms IS NULL) RETURNING model_calls.outcome;
+
+-- name: record_call_failure
+-- Record a call refused by the provider (an error reply: not billed) or failed (no usable answer:
+-- timeout, connection lost, malformed reply), with its error; a call already marked lost learns
+-- what became of it.
+-- parameters: outcome, error, prompt_tokens, completion_tokens, latency_ms, cost_nanos, currency, call_id, outcome_1
+UPDATE model_calls SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR, prompt_tokens=%s::INTEGER, completion_tokens=%s::INTEGER, latency_ms=%s::INTEGER, cost_nanos=%s::BIGINT, currency=%s::VARCHAR WHERE model_calls.call_id = %s::VARCHAR AND (model_calls.outcome IS NULL OR model_calls.outcome = %s::VARCHAR AND model_calls.latency_ms IS NULL) RETURNING model_calls.outcome;
+
+-- name: mark_calls_lost
+-- A Run's calls in flight whose Attempt no longer holds a lease (its fence moved on: taken over
+-- after a crash or an expired lease; or the Run was finished or released without them) are lost:
+-- counted as paid.
+-- parameters: outcome, run_id, status_1
+UPDATE model_calls SET finished_at=statement_timestamp(), outcome=%s::VARCHAR WHERE model_calls.run_id = %s::VARCHAR AND model_calls.outcome IS NULL AND NOT (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = model_calls.run_id AND runs.fence = model_calls.fence AND runs.status = %s::VARCHAR)) RETURNING model_calls.call_id, model_calls.job, model_calls.estimate, model_calls.budget_period, model_calls.budget_day;
+
+-- name: replay_call
+-- The checkpointed answer of a position of the Run's transform whose prompt has the same digest
+-- (not one validation rejected), counted as reused; only for the Attempt holding the Run's lease.
+-- parameters: reuses_1, run_id, position, prompt_digest, outcome_1, param_1, run_id, fence, owner, status_1
+UPDATE model_calls SET reuses=(model_calls.reuses + %s::INTEGER) WHERE model_calls.call_id = (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = %s::VARCHAR AND model_calls.position = %s::INTEGER AND model_calls.prompt_digest = %s::VARCHAR AND model_calls.outcome = %s::VARCHAR AND model_calls.answer IS NOT NULL AND model_calls.rejected_at IS NULL ORDER BY model_calls.started_at DESC, model_calls.call_id 
+ LIMIT %s::INTEGER) AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR)) RETURNING model_calls.call_id, model_calls.answer;
+
+-- name: reject_answers
+-- Validation rejected the Run's candidate: its checkpointed answers are kept as evidence and never
+-- replayed; only the holder of the Run's lease can.
+-- parameters: run_id, outcome_1, run_id, fence, owner, status_1
+UPDATE model_calls SET rejected_at=statement_timestamp() WHERE model_calls.run_id = %s::VARCHAR AND model_calls.outcome = %s::VARCHAR AND model_calls.rejected_at IS NULL AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR)) RETURNING model_calls.call_id;
+
+-- name: list_model_calls
+-- A Run's model calls, in the order they were made, without answers.
+-- parameters: run_id
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+FROM model_calls 
+WHERE model_calls.run_id = %s::VARCHAR ORDER BY model_calls.started_at, model_calls.fence, model_calls.position;
+
+-- name: list_model_calls_of_runs
+-- The model calls of the Runs whose ids are given, without answers: one statement for a whole
+-- tick.
+-- parameters: ids
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+FROM model_calls 
+WHERE model_calls.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) ORDER BY model_calls.run_id, model_calls.started_at, model_calls.position;
+
+-- name: read_model_calls_since
+-- The model calls started from a moment on (optionally of one job), with their Run's revision:
+-- what stats and costs add up, no answers.
+-- parameters: since, job, job
+SELECT model_calls.run_id, model_calls.job, model_calls.model, model_calls.started_at, model_calls.outcome, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cost_nanos, model_calls.currency, model_calls.reuses, model_calls.rejected_at, runs.revision 
+FROM model_calls JOIN runs ON runs.run_id = model_calls.run_id 
+WHERE model_calls.started_at >= %s::TIMESTAMP WITH TIME ZONE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR model_calls.job = CAST(%s::VARCHAR AS VARCHAR(200)));
+
+-- name: count_saved
+-- Add what the duplicates one tick suppressed would have cost to the job's counts for the UTC day:
+-- each duplicate Run's stored cost (its paid calls' tokens and money), per currency.
+-- parameters: job, day, coalesce_3, coalesce_4, coalesce_5, coalesce_7, ids, outcome_1, outcome_2, outcome_3
+INSERT INTO suppressed_costs (job, day, currency, runs, calls, tokens, cost_nanos, updated_at) SELECT %s::VARCHAR AS anon_1, %s::DATE AS anon_2, coalesce(model_calls.currency, '') AS coalesce_1, count(DISTINCT model_calls.run_id) AS count_1, count(*) AS count_2, coalesce(sum(coalesce(model_calls.prompt_tokens, %s::INTEGER) + coalesce(model_calls.completion_tokens, %s::INTEGER)), %s::INTEGER) AS coalesce_2, coalesce(sum(model_calls.cost_nanos), %s::INTEGER) AS coalesce_6, statement_timestamp() AS db_now_1 
+FROM model_calls JOIN (SELECT given.run_id AS run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AS given ON model_calls.run_id = given.run_id 
+WHERE model_calls.outcome = %s::VARCHAR OR model_calls.outcome = %s::VARCHAR OR model_calls.outcome = %s::VARCHAR GROUP BY coalesce(model_calls.currency, '') ON CONFLICT (job, day, currency) DO UPDATE SET runs = (suppressed_costs.runs + excluded.runs), calls = (suppressed_costs.calls + excluded.calls), tokens = (suppressed_costs.tokens + excluded.tokens), cost_nanos = (suppressed_costs.cost_nanos + excluded.cost_nanos), updated_at = excluded.updated_at;
+
+-- name: read_saved_since
+-- What suppressed duplicates would have cost, from a UTC day on (optionally of one job).
+-- parameters: day, job, job
+SELECT suppressed_costs.job, suppressed_costs.day, suppressed_costs.currency, suppressed_costs.runs, suppressed_costs.calls, suppressed_costs.tokens, suppressed_costs.cost_nanos 
+FROM suppressed_costs 
+WHERE suppressed_costs.day >= %s::DATE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR suppressed_costs.job = CAST(%s::VARCHAR AS VARCHAR(200)));
+
 -- name: read_clock
 -- The database clock, which every lease and due time is judged by.
 SELECT statement_timestamp() AS now;
@@ -20,185 +207,6 @@ SELECT outbox.message_id AS id, count(*) OVER () AS matches
 FROM outbox 
 WHERE outbox.message_id BETWEEN %s::VARCHAR AND %s::VARCHAR ORDER BY outbox.message_id 
  LIMIT %s::INTEGER;
-
--- name: get_run
--- A Run by id.
--- parameters: run_id
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
-FROM runs 
-WHERE runs.run_id = %s::VARCHAR;
-
--- name: register_run
--- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
--- are compared by the caller).
--- parameters: run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts
-INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (%s::VARCHAR, %s::VARCHAR, %s::VARCHAR, %s::TIMESTAMP WITH TIME ZONE, %s::VARCHAR, %s::VARCHAR, %s::JSONB, %s::VARCHAR, %s::INTEGER, %s::INTEGER, statement_timestamp(), statement_timestamp()) ON CONFLICT DO NOTHING RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
-
--- name: claim_run
--- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
--- the fence, count the attempt (PostgreSQL: and end the previous holder's Attempt and open this
--- one's in the same statement).
--- parameters: param_2, fence_1, owner, lease, attempts_1, run_id, status_1, status_2, owner, param_1, attempt_id, owner
-WITH taken AS 
-(UPDATE runs SET status=%s::VARCHAR, fence=(runs.fence + %s::INTEGER), owner=%s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), attempts=(runs.attempts + %s::INTEGER), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = %s::VARCHAR) RETURNING runs.run_id, runs.fence, runs.lease_expires_at), 
-closed AS 
-(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
-opened AS 
-(INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT %s::VARCHAR AS anon_1, taken.run_id AS run_id, %s::VARCHAR AS anon_2, taken.fence AS fence, statement_timestamp() AS db_now_1 
-FROM taken)
- SELECT taken.run_id, taken.fence, taken.lease_expires_at 
-FROM taken;
-
--- name: enter_run
--- Register and claim one Run, given as one JSON object, in one upsert: a new Run is inserted
--- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
--- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
--- parameters: param_2, param_3, owner, param_4, lease, runs, param_5, fence_1, attempts_1, status_1, status_2, param_1, runs
-WITH taken AS 
-(INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::INTEGER AS anon_4, (statement_timestamp() + make_interval(secs => %s)) AS db_now_1, statement_timestamp() AS db_now_2, statement_timestamp() AS db_now__1 
-FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
-FROM jsonb_to_record(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given 
-WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest), 
-closed AS 
-(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
-opened AS 
-(INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT given.attempt_id AS attempt_id, taken.run_id AS run_id, taken.owner AS owner, taken.fence AS fence, statement_timestamp() AS db_now_3 
-FROM taken JOIN (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
-FROM jsonb_to_record(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given ON taken.run_id = given.run_id)
- SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.completed_flow_run_id, taken.completed_task_run_id, taken.model_calls, taken.created_at, taken.updated_at, taken.completed_at, taken.revision, taken.revises_run_id, taken.revision_reason, taken.resend, taken.requested_by, taken.pruned_at, taken.output_digest 
-FROM taken;
-
--- name: enter_runs
--- Register and claim a tick's Runs, given as one JSON array, in one upsert: a new Run is inserted
--- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
--- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
--- parameters: param_2, param_3, owner, param_4, lease, runs, param_5, fence_1, attempts_1, status_1, status_2, param_1, runs
-WITH taken AS 
-(INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::INTEGER AS anon_4, (statement_timestamp() + make_interval(secs => %s)) AS db_now_1, statement_timestamp() AS db_now_2, statement_timestamp() AS db_now__1 
-FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
-FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given 
-WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest), 
-closed AS 
-(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
-opened AS 
-(INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT given.attempt_id AS attempt_id, taken.run_id AS run_id, taken.owner AS owner, taken.fence AS fence, statement_timestamp() AS db_now_3 
-FROM taken JOIN (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
-FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given ON taken.run_id = given.run_id)
- SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.completed_flow_run_id, taken.completed_task_run_id, taken.model_calls, taken.created_at, taken.updated_at, taken.completed_at, taken.revision, taken.revises_run_id, taken.revision_reason, taken.resend, taken.requested_by, taken.pruned_at, taken.output_digest 
-FROM taken;
-
--- name: renew_leases
--- Extend the lease of every given Run still held under its fence and owner, from the database
--- clock; a Run whose fence moved on is left out.
--- parameters: lease, claims, status_1
-UPDATE runs SET lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), updated_at=statement_timestamp() WHERE (runs.run_id, runs.fence, runs.owner) IN (SELECT given.run_id, given.fence, given.owner 
-FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), fence INTEGER, owner VARCHAR(300))) AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.lease_expires_at;
-
--- name: renew_lease
--- Extend the lease from the database clock; only the current fence holder can.
--- parameters: lease, run_id, fence, owner, status_1
-UPDATE runs SET lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.lease_expires_at;
-
--- name: save_input
--- Store the raw input once (the first writer's value stays) and return the stored one; only the
--- current fence holder can.
--- parameters: raw_input, run_id, fence, owner, status_1
-UPDATE runs SET raw_input=coalesce(runs.raw_input, %s::JSONB), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.raw_input;
-
--- name: complete_run
--- Accept the output, clear the lease, add the Attempt's model calls and record the flow run and
--- task run that completed it; only the current fence holder can (PostgreSQL: with the outbox rows
--- and the Attempt's end in the same statement, written only if the Run was accepted).
--- parameters: param_1, output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner, status_1, outcome, error, model_calls, attempt_id, param_2, param_3, param_4, messages
-WITH accepted AS 
-(UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, output=%s::JSONB, error=NULL, completed_attempt_id=%s::VARCHAR, completed_flow_run_id=%s::VARCHAR, completed_task_run_id=%s::VARCHAR, model_calls=(runs.model_calls + %s::INTEGER), updated_at=statement_timestamp(), completed_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest), 
-finished AS 
-(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR, model_calls=%s::INTEGER WHERE attempts.attempt_id = %s::VARCHAR AND (EXISTS (SELECT accepted.run_id 
-FROM accepted))), 
-queued AS 
-(INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, next_attempt_at, created_at, updated_at) SELECT given.message_id AS message_id, given.run_id AS run_id, given.channel AS channel, given.recipient AS recipient, given.subject AS subject, given.body AS body, given.headers AS headers, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::INTEGER AS anon_3, statement_timestamp() AS db_now_1, statement_timestamp() AS db_now__1, statement_timestamp() AS db_now__2 
-FROM (SELECT given.message_id AS message_id, given.run_id AS run_id, given.channel AS channel, given.recipient AS recipient, given.subject AS subject, given.body AS body, given.headers AS headers 
-FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64), run_id VARCHAR(64), channel VARCHAR(32), recipient VARCHAR(320), subject TEXT, body TEXT, headers JSONB)) AS given 
-WHERE EXISTS (SELECT accepted.run_id 
-FROM accepted) ON CONFLICT DO NOTHING)
- SELECT accepted.run_id, accepted.job, accepted.subject, accepted.period_start, accepted.version, accepted.params_fingerprint, accepted.params, accepted.status, accepted.fence, accepted.owner, accepted.lease_expires_at, accepted.attempts, accepted.raw_input, accepted.output, accepted.error, accepted.completed_attempt_id, accepted.completed_flow_run_id, accepted.completed_task_run_id, accepted.model_calls, accepted.created_at, accepted.updated_at, accepted.completed_at, accepted.revision, accepted.revises_run_id, accepted.revision_reason, accepted.resend, accepted.requested_by, accepted.pruned_at, accepted.output_digest 
-FROM accepted;
-
--- name: finish_attempt
--- End the Attempt with its outcome (completed, released, failed), error and model calls.
--- parameters: outcome, error, model_calls, attempt_id
-UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR, model_calls=%s::INTEGER WHERE attempts.attempt_id = %s::VARCHAR;
-
--- name: release_or_fail_run
--- Record the error, add the Attempt's model calls and clear the lease, the Run going back to
--- pending (retryable) or to failed; only the current fence holder can.
--- parameters: status, error, model_calls, run_id, fence, owner, status_1
-UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, error=%s::VARCHAR, model_calls=(runs.model_calls + %s::INTEGER), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
-
--- name: requeue_run
--- Operator action: a failed Run goes back to pending; no other status can.
--- parameters: status, run_id, status_1
-UPDATE runs SET status=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
-
--- name: get_runs
--- Many Runs by id.
--- parameters: ids
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
-FROM runs 
-WHERE runs.run_id IN (SELECT given.run_id 
-FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64)));
-
--- name: get_finished_runs
--- What a rerun needs of the completed and failed Runs among the given ids, and of their later
--- completed revisions (the caller keeps the latest): not their raw inputs, which can be large.
--- parameters: ids, status_1, status_2, status_3
-SELECT asked.run_id AS asked_id, runs.run_id, runs.status, runs.params_fingerprint, runs.attempts, runs.output, runs.error, runs.revision, runs.pruned_at, runs.output_digest 
-FROM runs AS asked JOIN runs ON runs.job = asked.job AND runs.subject = asked.subject AND runs.period_start = asked.period_start AND runs.version = asked.version 
-WHERE asked.run_id IN (SELECT given.run_id 
-FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (runs.revision = asked.revision AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) OR runs.revision > asked.revision AND runs.status = %s::VARCHAR);
-
--- name: list_revisions
--- Every revision of the logical run of the given Run (any of its revisions), oldest first, without
--- documents.
--- parameters: run_id
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
-FROM runs AS given JOIN runs ON runs.job = given.job AND runs.subject = given.subject AND runs.period_start = given.period_start AND runs.version = given.version 
-WHERE given.run_id = %s::VARCHAR ORDER BY runs.revision;
-
--- name: request_revision
--- Insert the next revision of a logical run as pending, only if the revision before it is finished
--- (at most one unfinished revision per Run); the identity key lets one of two concurrent requests
--- win.
--- parameters: run_id, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, recollect, param_1, param_2, param_3, source_run_id, revises_run_id, revision, param_4, status_1, status_2, revision_1
-INSERT INTO runs (run_id, job, subject, period_start, version, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, raw_input, status, fence, attempts, created_at, updated_at) SELECT %s::VARCHAR AS anon_1, source.job, source.subject, source.period_start, source.version, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::VARCHAR AS anon_4, %s AS anon_5, %s::VARCHAR AS anon_6, %s::VARCHAR AS anon_7, %s::JSONB AS anon_8, CASE WHEN %s THEN NULL ELSE source.raw_input END AS anon_9, %s::VARCHAR AS anon_10, %s::INTEGER AS anon_11, %s::INTEGER AS anon_12, statement_timestamp() AS db_now_1, statement_timestamp() AS db_now_2 
-FROM runs AS source 
-WHERE source.run_id = %s::VARCHAR AND (EXISTS (SELECT prev.run_id 
-FROM runs AS prev 
-WHERE prev.run_id = %s::VARCHAR AND prev.revision = %s::INTEGER - %s::INTEGER AND (prev.status = %s::VARCHAR OR prev.status = %s::VARCHAR AND prev.revision > %s::INTEGER))) ON CONFLICT DO NOTHING RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
-
--- name: list_runs
--- The latest Runs, newest period first, optionally of one job and one status.
--- parameters: job, job, status, status, limit
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
-FROM runs 
-WHERE (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR runs.status = CAST(%s::VARCHAR AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject 
- LIMIT %s::INTEGER;
-
--- name: list_attempts
--- A Run's Attempts in claim (fence) order.
--- parameters: run_id
-SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
-FROM attempts 
-WHERE attempts.run_id = %s::VARCHAR ORDER BY attempts.fence;
-
--- name: list_attempts_of_runs
--- The Attempts of the Runs whose ids are given, per Run in claim (fence) order: one statement for
--- a whole list of Runs.
--- parameters: ids
-SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
-FROM attempts 
-WHERE attempts.run_id IN (SELECT given.run_id 
-FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) ORDER BY attempts.run_id, attempts.fence;
 
 -- name: owe_subjects
 -- Record from which period a job owes each given subject, once: a subject already recorded keeps
@@ -305,7 +313,7 @@ WITH due AS
 FROM outbox 
 WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_attempt_at <= statement_timestamp() AND (outbox.status != %s::VARCHAR OR outbox.lease_expires_at <= statement_timestamp()) AND (CAST(%s::VARCHAR AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(%s::VARCHAR AS VARCHAR(32))) ORDER BY outbox.next_attempt_at, outbox.message_id 
  LIMIT %s::INTEGER FOR UPDATE SKIP LOCKED)
- UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts + %s::INTEGER), fence=(outbox.fence + %s::INTEGER), lease_owner=%s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), claimed_at=statement_timestamp(), updated_at=statement_timestamp() FROM due WHERE outbox.message_id = due.message_id RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, due.status AS previous_status;
+ UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts + %s::INTEGER), fence=(outbox.fence + %s::INTEGER), lease_owner=%s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), claimed_at=statement_timestamp(), updated_at=statement_timestamp() FROM due WHERE outbox.message_id = due.message_id RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, due.status AS previous_status;
 
 -- name: record_delivery_outcome
 -- sending -> retry, uncertain or dead, with the error and when it is due again (database clock, or
@@ -358,21 +366,29 @@ UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts - %s::INTEGER), 
 -- Operator action: a retry, uncertain or dead message is due now, with the same key; no other
 -- status can be requeued.
 -- parameters: status, message_id, status_1, status_2, status_3
-UPDATE outbox SET status=%s::VARCHAR, next_attempt_at=statement_timestamp(), updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR) RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at;
+UPDATE outbox SET status=%s::VARCHAR, next_attempt_at=statement_timestamp(), updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR) RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at;
 
 -- name: get_message
 -- An outbox message by id.
 -- parameters: message_id
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
 FROM outbox 
 WHERE outbox.message_id = %s::VARCHAR;
 
 -- name: list_messages
--- Outbox messages, oldest first, optionally of one status and one Run.
--- parameters: status, status, run_id, run_id, limit
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+-- Outbox messages, oldest first, optionally of one status, one Run and one channel.
+-- parameters: status, status, run_id, run_id, channel, channel, limit
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
 FROM outbox 
-WHERE (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR outbox.status = CAST(%s::VARCHAR AS VARCHAR(16))) AND (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id 
+WHERE (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR outbox.status = CAST(%s::VARCHAR AS VARCHAR(16))) AND (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) AND (CAST(%s::VARCHAR AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(%s::VARCHAR AS VARCHAR(32))) ORDER BY outbox.created_at, outbox.message_id 
+ LIMIT %s::INTEGER;
+
+-- name: list_recent_messages
+-- The newest outbox messages first, optionally of one status, one Run and one channel.
+-- parameters: status, status, run_id, run_id, channel, channel, limit
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+FROM outbox 
+WHERE (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR outbox.status = CAST(%s::VARCHAR AS VARCHAR(16))) AND (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) AND (CAST(%s::VARCHAR AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(%s::VARCHAR AS VARCHAR(32))) ORDER BY outbox.created_at DESC, outbox.message_id DESC 
  LIMIT %s::INTEGER;
 
 -- name: list_delivery_attempts
@@ -387,6 +403,180 @@ WHERE delivery_attempts.message_id = %s::VARCHAR ORDER BY delivery_attempts.atte
 SELECT outbox.status, count(*) AS messages 
 FROM outbox GROUP BY outbox.status;
 
+-- name: get_run
+-- A Run by id.
+-- parameters: run_id
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs 
+WHERE runs.run_id = %s::VARCHAR;
+
+-- name: register_run
+-- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
+-- are compared by the caller).
+-- parameters: run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (%s::VARCHAR, %s::VARCHAR, %s::VARCHAR, %s::TIMESTAMP WITH TIME ZONE, %s::VARCHAR, %s::VARCHAR, %s::JSONB, %s::VARCHAR, %s::INTEGER, %s::INTEGER, statement_timestamp(), statement_timestamp()) ON CONFLICT DO NOTHING RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
+
+-- name: claim_run
+-- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
+-- the fence, count the attempt (PostgreSQL: and end the previous holder's Attempt and open this
+-- one's in the same statement).
+-- parameters: param_2, fence_1, owner, lease, attempts_1, run_id, status_1, status_2, owner, param_1, attempt_id, owner
+WITH taken AS 
+(UPDATE runs SET status=%s::VARCHAR, fence=(runs.fence + %s::INTEGER), owner=%s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), attempts=(runs.attempts + %s::INTEGER), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = %s::VARCHAR) RETURNING runs.run_id, runs.fence, runs.lease_expires_at), 
+closed AS 
+(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
+opened AS 
+(INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT %s::VARCHAR AS anon_1, taken.run_id AS run_id, %s::VARCHAR AS anon_2, taken.fence AS fence, statement_timestamp() AS db_now_1 
+FROM taken)
+ SELECT taken.run_id, taken.fence, taken.lease_expires_at 
+FROM taken;
+
+-- name: enter_run
+-- Register and claim one Run, given as one JSON object, in one upsert: a new Run is inserted
+-- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
+-- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
+-- parameters: param_2, param_3, owner, param_4, lease, runs, param_5, fence_1, attempts_1, status_1, status_2, param_1, runs
+WITH taken AS 
+(INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::INTEGER AS anon_4, (statement_timestamp() + make_interval(secs => %s)) AS db_now_1, statement_timestamp() AS db_now_2, statement_timestamp() AS db_now__1 
+FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
+FROM jsonb_to_record(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given 
+WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest), 
+closed AS 
+(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
+opened AS 
+(INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT given.attempt_id AS attempt_id, taken.run_id AS run_id, taken.owner AS owner, taken.fence AS fence, statement_timestamp() AS db_now_3 
+FROM taken JOIN (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
+FROM jsonb_to_record(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given ON taken.run_id = given.run_id)
+ SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.completed_flow_run_id, taken.completed_task_run_id, taken.model_calls, taken.created_at, taken.updated_at, taken.completed_at, taken.revision, taken.revises_run_id, taken.revision_reason, taken.resend, taken.requested_by, taken.pruned_at, taken.output_digest 
+FROM taken;
+
+-- name: enter_runs
+-- Register and claim a tick's Runs, given as one JSON array, in one upsert: a new Run is inserted
+-- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
+-- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
+-- parameters: param_2, param_3, owner, param_4, lease, runs, param_5, fence_1, attempts_1, status_1, status_2, param_1, runs
+WITH taken AS 
+(INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::INTEGER AS anon_4, (statement_timestamp() + make_interval(secs => %s)) AS db_now_1, statement_timestamp() AS db_now_2, statement_timestamp() AS db_now__1 
+FROM (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given 
+WHERE true ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = %s::VARCHAR, fence = (runs.fence + %s::INTEGER), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + %s::INTEGER), updated_at = excluded.updated_at WHERE (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= statement_timestamp() OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest), 
+closed AS 
+(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR FROM taken WHERE attempts.run_id = taken.run_id AND attempts.finished_at IS NULL), 
+opened AS 
+(INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) SELECT given.attempt_id AS attempt_id, taken.run_id AS run_id, taken.owner AS owner, taken.fence AS fence, statement_timestamp() AS db_now_3 
+FROM taken JOIN (SELECT given.run_id AS run_id, given.job AS job, given.subject AS subject, given.period_start AS period_start, given.version AS version, given.params_fingerprint AS params_fingerprint, given.params AS params, given.attempt_id AS attempt_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), job VARCHAR(200), subject VARCHAR(500), period_start TIMESTAMP WITH TIME ZONE, version VARCHAR(100), params_fingerprint VARCHAR(64), params JSONB, attempt_id VARCHAR(36))) AS given ON taken.run_id = given.run_id)
+ SELECT taken.run_id, taken.job, taken.subject, taken.period_start, taken.version, taken.params_fingerprint, taken.params, taken.status, taken.fence, taken.owner, taken.lease_expires_at, taken.attempts, taken.raw_input, taken.output, taken.error, taken.completed_attempt_id, taken.completed_flow_run_id, taken.completed_task_run_id, taken.model_calls, taken.created_at, taken.updated_at, taken.completed_at, taken.revision, taken.revises_run_id, taken.revision_reason, taken.resend, taken.requested_by, taken.pruned_at, taken.output_digest 
+FROM taken;
+
+-- name: renew_leases
+-- Extend the lease of every given Run still held under its fence and owner, from the database
+-- clock; a Run whose fence moved on is left out.
+-- parameters: lease, claims, status_1
+UPDATE runs SET lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), updated_at=statement_timestamp() WHERE (runs.run_id, runs.fence, runs.owner) IN (SELECT given.run_id, given.fence, given.owner 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), fence INTEGER, owner VARCHAR(300))) AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.lease_expires_at;
+
+-- name: save_input
+-- Store the raw input once (the first writer's value stays) and return the stored one; only the
+-- current fence holder can.
+-- parameters: raw_input, run_id, fence, owner, status_1
+UPDATE runs SET raw_input=coalesce(runs.raw_input, %s::JSONB), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.raw_input;
+
+-- name: complete_run
+-- Accept the output, clear the lease, add the Attempt's model calls and record the flow run and
+-- task run that completed it; only the current fence holder can (PostgreSQL: with the outbox rows
+-- and the Attempt's end in the same statement, written only if the Run was accepted).
+-- parameters: param_1, output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner, status_1, outcome, error, model_calls, attempt_id, param_2, param_3, param_4, messages
+WITH accepted AS 
+(UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, output=%s::JSONB, error=NULL, completed_attempt_id=%s::VARCHAR, completed_flow_run_id=%s::VARCHAR, completed_task_run_id=%s::VARCHAR, model_calls=(runs.model_calls + %s::INTEGER), updated_at=statement_timestamp(), completed_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest), 
+finished AS 
+(UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR, model_calls=%s::INTEGER WHERE attempts.attempt_id = %s::VARCHAR AND (EXISTS (SELECT accepted.run_id 
+FROM accepted))), 
+queued AS 
+(INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, next_attempt_at, created_at, updated_at) SELECT given.message_id AS message_id, given.run_id AS run_id, given.channel AS channel, given.recipient AS recipient, given.subject AS subject, given.body AS body, given.headers AS headers, given.payload AS payload, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::INTEGER AS anon_3, statement_timestamp() AS db_now_1, statement_timestamp() AS db_now__1, statement_timestamp() AS db_now__2 
+FROM (SELECT given.message_id AS message_id, given.run_id AS run_id, given.channel AS channel, given.recipient AS recipient, given.subject AS subject, given.body AS body, given.headers AS headers, given.payload AS payload 
+FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64), run_id VARCHAR(64), channel VARCHAR(32), recipient VARCHAR(1100), subject TEXT, body TEXT, headers JSONB, payload JSONB)) AS given 
+WHERE EXISTS (SELECT accepted.run_id 
+FROM accepted) ON CONFLICT DO NOTHING)
+ SELECT accepted.run_id, accepted.job, accepted.subject, accepted.period_start, accepted.version, accepted.params_fingerprint, accepted.params, accepted.status, accepted.fence, accepted.owner, accepted.lease_expires_at, accepted.attempts, accepted.raw_input, accepted.output, accepted.error, accepted.completed_attempt_id, accepted.completed_flow_run_id, accepted.completed_task_run_id, accepted.model_calls, accepted.created_at, accepted.updated_at, accepted.completed_at, accepted.revision, accepted.revises_run_id, accepted.revision_reason, accepted.resend, accepted.requested_by, accepted.pruned_at, accepted.output_digest 
+FROM accepted;
+
+-- name: finish_attempt
+-- End the Attempt with its outcome (completed, released, failed), error and model calls.
+-- parameters: outcome, error, model_calls, attempt_id
+UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR, model_calls=%s::INTEGER WHERE attempts.attempt_id = %s::VARCHAR;
+
+-- name: release_or_fail_run
+-- Record the error, add the Attempt's model calls and clear the lease, the Run going back to
+-- pending (retryable) or to failed; only the current fence holder can.
+-- parameters: status, error, model_calls, run_id, fence, owner, status_1
+UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, error=%s::VARCHAR, model_calls=(runs.model_calls + %s::INTEGER), updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
+
+-- name: requeue_run
+-- Operator action: a failed Run goes back to pending; no other status can.
+-- parameters: status, run_id, status_1
+UPDATE runs SET status=%s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
+
+-- name: get_runs
+-- Many Runs by id.
+-- parameters: ids
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs 
+WHERE runs.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64)));
+
+-- name: get_finished_runs
+-- What a rerun needs of the completed and failed Runs among the given ids, and of their later
+-- completed revisions (the caller keeps the latest): not their raw inputs, which can be large.
+-- parameters: ids, status_1, status_2, status_3
+SELECT asked.run_id AS asked_id, runs.run_id, runs.status, runs.params_fingerprint, runs.attempts, runs.output, runs.error, runs.revision, runs.pruned_at, runs.output_digest 
+FROM runs AS asked JOIN runs ON runs.job = asked.job AND runs.subject = asked.subject AND runs.period_start = asked.period_start AND runs.version = asked.version 
+WHERE asked.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (runs.revision = asked.revision AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) OR runs.revision > asked.revision AND runs.status = %s::VARCHAR);
+
+-- name: list_runs
+-- The latest Runs, newest period first, optionally of one job and one status.
+-- parameters: job, job, status, status, limit
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs 
+WHERE (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR runs.status = CAST(%s::VARCHAR AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject 
+ LIMIT %s::INTEGER;
+
+-- name: list_attempts
+-- A Run's Attempts in claim (fence) order.
+-- parameters: run_id
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
+FROM attempts 
+WHERE attempts.run_id = %s::VARCHAR ORDER BY attempts.fence;
+
+-- name: list_attempts_of_runs
+-- The Attempts of the Runs whose ids are given, per Run in claim (fence) order: one statement for
+-- a whole list of Runs.
+-- parameters: ids
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
+FROM attempts 
+WHERE attempts.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) ORDER BY attempts.run_id, attempts.fence;
+
+-- name: list_revisions
+-- Every revision of the logical run of the given Run (any of its revisions), oldest first, without
+-- documents.
+-- parameters: run_id
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs AS given JOIN runs ON runs.job = given.job AND runs.subject = given.subject AND runs.period_start = given.period_start AND runs.version = given.version 
+WHERE given.run_id = %s::VARCHAR ORDER BY runs.revision;
+
+-- name: request_revision
+-- Insert the next revision of a logical run as pending, only if the revision before it is finished
+-- (at most one unfinished revision per Run); the identity key lets one of two concurrent requests
+-- win.
+-- parameters: run_id, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, recollect, param_1, param_2, param_3, source_run_id, revises_run_id, revision, param_4, status_1, status_2, revision_1
+INSERT INTO runs (run_id, job, subject, period_start, version, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, raw_input, status, fence, attempts, created_at, updated_at) SELECT %s::VARCHAR AS anon_1, source.job, source.subject, source.period_start, source.version, %s::INTEGER AS anon_2, %s::VARCHAR AS anon_3, %s::VARCHAR AS anon_4, %s AS anon_5, %s::VARCHAR AS anon_6, %s::VARCHAR AS anon_7, %s::JSONB AS anon_8, CASE WHEN %s THEN NULL ELSE source.raw_input END AS anon_9, %s::VARCHAR AS anon_10, %s::INTEGER AS anon_11, %s::INTEGER AS anon_12, statement_timestamp() AS db_now_1, statement_timestamp() AS db_now_2 
+FROM runs AS source 
+WHERE source.run_id = %s::VARCHAR AND (EXISTS (SELECT prev.run_id 
+FROM runs AS prev 
+WHERE prev.run_id = %s::VARCHAR AND prev.revision = %s::INTEGER - %s::INTEGER AND (prev.status = %s::VARCHAR OR prev.status = %s::VARCHAR AND prev.revision > %s::INTEGER))) ON CONFLICT DO NOTHING RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
+
 -- name: count_suppressed
 -- Add one tick's Runs asked for again (completed: duplicates; leased by another worker: in
 -- progress elsewhere) to its job's counts for the UTC day.
@@ -394,10 +584,10 @@ FROM outbox GROUP BY outbox.status;
 INSERT INTO suppressed_counts (job, day, duplicates, in_progress_elsewhere, updated_at) VALUES (%s::VARCHAR, %s::DATE, %s::INTEGER, %s::INTEGER, statement_timestamp()) ON CONFLICT (job, day) DO UPDATE SET duplicates = (suppressed_counts.duplicates + excluded.duplicates), in_progress_elsewhere = (suppressed_counts.in_progress_elsewhere + excluded.in_progress_elsewhere), updated_at = excluded.updated_at;
 
 -- name: read_completed_since
--- The Runs completed from a moment on (optionally of one job): job, completion time and attempts,
--- no documents.
+-- The Runs completed from a moment on (optionally of one job): job, completion time, attempts and
+-- revision number, no documents.
 -- parameters: status_1, since, job, job
-SELECT runs.job, runs.completed_at, runs.attempts 
+SELECT runs.job, runs.completed_at, runs.attempts, runs.revision 
 FROM runs 
 WHERE runs.status = %s::VARCHAR AND runs.completed_at >= %s::TIMESTAMP WITH TIME ZONE AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200)));
 
@@ -474,6 +664,12 @@ FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (outbox.sta
 -- parameters: ids
 DELETE FROM attempts WHERE attempts.run_id IN (SELECT given.run_id 
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) RETURNING attempts.attempt_id;
+
+-- name: forget_pruned_answers
+-- Null the answers of the pruned Runs' model calls; their cost, tokens and outcome stay.
+-- parameters: ids
+UPDATE model_calls SET answer=NULL WHERE model_calls.run_id IN (SELECT given.run_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND model_calls.answer IS NOT NULL RETURNING model_calls.call_id;
 
 -- name: delete_pruned_occurrences
 -- Delete the pruned Runs' alert occurrences (overdue, recovered) whose events are known emitted; a

@@ -6,6 +6,186 @@
 -- failing half-way with 'database is locked'.
 BEGIN IMMEDIATE;
 
+-- name: reserve_budget
+-- Reserve a call's estimate in a job's budget window (creating the window with the given cap),
+-- only if what is spent, what is reserved and the estimate together stay within the cap; the cap
+-- given replaces the stored one (a raised cap applies at once).
+-- parameters: job, scope, window_start, unit, currency, cap, estimate, param_1, param_2, param_3, estimate, cap, calls_1
+INSERT INTO budget_windows (job, scope, window_start, unit, currency, cap, reserved, spent, calls, refused, updated_at) SELECT ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, ? AS anon_5, ? AS anon_6, ? AS anon_7, ? AS anon_8, ? AS anon_9, ? AS anon_10, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1 
+WHERE ? <= ? ON CONFLICT (job, scope, window_start) DO UPDATE SET unit = excluded.unit, currency = excluded.currency, cap = excluded.cap, reserved = (budget_windows.reserved + excluded.reserved), calls = (budget_windows.calls + ?), exhausted_at = NULL, updated_at = excluded.updated_at WHERE budget_windows.spent + budget_windows.reserved + excluded.reserved <= excluded.cap RETURNING reserved;
+
+-- name: refuse_budget
+-- Count a call the window had no room for (creating the window if it has none yet).
+-- parameters: job, scope, window_start, unit, currency, cap, reserved, spent, calls, refused, refused_1
+INSERT INTO budget_windows (job, scope, window_start, unit, currency, cap, reserved, spent, calls, refused, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT (job, scope, window_start) DO UPDATE SET refused = (budget_windows.refused + ?), updated_at = excluded.updated_at RETURNING spent, reserved;
+
+-- name: exhaust_budget
+-- Record when the window was first found without room, unless it is recorded already (a
+-- reservation that succeeds again clears it): one statement decides who says, once, that the
+-- budget is exhausted.
+-- parameters: job, scope, window_start
+UPDATE budget_windows SET exhausted_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE budget_windows.job = ? AND budget_windows.scope = ? AND budget_windows.window_start = ? AND budget_windows.exhausted_at IS NULL RETURNING exhausted_at;
+
+-- name: settle_budget
+-- Replace a call's reservation in a window by its real cost (0 to release it: a call that failed
+-- or was refused; its estimate for a call lost in flight).
+-- parameters: estimate, estimate, param_1, cost, job, scope, window_start
+UPDATE budget_windows SET reserved=CASE WHEN (budget_windows.reserved > ?) THEN budget_windows.reserved - ? ELSE ? END, spent=(budget_windows.spent + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE budget_windows.job = ? AND budget_windows.scope = ? AND budget_windows.window_start = ?;
+
+-- name: list_budget_windows
+-- A job's budget windows from a moment on, oldest first.
+-- parameters: job, since
+SELECT budget_windows.job, budget_windows.scope, budget_windows.window_start, budget_windows.unit, budget_windows.currency, budget_windows.cap, budget_windows.reserved, budget_windows.spent, budget_windows.calls, budget_windows.refused, budget_windows.exhausted_at, budget_windows.updated_at 
+FROM budget_windows 
+WHERE budget_windows.job = ? AND budget_windows.window_start >= ? ORDER BY budget_windows.window_start, budget_windows.scope;
+
+-- name: release_over_budget
+-- A Run whose next model call the budget refused goes back to pending with the refusal as its
+-- error, and the attempt it took is given back (it did nothing: reconcile re-drives it, and never
+-- gives up on it for budget refusals); only the current fence holder can.
+-- parameters: status, attempts_1, attempts_2, param_1, error, run_id, fence, owner, status_1
+UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, attempts=CASE WHEN (runs.attempts > ?) THEN runs.attempts - ? ELSE ? END, error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING attempts;
+
+-- name: end_over_budget_attempt
+-- The Attempt the budget refused ends released, with the refusal.
+-- parameters: outcome, error, model_calls, attempt_id
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=?, model_calls=? WHERE attempts.attempt_id = ?;
+
+-- name: configure_endpoint_limit
+-- Create an endpoint's limits (buckets full) or replace its configured ones; the adaptive rate
+-- starts over only when the configured rate changes.
+-- parameters: name, requests_per_minute, tokens_per_minute, max_concurrent, requests_per_minute, requests_per_minute, param_1, requests_per_minute, param_2, param_3, param_4, tokens_per_minute, param_5, tokens_per_minute, param_6, param_7, param_8, refusals, granted, calls, refused
+INSERT INTO endpoint_limits (name, requests_per_minute, tokens_per_minute, max_concurrent, rate, request_level, token_level, refilled_at, refusals, granted, calls, refused, updated_at) VALUES (?, CAST(? AS FLOAT), CAST(? AS BIGINT), ?, CAST(? AS FLOAT), CASE WHEN (CAST(? AS FLOAT) IS NULL) THEN ? ELSE max((CAST(? AS FLOAT) / (? + 0.0)) * ?, ?) END, CASE WHEN (CAST(? AS BIGINT) IS NULL) THEN ? ELSE max((CAST(? AS BIGINT) / (? + 0.0)) * ?, ?) END, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT (name) DO UPDATE SET requests_per_minute = excluded.requests_per_minute, tokens_per_minute = excluded.tokens_per_minute, max_concurrent = excluded.max_concurrent, rate = CASE WHEN (endpoint_limits.requests_per_minute IS excluded.requests_per_minute) THEN endpoint_limits.rate ELSE excluded.rate END, updated_at = excluded.updated_at;
+
+-- name: acquire_endpoint_slot
+-- Refill the endpoint's buckets by the database time elapsed and take one request and the call's
+-- tokens, only if the endpoint is not paused, both buckets hold them and fewer calls than its
+-- maximum are in flight; the levels are returned either way (how long to wait).
+-- parameters: param_1, param_2, param_1, param_2, tokens, param_1, param_2, requests_1, tokens, tokens_per_minute_1, param_3, param_4, rate_1, param_5, param_6, param_7, param_8, param_9, tokens_per_minute_2, param_10, param_11, param_12, param_13, in_flight_seconds, name
+UPDATE endpoint_limits SET request_level=(decided.requests - CASE WHEN decided.ok THEN ? ELSE ? END), token_level=(decided.tokens - CASE WHEN decided.ok THEN ? ELSE ? END * ?), refilled_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), granted=decided.ok, calls=(endpoint_limits.calls + CASE WHEN decided.ok THEN ? ELSE ? END), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') FROM (SELECT refilled.name AS name, refilled.requests AS requests, refilled.tokens AS tokens, refilled.admits = 1 AND (refilled.rate IS NULL OR refilled.requests >= ?) AND (refilled.tokens_per_minute IS NULL OR refilled.tokens >= min(CAST(? AS FLOAT), (refilled.tokens_per_minute / (? + 0.0)) * ?)) AS ok 
+FROM (SELECT endpoint_limits.name AS name, CASE WHEN (endpoint_limits.rate IS NULL) THEN ? ELSE min(max((endpoint_limits.rate / (? + 0.0)) * ?, ?), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.rate) / (? + 0.0)) END AS requests, CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN ? ELSE min(max((endpoint_limits.tokens_per_minute / (? + 0.0)) * ?, ?), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.tokens_per_minute) / (? + 0.0)) END AS tokens, (endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (endpoint_limits.max_concurrent IS NULL OR (SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -?)) || '000')) < endpoint_limits.max_concurrent) AS admits, endpoint_limits.rate AS rate, endpoint_limits.tokens_per_minute AS tokens_per_minute 
+FROM endpoint_limits 
+WHERE endpoint_limits.name = ?) AS refilled) AS decided WHERE endpoint_limits.name = decided.name RETURNING granted, refilled_at, paused_until, rate, request_level, tokens_per_minute, token_level;
+
+-- name: refuse_endpoint
+-- The provider refused a call: pause the endpoint for every worker until the time it named (else a
+-- backoff doubling per refusal), both capped, never shortening a pause; cut the rate by 30% once
+-- per pause (learning one from the calls just made when none is known); give back the call's
+-- tokens.
+-- parameters: name, db_now_1, param_1, coalesce_1, param_2, request_level, param_3, tokens, pause_seconds, refusals_1, param_4, refusals_2, param_5, refusals_3, param_6, refusals_4, param_7, refusals_5, param_8, param_9, max_pause_seconds, refusals_6, refused_1, name
+UPDATE endpoint_limits SET rate=CASE WHEN (endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) THEN max(coalesce(endpoint_limits.rate, CAST((SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.endpoint = ? AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000')) AS FLOAT) * ?) * ?, ?) ELSE endpoint_limits.rate END, request_level=?, token_level=CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN ? ELSE endpoint_limits.token_level + ? END, paused_until=max(coalesce(endpoint_limits.paused_until, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')), (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', min(coalesce(CAST(? AS FLOAT), CASE WHEN (endpoint_limits.refusals = ?) THEN ? WHEN (endpoint_limits.refusals = ?) THEN ? WHEN (endpoint_limits.refusals = ?) THEN ? WHEN (endpoint_limits.refusals = ?) THEN ? WHEN (endpoint_limits.refusals = ?) THEN ? ELSE ? END), ?))) || '000')), refusals=(endpoint_limits.refusals + ?), refused=(endpoint_limits.refused + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE endpoint_limits.name = ? RETURNING paused_until, rate;
+
+-- name: settle_endpoint_call
+-- An answered call settles the tokens it took to what it used and raises the endpoint's rate by
+-- its share of a second's step, up to the configured rate.
+-- parameters: coalesce_1, coalesce_1, param_1, estimate, used, refusals, name
+UPDATE endpoint_limits SET rate=CASE WHEN (endpoint_limits.requests_per_minute IS NOT NULL AND endpoint_limits.rate + (coalesce(endpoint_limits.requests_per_minute, endpoint_limits.rate) * ?) / (endpoint_limits.rate + 0.0) > endpoint_limits.requests_per_minute) THEN endpoint_limits.requests_per_minute ELSE endpoint_limits.rate + (coalesce(endpoint_limits.requests_per_minute, endpoint_limits.rate) * ?) / (endpoint_limits.rate + 0.0) END, token_level=CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN ? ELSE (endpoint_limits.token_level + ?) - ? END, refusals=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE endpoint_limits.name = ?;
+
+-- name: read_endpoint_limit
+-- An endpoint's limits and their state.
+-- parameters: name
+SELECT endpoint_limits.name, endpoint_limits.requests_per_minute, endpoint_limits.tokens_per_minute, endpoint_limits.max_concurrent, endpoint_limits.rate, endpoint_limits.request_level, endpoint_limits.token_level, endpoint_limits.refilled_at, endpoint_limits.paused_until, endpoint_limits.refusals, endpoint_limits.granted, endpoint_limits.calls, endpoint_limits.refused, endpoint_limits.updated_at 
+FROM endpoint_limits 
+WHERE endpoint_limits.name = ?;
+
+-- name: record_call_intent
+-- Record a model call before it leaves, in flight (no outcome), only while its Attempt holds the
+-- Run's lease (fence, owner, database clock).
+-- parameters: call_id, run_id, attempt_id, fence, endpoint, model, position, prompt_digest, estimate, budget_period, budget_day, run_id, fence, owner, status_1
+INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, model, position, prompt_digest, started_at, estimate, budget_period, budget_day) SELECT ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, runs.job, ? AS anon_5, ? AS anon_6, ? AS anon_7, ? AS anon_8, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, ? AS anon_9, ? AS anon_10, ? AS anon_11 
+FROM runs 
+WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING call_id;
+
+-- name: record_call_answer
+-- Record a call answered with its usage and checkpoint its answer, only while its Attempt holds
+-- the Run's lease; otherwise the call is lost (another attempt may be paying for it again) and
+-- only its usage is recorded.
+-- parameters: run_id, owner, status_1, param_1, param_2, prompt_tokens, completion_tokens, latency_ms, cost_nanos, currency, run_id, owner, status_1, answer, call_id, outcome_1
+UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = ? AND runs.fence = model_calls.fence AND runs.owner = ? AND runs.status = ?))) THEN ? ELSE ? END, prompt_tokens=?, completion_tokens=?, latency_ms=?, cost_nanos=?, currency=?, answer=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = ? AND runs.fence = model_calls.fence AND runs.owner = ? AND runs.status = ?))) THEN ? ELSE NULL END WHERE model_calls.call_id = ? AND (model_calls.outcome IS NULL OR model_calls.outcome = ? AND model_calls.latency_ms IS NULL) RETURNING outcome;
+
+-- name: record_call_failure
+-- Record a call refused by the provider (an error reply: not billed) or failed (no usable answer:
+-- timeout, connection lost, malformed reply), with its error; a call already marked lost learns
+-- what became of it.
+-- parameters: outcome, error, prompt_tokens, completion_tokens, latency_ms, cost_nanos, currency, call_id, outcome_1
+UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=?, prompt_tokens=?, completion_tokens=?, latency_ms=?, cost_nanos=?, currency=? WHERE model_calls.call_id = ? AND (model_calls.outcome IS NULL OR model_calls.outcome = ? AND model_calls.latency_ms IS NULL) RETURNING outcome;
+
+-- name: mark_calls_lost
+-- A Run's calls in flight whose Attempt no longer holds a lease (its fence moved on: taken over
+-- after a crash or an expired lease; or the Run was finished or released without them) are lost:
+-- counted as paid.
+-- parameters: outcome, run_id, status_1
+UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=? WHERE model_calls.run_id = ? AND model_calls.outcome IS NULL AND NOT (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = model_calls.run_id AND runs.fence = model_calls.fence AND runs.status = ?)) RETURNING call_id, job, estimate, budget_period, budget_day;
+
+-- name: replay_call
+-- The checkpointed answer of a position of the Run's transform whose prompt has the same digest
+-- (not one validation rejected), counted as reused; only for the Attempt holding the Run's lease.
+-- parameters: reuses_1, run_id, position, prompt_digest, outcome_1, param_1, param_2, run_id, fence, owner, status_1
+UPDATE model_calls SET reuses=(model_calls.reuses + ?) WHERE model_calls.call_id = (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = ? AND model_calls.position = ? AND model_calls.prompt_digest = ? AND model_calls.outcome = ? AND model_calls.answer IS NOT NULL AND model_calls.rejected_at IS NULL ORDER BY model_calls.started_at DESC, model_calls.call_id
+ LIMIT ? OFFSET ?) AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ?)) RETURNING call_id, answer;
+
+-- name: reject_answers
+-- Validation rejected the Run's candidate: its checkpointed answers are kept as evidence and never
+-- replayed; only the holder of the Run's lease can.
+-- parameters: run_id, outcome_1, run_id, fence, owner, status_1
+UPDATE model_calls SET rejected_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE model_calls.run_id = ? AND model_calls.outcome = ? AND model_calls.rejected_at IS NULL AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ?)) RETURNING call_id;
+
+-- name: list_model_calls
+-- A Run's model calls, in the order they were made, without answers.
+-- parameters: run_id
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+FROM model_calls 
+WHERE model_calls.run_id = ? ORDER BY model_calls.started_at, model_calls.fence, model_calls.position;
+
+-- name: list_model_calls_of_runs
+-- The model calls of the Runs whose ids are given, without answers: one statement for a whole
+-- tick.
+-- parameters: json_extract_1, ids
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+FROM model_calls 
+WHERE model_calls.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) ORDER BY model_calls.run_id, model_calls.started_at, model_calls.position;
+
+-- name: read_model_calls_since
+-- The model calls started from a moment on (optionally of one job), with their Run's revision:
+-- what stats and costs add up, no answers.
+-- parameters: since, job, job
+SELECT model_calls.run_id, model_calls.job, model_calls.model, model_calls.started_at, model_calls.outcome, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cost_nanos, model_calls.currency, model_calls.reuses, model_calls.rejected_at, runs.revision 
+FROM model_calls JOIN runs ON runs.run_id = model_calls.run_id 
+WHERE model_calls.started_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR model_calls.job = CAST(? AS VARCHAR(200)));
+
+-- name: count_saved
+-- Add what the duplicates one tick suppressed would have cost to the job's counts for the UTC day:
+-- each duplicate Run's stored cost (its paid calls' tokens and money), per currency.
+-- parameters: job, day, coalesce_3, coalesce_4, coalesce_5, coalesce_7, json_extract_1, ids, outcome_1, outcome_2, outcome_3
+INSERT INTO suppressed_costs (job, day, currency, runs, calls, tokens, cost_nanos, updated_at) SELECT ? AS anon_1, ? AS anon_2, coalesce(model_calls.currency, '') AS coalesce_1, count(DISTINCT model_calls.run_id) AS count_1, count(*) AS count_2, coalesce(sum(coalesce(model_calls.prompt_tokens, ?) + coalesce(model_calls.completion_tokens, ?)), ?) AS coalesce_2, coalesce(sum(model_calls.cost_nanos), ?) AS coalesce_6, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1 
+FROM model_calls JOIN (SELECT json_extract(anon_3.value, ?) AS run_id 
+FROM json_each(?) AS anon_3) AS given ON model_calls.run_id = given.run_id 
+WHERE model_calls.outcome = ? OR model_calls.outcome = ? OR model_calls.outcome = ? GROUP BY coalesce(model_calls.currency, '') ON CONFLICT (job, day, currency) DO UPDATE SET runs = (suppressed_costs.runs + excluded.runs), calls = (suppressed_costs.calls + excluded.calls), tokens = (suppressed_costs.tokens + excluded.tokens), cost_nanos = (suppressed_costs.cost_nanos + excluded.cost_nanos), updated_at = excluded.updated_at;
+
+-- name: read_saved_since
+-- What suppressed duplicates would have cost, from a UTC day on (optionally of one job).
+-- parameters: day, job, job
+SELECT suppressed_costs.job, suppressed_costs.day, suppressed_costs.currency, suppressed_costs.runs, suppressed_costs.calls, suppressed_costs.tokens, suppressed_costs.cost_nanos 
+FROM suppressed_costs 
+WHERE suppressed_costs.day >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR suppressed_costs.job = CAST(? AS VARCHAR(200)));
+
 -- name: read_clock
 -- The database clock, which every lease and due time is judged by.
 SELECT (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS now;
@@ -25,165 +205,6 @@ SELECT outbox.message_id AS id, count(*) OVER () AS matches
 FROM outbox 
 WHERE outbox.message_id BETWEEN ? AND ? ORDER BY outbox.message_id
  LIMIT ? OFFSET ?;
-
--- name: get_run
--- A Run by id.
--- parameters: run_id
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
-FROM runs 
-WHERE runs.run_id = ?;
-
--- name: register_run
--- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
--- are compared by the caller).
--- parameters: run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts
-INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: claim_run
--- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
--- the fence, count the attempt (PostgreSQL: and end the previous holder's Attempt and open this
--- one's in the same statement).
--- parameters: status, fence_1, owner, lease, attempts_1, run_id, status_1, status_2, owner
-UPDATE runs SET status=?, fence=(runs.fence + ?), owner=?, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), attempts=(runs.attempts + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = ?) RETURNING run_id, fence, lease_expires_at;
-
--- name: close_attempts
--- A new claim ends the previous holder's open Attempt: its lease expired or was taken over.
--- parameters: outcome, run_id
-UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=? WHERE attempts.run_id = ? AND attempts.finished_at IS NULL;
-
--- name: open_attempt
--- One Attempt row per successful claim, unique per (run, fence).
--- parameters: attempt_id, run_id, owner, fence
-INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'));
-
--- name: enter_run
--- Register and claim one Run, given as one JSON object, in one upsert: a new Run is inserted
--- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
--- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
--- parameters: param_1, param_2, owner, param_3, lease, runs, json_extract_1, runs, json_extract_2, runs, json_extract_3, runs, json_extract_4, runs, json_extract_5, runs, json_extract_6, runs, json_extract_7, runs, json_extract_8, param_4, fence_1, attempts_1, status_1, status_2
-INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
-FROM (SELECT json_extract(?, ?) AS run_id, json_extract(?, ?) AS job, json_extract(?, ?) AS subject, json_extract(?, ?) AS period_start, json_extract(?, ?) AS version, json_extract(?, ?) AS params_fingerprint, json_extract(?, ?) AS params, json_extract(?, ?) AS attempt_id) AS given 
-WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: enter_runs
--- Register and claim a tick's Runs, given as one JSON array, in one upsert: a new Run is inserted
--- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
--- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
--- parameters: param_1, param_2, owner, param_3, lease, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, json_extract_7, json_extract_8, runs, param_4, fence_1, attempts_1, status_1, status_2
-INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
-FROM (SELECT json_extract(anon_5.value, ?) AS run_id, json_extract(anon_5.value, ?) AS job, json_extract(anon_5.value, ?) AS subject, json_extract(anon_5.value, ?) AS period_start, json_extract(anon_5.value, ?) AS version, json_extract(anon_5.value, ?) AS params_fingerprint, json_extract(anon_5.value, ?) AS params, json_extract(anon_5.value, ?) AS attempt_id 
-FROM json_each(?) AS anon_5) AS given 
-WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: renew_leases
--- Extend the lease of every given Run still held under its fence and owner, from the database
--- clock; a Run whose fence moved on is left out.
--- parameters: lease, json_extract_1, json_extract_2, json_extract_3, claims, status_1
-UPDATE runs SET lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE (runs.run_id, runs.fence, runs.owner) IN (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS fence, json_extract(anon_1.value, ?) AS owner 
-FROM json_each(?) AS anon_1) AND runs.status = ? RETURNING run_id, lease_expires_at;
-
--- name: renew_lease
--- Extend the lease from the database clock; only the current fence holder can.
--- parameters: lease, run_id, fence, owner, status_1
-UPDATE runs SET lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING lease_expires_at;
-
--- name: save_input
--- Store the raw input once (the first writer's value stays) and return the stored one; only the
--- current fence holder can.
--- parameters: raw_input, run_id, fence, owner, status_1
-UPDATE runs SET raw_input=coalesce(runs.raw_input, ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING raw_input;
-
--- name: complete_run
--- Accept the output, clear the lease, add the Attempt's model calls and record the flow run and
--- task run that completed it; only the current fence holder can (PostgreSQL: with the outbox rows
--- and the Attempt's end in the same statement, written only if the Run was accepted).
--- parameters: status, output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner, status_1
-UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, output=?, error=NULL, completed_attempt_id=?, completed_flow_run_id=?, completed_task_run_id=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), completed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: queue_messages
--- The completed Run's outbox rows, one per (run, channel, recipient); a row already queued is left
--- as it is.
--- parameters: param_1, param_2, param_3, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, json_extract_7, messages
-INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, next_attempt_at, created_at, updated_at) SELECT given.message_id, given.run_id, given.channel, given.recipient, given.subject, given.body, given.headers, ? AS anon_1, ? AS anon_2, ? AS anon_3, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2 
-FROM (SELECT json_extract(anon_4.value, ?) AS message_id, json_extract(anon_4.value, ?) AS run_id, json_extract(anon_4.value, ?) AS channel, json_extract(anon_4.value, ?) AS recipient, json_extract(anon_4.value, ?) AS subject, json_extract(anon_4.value, ?) AS body, json_extract(anon_4.value, ?) AS headers 
-FROM json_each(?) AS anon_4) AS given 
-WHERE 1 = 1 ON CONFLICT DO NOTHING;
-
--- name: finish_attempt
--- End the Attempt with its outcome (completed, released, failed), error and model calls.
--- parameters: outcome, error, model_calls, attempt_id
-UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=?, model_calls=? WHERE attempts.attempt_id = ?;
-
--- name: release_or_fail_run
--- Record the error, add the Attempt's model calls and clear the lease, the Run going back to
--- pending (retryable) or to failed; only the current fence holder can.
--- parameters: status, error, model_calls, run_id, fence, owner, status_1
-UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: requeue_run
--- Operator action: a failed Run goes back to pending; no other status can.
--- parameters: status, run_id, status_1
-UPDATE runs SET status=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: get_runs
--- Many Runs by id.
--- parameters: json_extract_1, ids
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
-FROM runs 
-WHERE runs.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1);
-
--- name: get_finished_runs
--- What a rerun needs of the completed and failed Runs among the given ids, and of their later
--- completed revisions (the caller keeps the latest): not their raw inputs, which can be large.
--- parameters: json_extract_1, ids, status_1, status_2, status_3
-SELECT asked.run_id AS asked_id, runs.run_id, runs.status, runs.params_fingerprint, runs.attempts, runs.output, runs.error, runs.revision, runs.pruned_at, runs.output_digest 
-FROM runs AS asked JOIN runs ON runs.job = asked.job AND runs.subject = asked.subject AND runs.period_start = asked.period_start AND runs.version = asked.version 
-WHERE asked.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) AND (runs.revision = asked.revision AND (runs.status = ? OR runs.status = ?) OR runs.revision > asked.revision AND runs.status = ?);
-
--- name: list_revisions
--- Every revision of the logical run of the given Run (any of its revisions), oldest first, without
--- documents.
--- parameters: run_id
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
-FROM runs AS given JOIN runs ON runs.job = given.job AND runs.subject = given.subject AND runs.period_start = given.period_start AND runs.version = given.version 
-WHERE given.run_id = ? ORDER BY runs.revision;
-
--- name: request_revision
--- Insert the next revision of a logical run as pending, only if the revision before it is finished
--- (at most one unfinished revision per Run); the identity key lets one of two concurrent requests
--- win.
--- parameters: run_id, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, recollect, param_1, param_2, param_3, source_run_id, revises_run_id, revision, param_4, status_1, status_2, revision_1
-INSERT INTO runs (run_id, job, subject, period_start, version, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, raw_input, status, fence, attempts, created_at, updated_at) SELECT ? AS anon_1, source.job, source.subject, source.period_start, source.version, ? AS anon_2, ? AS anon_3, ? AS anon_4, ? AS anon_5, ? AS anon_6, ? AS anon_7, ? AS anon_8, CASE WHEN ? THEN NULL ELSE source.raw_input END AS anon_9, ? AS anon_10, ? AS anon_11, ? AS anon_12, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2 
-FROM runs AS source 
-WHERE source.run_id = ? AND (EXISTS (SELECT prev.run_id 
-FROM runs AS prev 
-WHERE prev.run_id = ? AND prev.revision = ? - ? AND (prev.status = ? OR prev.status = ? AND prev.revision > ?))) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: list_runs
--- The latest Runs, newest period first, optionally of one job and one status.
--- parameters: job, job, status, status, limit, param_1
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
-FROM runs 
-WHERE (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (CAST(? AS VARCHAR(16)) IS NULL OR runs.status = CAST(? AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject
- LIMIT ? OFFSET ?;
-
--- name: list_attempts
--- A Run's Attempts in claim (fence) order.
--- parameters: run_id
-SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
-FROM attempts 
-WHERE attempts.run_id = ? ORDER BY attempts.fence;
-
--- name: list_attempts_of_runs
--- The Attempts of the Runs whose ids are given, per Run in claim (fence) order: one statement for
--- a whole list of Runs.
--- parameters: json_extract_1, ids
-SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
-FROM attempts 
-WHERE attempts.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) ORDER BY attempts.run_id, attempts.fence;
 
 -- name: owe_subjects
 -- Record from which period a job owes each given subject, once: a subject already recorded keeps
@@ -281,6 +302,15 @@ SELECT occurrences.run_id, occurrences.job, occurrences.subject, occurrences.per
 FROM occurrences 
 WHERE occurrences.job = ? AND occurrences.period_start >= ? ORDER BY occurrences.period_start, occurrences.subject;
 
+-- name: queue_messages
+-- The completed Run's outbox rows, one per (run, channel, recipient); a row already queued is left
+-- as it is.
+-- parameters: param_1, param_2, param_3, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, json_extract_7, json_extract_8, messages
+INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, next_attempt_at, created_at, updated_at) SELECT given.message_id, given.run_id, given.channel, given.recipient, given.subject, given.body, given.headers, given.payload, ? AS anon_1, ? AS anon_2, ? AS anon_3, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2 
+FROM (SELECT json_extract(anon_4.value, ?) AS message_id, json_extract(anon_4.value, ?) AS run_id, json_extract(anon_4.value, ?) AS channel, json_extract(anon_4.value, ?) AS recipient, json_extract(anon_4.value, ?) AS subject, json_extract(anon_4.value, ?) AS body, json_extract(anon_4.value, ?) AS headers, json_extract(anon_4.value, ?) AS payload 
+FROM json_each(?) AS anon_4) AS given 
+WHERE 1 = 1 ON CONFLICT DO NOTHING;
+
 -- name: due_messages
 -- The due messages (or ones whose delivery lease expired) in claim order, optionally of one
 -- channel.
@@ -295,7 +325,7 @@ WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_att
 -- in one statement); each claim bumps the fence and counts the attempt.
 -- parameters: status, attempts_1, fence_1, owner, lease, json_extract_1, due
 UPDATE outbox SET status=?, attempts=(outbox.attempts + ?), fence=(outbox.fence + ?), lease_owner=?, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), claimed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id IN (SELECT json_extract(anon_1.value, ?) AS message_id 
-FROM json_each(?) AS anon_1) RETURNING message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
+FROM json_each(?) AS anon_1) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
 
 -- name: record_delivery_outcome
 -- sending -> retry, uncertain or dead, with the error and when it is due again (database clock, or
@@ -346,21 +376,29 @@ UPDATE outbox SET status=?, attempts=(outbox.attempts - ?), lease_owner=NULL, le
 -- Operator action: a retry, uncertain or dead message is due now, with the same key; no other
 -- status can be requeued.
 -- parameters: status, message_id, status_1, status_2, status_3
-UPDATE outbox SET status=?, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ?) RETURNING message_id, run_id, channel, recipient, subject, body, headers, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
+UPDATE outbox SET status=?, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ?) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
 
 -- name: get_message
 -- An outbox message by id.
 -- parameters: message_id
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
 FROM outbox 
 WHERE outbox.message_id = ?;
 
 -- name: list_messages
--- Outbox messages, oldest first, optionally of one status and one Run.
--- parameters: status, status, run_id, run_id, limit, param_1
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+-- Outbox messages, oldest first, optionally of one status, one Run and one channel.
+-- parameters: status, status, run_id, run_id, channel, channel, limit, param_1
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
 FROM outbox 
-WHERE (CAST(? AS VARCHAR(16)) IS NULL OR outbox.status = CAST(? AS VARCHAR(16))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id
+WHERE (CAST(? AS VARCHAR(16)) IS NULL OR outbox.status = CAST(? AS VARCHAR(16))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) AND (CAST(? AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(? AS VARCHAR(32))) ORDER BY outbox.created_at, outbox.message_id
+ LIMIT ? OFFSET ?;
+
+-- name: list_recent_messages
+-- The newest outbox messages first, optionally of one status, one Run and one channel.
+-- parameters: status, status, run_id, run_id, channel, channel, limit, param_1
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+FROM outbox 
+WHERE (CAST(? AS VARCHAR(16)) IS NULL OR outbox.status = CAST(? AS VARCHAR(16))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) AND (CAST(? AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(? AS VARCHAR(32))) ORDER BY outbox.created_at DESC, outbox.message_id DESC
  LIMIT ? OFFSET ?;
 
 -- name: list_delivery_attempts
@@ -375,6 +413,151 @@ WHERE delivery_attempts.message_id = ? ORDER BY delivery_attempts.attempt;
 SELECT outbox.status, count(*) AS messages 
 FROM outbox GROUP BY outbox.status;
 
+-- name: get_run
+-- A Run by id.
+-- parameters: run_id
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs 
+WHERE runs.run_id = ?;
+
+-- name: register_run
+-- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
+-- are compared by the caller).
+-- parameters: run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: claim_run
+-- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
+-- the fence, count the attempt (PostgreSQL: and end the previous holder's Attempt and open this
+-- one's in the same statement).
+-- parameters: status, fence_1, owner, lease, attempts_1, run_id, status_1, status_2, owner
+UPDATE runs SET status=?, fence=(runs.fence + ?), owner=?, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), attempts=(runs.attempts + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = ?) RETURNING run_id, fence, lease_expires_at;
+
+-- name: close_attempts
+-- A new claim ends the previous holder's open Attempt: its lease expired or was taken over.
+-- parameters: outcome, run_id
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=? WHERE attempts.run_id = ? AND attempts.finished_at IS NULL;
+
+-- name: open_attempt
+-- One Attempt row per successful claim, unique per (run, fence).
+-- parameters: attempt_id, run_id, owner, fence
+INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'));
+
+-- name: enter_run
+-- Register and claim one Run, given as one JSON object, in one upsert: a new Run is inserted
+-- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
+-- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
+-- parameters: param_1, param_2, owner, param_3, lease, runs, json_extract_1, runs, json_extract_2, runs, json_extract_3, runs, json_extract_4, runs, json_extract_5, runs, json_extract_6, runs, json_extract_7, runs, json_extract_8, param_4, fence_1, attempts_1, status_1, status_2
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
+FROM (SELECT json_extract(?, ?) AS run_id, json_extract(?, ?) AS job, json_extract(?, ?) AS subject, json_extract(?, ?) AS period_start, json_extract(?, ?) AS version, json_extract(?, ?) AS params_fingerprint, json_extract(?, ?) AS params, json_extract(?, ?) AS attempt_id) AS given 
+WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: enter_runs
+-- Register and claim a tick's Runs, given as one JSON array, in one upsert: a new Run is inserted
+-- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
+-- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
+-- parameters: param_1, param_2, owner, param_3, lease, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, json_extract_7, json_extract_8, runs, param_4, fence_1, attempts_1, status_1, status_2
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
+FROM (SELECT json_extract(anon_5.value, ?) AS run_id, json_extract(anon_5.value, ?) AS job, json_extract(anon_5.value, ?) AS subject, json_extract(anon_5.value, ?) AS period_start, json_extract(anon_5.value, ?) AS version, json_extract(anon_5.value, ?) AS params_fingerprint, json_extract(anon_5.value, ?) AS params, json_extract(anon_5.value, ?) AS attempt_id 
+FROM json_each(?) AS anon_5) AS given 
+WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: renew_leases
+-- Extend the lease of every given Run still held under its fence and owner, from the database
+-- clock; a Run whose fence moved on is left out.
+-- parameters: lease, json_extract_1, json_extract_2, json_extract_3, claims, status_1
+UPDATE runs SET lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE (runs.run_id, runs.fence, runs.owner) IN (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS fence, json_extract(anon_1.value, ?) AS owner 
+FROM json_each(?) AS anon_1) AND runs.status = ? RETURNING run_id, lease_expires_at;
+
+-- name: save_input
+-- Store the raw input once (the first writer's value stays) and return the stored one; only the
+-- current fence holder can.
+-- parameters: raw_input, run_id, fence, owner, status_1
+UPDATE runs SET raw_input=coalesce(runs.raw_input, ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING raw_input;
+
+-- name: complete_run
+-- Accept the output, clear the lease, add the Attempt's model calls and record the flow run and
+-- task run that completed it; only the current fence holder can (PostgreSQL: with the outbox rows
+-- and the Attempt's end in the same statement, written only if the Run was accepted).
+-- parameters: status, output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner, status_1
+UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, output=?, error=NULL, completed_attempt_id=?, completed_flow_run_id=?, completed_task_run_id=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), completed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: finish_attempt
+-- End the Attempt with its outcome (completed, released, failed), error and model calls.
+-- parameters: outcome, error, model_calls, attempt_id
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=?, model_calls=? WHERE attempts.attempt_id = ?;
+
+-- name: release_or_fail_run
+-- Record the error, add the Attempt's model calls and clear the lease, the Run going back to
+-- pending (retryable) or to failed; only the current fence holder can.
+-- parameters: status, error, model_calls, run_id, fence, owner, status_1
+UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: requeue_run
+-- Operator action: a failed Run goes back to pending; no other status can.
+-- parameters: status, run_id, status_1
+UPDATE runs SET status=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: get_runs
+-- Many Runs by id.
+-- parameters: json_extract_1, ids
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs 
+WHERE runs.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1);
+
+-- name: get_finished_runs
+-- What a rerun needs of the completed and failed Runs among the given ids, and of their later
+-- completed revisions (the caller keeps the latest): not their raw inputs, which can be large.
+-- parameters: json_extract_1, ids, status_1, status_2, status_3
+SELECT asked.run_id AS asked_id, runs.run_id, runs.status, runs.params_fingerprint, runs.attempts, runs.output, runs.error, runs.revision, runs.pruned_at, runs.output_digest 
+FROM runs AS asked JOIN runs ON runs.job = asked.job AND runs.subject = asked.subject AND runs.period_start = asked.period_start AND runs.version = asked.version 
+WHERE asked.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) AND (runs.revision = asked.revision AND (runs.status = ? OR runs.status = ?) OR runs.revision > asked.revision AND runs.status = ?);
+
+-- name: list_runs
+-- The latest Runs, newest period first, optionally of one job and one status.
+-- parameters: job, job, status, status, limit, param_1
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs 
+WHERE (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (CAST(? AS VARCHAR(16)) IS NULL OR runs.status = CAST(? AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject
+ LIMIT ? OFFSET ?;
+
+-- name: list_attempts
+-- A Run's Attempts in claim (fence) order.
+-- parameters: run_id
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
+FROM attempts 
+WHERE attempts.run_id = ? ORDER BY attempts.fence;
+
+-- name: list_attempts_of_runs
+-- The Attempts of the Runs whose ids are given, per Run in claim (fence) order: one statement for
+-- a whole list of Runs.
+-- parameters: json_extract_1, ids
+SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
+FROM attempts 
+WHERE attempts.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) ORDER BY attempts.run_id, attempts.fence;
+
+-- name: list_revisions
+-- Every revision of the logical run of the given Run (any of its revisions), oldest first, without
+-- documents.
+-- parameters: run_id
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs AS given JOIN runs ON runs.job = given.job AND runs.subject = given.subject AND runs.period_start = given.period_start AND runs.version = given.version 
+WHERE given.run_id = ? ORDER BY runs.revision;
+
+-- name: request_revision
+-- Insert the next revision of a logical run as pending, only if the revision before it is finished
+-- (at most one unfinished revision per Run); the identity key lets one of two concurrent requests
+-- win.
+-- parameters: run_id, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, recollect, param_1, param_2, param_3, source_run_id, revises_run_id, revision, param_4, status_1, status_2, revision_1
+INSERT INTO runs (run_id, job, subject, period_start, version, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, raw_input, status, fence, attempts, created_at, updated_at) SELECT ? AS anon_1, source.job, source.subject, source.period_start, source.version, ? AS anon_2, ? AS anon_3, ? AS anon_4, ? AS anon_5, ? AS anon_6, ? AS anon_7, ? AS anon_8, CASE WHEN ? THEN NULL ELSE source.raw_input END AS anon_9, ? AS anon_10, ? AS anon_11, ? AS anon_12, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2 
+FROM runs AS source 
+WHERE source.run_id = ? AND (EXISTS (SELECT prev.run_id 
+FROM runs AS prev 
+WHERE prev.run_id = ? AND prev.revision = ? - ? AND (prev.status = ? OR prev.status = ? AND prev.revision > ?))) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
 -- name: count_suppressed
 -- Add one tick's Runs asked for again (completed: duplicates; leased by another worker: in
 -- progress elsewhere) to its job's counts for the UTC day.
@@ -382,10 +565,10 @@ FROM outbox GROUP BY outbox.status;
 INSERT INTO suppressed_counts (job, day, duplicates, in_progress_elsewhere, updated_at) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT (job, day) DO UPDATE SET duplicates = (suppressed_counts.duplicates + excluded.duplicates), in_progress_elsewhere = (suppressed_counts.in_progress_elsewhere + excluded.in_progress_elsewhere), updated_at = excluded.updated_at;
 
 -- name: read_completed_since
--- The Runs completed from a moment on (optionally of one job): job, completion time and attempts,
--- no documents.
+-- The Runs completed from a moment on (optionally of one job): job, completion time, attempts and
+-- revision number, no documents.
 -- parameters: status_1, since, job, job
-SELECT runs.job, runs.completed_at, runs.attempts 
+SELECT runs.job, runs.completed_at, runs.attempts, runs.revision 
 FROM runs 
 WHERE runs.status = ? AND runs.completed_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)));
 
@@ -453,6 +636,12 @@ FROM json_each(?) AS anon_1) AND (outbox.status = ? OR outbox.status = ?) RETURN
 -- parameters: json_extract_1, ids
 DELETE FROM attempts WHERE attempts.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
 FROM json_each(?) AS anon_1) RETURNING attempt_id;
+
+-- name: forget_pruned_answers
+-- Null the answers of the pruned Runs' model calls; their cost, tokens and outcome stay.
+-- parameters: json_extract_1, ids
+UPDATE model_calls SET answer=NULL WHERE model_calls.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
+FROM json_each(?) AS anon_1) AND model_calls.answer IS NOT NULL RETURNING call_id;
 
 -- name: delete_pruned_occurrences
 -- Delete the pruned Runs' alert occurrences (overdue, recovered) whose events are known emitted; a

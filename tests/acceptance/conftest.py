@@ -1,5 +1,5 @@
 """One acceptance stack per session (a real Prefect server on PostgreSQL, two workers, the sink,
-a PostgreSQL ledger), on ports of its own; see stack_support.py."""
+a PostgreSQL ledger), on ports of its own; see tests/support/stack.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from tests.acceptance.stack_support import AcceptanceStack, acceptance_stack
+from tests.support.stack import AcceptanceStack, acceptance_stack
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from flows.mail.sink import free_port
+from flows.ports import free_port
 from flows.stack import commands
 from flows.stack.auth import CLIENT_AUTH_ENV, SERVER_AUTH_ENV
-from tests.acceptance.stack_support import wait_for_banner
+from tests.support.stack import wait_for_banner
 
 PASSWORD = "s3cr3t-" + os.urandom(12).hex()
 SECRET = f"admin:{PASSWORD}"

@@ -23,10 +23,11 @@ from prefect.client.schemas.schedules import IntervalSchedule
 from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
 
 from deployments.project import load_deployments
-from flows.jobs import get_job
 from flows.jobs.competitor_summary import subscribers, workspaces
+from flows.registry import get_job
+from flows.run_job.outcomes import outcome_name
 from store import Run
-from tests.acceptance.stack_support import (
+from tests.support.stack import (
     AcceptanceStack,
     in_seconds,
     wait_until,
@@ -188,11 +189,11 @@ def test_run_retry_and_custom_run_of_a_completed_period_end_as_duplicate(
     """"Run" on the deployment, "Retry" of the finished flow run (it re-executes) and a
     "Custom run" with the period all end as Duplicate: no new Run, model call or outbox row."""
     finals = second_wave.finals
-    assert {what: r.state.name for what, r in finals.items() if r.state} == dict.fromkeys(
-        finals, "Duplicate")
+    assert {what: outcome_name(r.state) for what, r in finals.items() if r.state} == \
+        dict.fromkeys(finals, "Duplicate")
     assert finals["retry"].run_count == 2
     history = stack.state_names(scheduled_tick.flow_run_id)
-    assert history.index("Completed") < history.index("AwaitingRetry") < history.index("Duplicate")
+    assert history.index("Completed") < history.index("AwaitingRetry") < history.index("Cached")
     assert finals["retry"].name == finals["run"].name == finals["custom run"].name
     assert sorted(r.run_id for r in ledger_runs(stack, scheduled_tick.label)) == sorted(
         scheduled_tick.run_ids)
@@ -204,7 +205,7 @@ def test_two_flow_runs_of_one_period_on_two_workers_call_the_model_once(
         stack: AcceptanceStack, second_wave: SecondWave) -> None:
     """Both flow runs are due at the same second, one on each worker: one completes the Run,
     the other finds it leased (InProgressElsewhere) or completed (Duplicate); one model call."""
-    states = sorted(r.state.name for r in second_wave.overlap if r.state)
+    states = sorted(outcome_name(r.state) for r in second_wave.overlap if r.state)
     assert states[0] == "Completed" and states[1] in ("Duplicate", "InProgressElsewhere"), states
     submitters = [stack.submitted_by(run.id) for run in second_wave.overlap]
     assert len(submitters[0]) == len(submitters[1]) == 1 and submitters[0] != submitters[1]

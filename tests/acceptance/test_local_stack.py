@@ -17,11 +17,13 @@ import httpx
 import pytest
 
 from deployments.project import load_deployments
+from flows.deployment_check import with_every_job
 from flows.jobs.competitor_summary import subscribers, workspaces
-from flows.mail.sink import free_port
+from flows.ports import free_port
 from flows.stack import commands
 from flows.stack.processes import Supervisor
-from tests.acceptance.stack_support import wait_for_banner, wait_until
+from flows.stack.work_pool import DEFAULT_POOL
+from tests.support.stack import wait_for_banner, wait_until
 
 # A child that starts a grandchild in a session of its own (as Prefect's process worker starts
 # flow runs), prints the grandchild's pid, and waits.
@@ -136,6 +138,13 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def child_running(folder: Path, command: str) -> int:
+    """The pid of the stack's child whose command line contains ``command``."""
+    [found] = [pid for pid in processes_mentioning(str(folder))
+               if command.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")]
+    return found
+
+
 def stop_with_ctrl_c(process: subprocess.Popen[str], folder: Path) -> None:
     os.kill(process.pid, signal.SIGINT)
     assert process.wait(60) == 0
@@ -146,19 +155,51 @@ def stop_with_ctrl_c(process: subprocess.Popen[str], folder: Path) -> None:
 def test_stack_up_serves_every_deployment_and_stops_cleanly_on_ctrl_c(
         stack_up: tuple[subprocess.Popen[str], Path, int]) -> None:
     """The UI answers, `runledger serve` registered every deployment of prefect.yaml with its
-    schedules, and after SIGINT every process the stack started is gone."""
+    schedules, the work pool exists for a team's `prefect deploy`; a second `stack up` is
+    refused naming the running one and leaves it alone; the SMTP sink's death is reported
+    and the rest runs on; a killed serve is started again; after SIGINT every process the
+    stack started is gone."""
     process, folder, port = stack_up
     text = wait_for_banner(process)
     assert f"http://127.0.0.1:{port}" in text and str(folder / "home" / "mail") in text
     assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).status_code == 200
     api = f"http://127.0.0.1:{port}/api"
-    expected = {spec.name: [s.slug for s in spec.schedules] for spec in load_deployments()}
+    expected = {spec.name: [s.slug for s in spec.schedules]
+                for spec in with_every_job(load_deployments())}
 
     def served() -> dict[str, list[str]]:
         found = httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
         return {d["name"]: [s["slug"] for s in d["schedules"] if s["active"]] for d in found}
 
     wait_until(lambda: served() == expected, 120, "serve to register every deployment")
+    assert httpx.get(f"{api}/work_pools/{DEFAULT_POOL}", timeout=10).status_code == 200
+
+    second = subprocess.run(
+        commands.runledger_argv("stack", "up", "--home", str(folder / "home"), "--port",
+                                str(free_port()), "--no-kickoff"),
+        env={**os.environ, "RUNLEDGER_DATABASE_URL": f"sqlite:///{folder}/runledger.db"},
+        cwd=folder, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1, second.stdout + second.stderr
+    said = "".join((second.stdout + second.stderr).split())  # Rich folds long lines anywhere
+    assert "".join(f"already running from {folder / 'home'} (pid {process.pid}".split()) in said
+    assert f"UIhttp://127.0.0.1:{port}" in said and "runledger.db" in said
+    assert "stopping" not in said and process.poll() is None
+
+    assert process.stdout is not None
+    os.kill(child_running(folder, " sink "), signal.SIGKILL)
+    line = wait_until(lambda: next((x for x in iter(process.stdout.readline, "")
+                                    if "SMTP sink exited" in x), None), 30, "the sink report")
+    assert "the rest of the stack runs on" in line and "runledger sink --host" in line
+    assert process.poll() is None
+
+    serve = child_running(folder, " serve ")
+    os.kill(serve, signal.SIGKILL)
+    line = wait_until(lambda: next((x for x in iter(process.stdout.readline, "")
+                                    if "serve exited" in x), None), 30, "the serve report")
+    assert "serve exited (-9); started it again as pid" in line, line
+    again = int(line.split(" as pid ")[1].split()[0])
+    assert again != serve and alive(again) and process.poll() is None
+    assert httpx.get(f"{api}/health", timeout=10).status_code == 200
     stop_with_ctrl_c(process, folder)
 
 

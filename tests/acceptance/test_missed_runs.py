@@ -24,15 +24,16 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterNam
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from deployments.project import PROJECT_ROOT
-from flows.jobs import ENTRY_POINT_GROUP, Job
-from flows.model import CallLog
+from flows.jobs import Job
+from flows.registry import ENTRY_POINT_GROUP
 from flows.stack import commands
 from flows.stack.automations import DEAD_MANS_SWITCH, dead_mans_switch, install
 from flows.stack.processes import Child
 from store import Ledger, Period
-from tests.acceptance import drill_jobs
-from tests.acceptance.stack_support import AcceptanceStack, wait_until
-from tests.integration.alerts_support import Webhook, removed_automations, webhook_block
+from tests.support import drill_jobs
+from tests.support.alerts import Webhook, removed_automations, webhook_block
+from tests.support.ledger import model_calls
+from tests.support.stack import AcceptanceStack, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.drill, pytest.mark.timeout(900)]
 
@@ -54,16 +55,16 @@ def drill_deployments() -> dict[str, Any]:
     deployments: list[dict[str, Any]] = []
     for job in JOBS:
         deployments += [
-            {"name": job.name, "entrypoint": "flows/pipeline.py:run_job",
+            {"name": job.name, "entrypoint": "flows.entrypoints.run_job",
              "parameters": {"job": job.name}, "work_pool": pool,
              "schedules": [{"cron": job.cadence, "timezone": job.timezone,
                             "slug": f"{job.name}-every-minute"}]},
-            {"name": f"reconcile-{job.name}", "entrypoint": "flows/reconcile/flow.py:reconcile",
+            {"name": f"reconcile-{job.name}", "entrypoint": "flows.entrypoints.reconcile",
              "parameters": {"job": job.name}, "work_pool": pool,
              "schedules": interval(f"reconcile-{job.name}")},
         ]
     deployments.append(
-        {"name": "deliver-drill", "entrypoint": "flows/delivery/flow.py:deliver_outbox",
+        {"name": "deliver-drill", "entrypoint": "flows.entrypoints.deliver_outbox",
          "parameters": {"batch_size": 100, "max_seconds": 10}, "work_pool": pool,
          "schedules": interval("deliver-drill")})
     return {"name": "runledger-drill", "deployments": deployments}
@@ -89,7 +90,6 @@ class Drill:
         self.ledger_url = ledger_url
         self.file = folder / "prefect.yaml"
         self.file.write_text(yaml.safe_dump(drill_deployments(), sort_keys=False))
-        self.call_log = folder / "model-calls.jsonl"
         self.env = {
             **stack.worker_env,
             "PREFECT_HOME": str(folder / "prefect"),
@@ -97,7 +97,6 @@ class Drill:
             "PYTHONPATH": os.pathsep.join([str(published_jobs(folder / "dist")),
                                            str(PROJECT_ROOT)]),
             "RUNLEDGER_DATABASE_URL": ledger_url,
-            "RUNLEDGER_MODEL_CALL_LOG": str(self.call_log),
             "RUNLEDGER_OFFLINE_MODEL_DELAY_SECONDS": "0",
             "RUNLEDGER_RECONCILE_BACKOFF_SECONDS": "5",
             "COLUMNS": "160",
@@ -143,7 +142,8 @@ class Drill:
                     if o.skipped_at is not None}
 
     def model_calls(self) -> Counter[str]:
-        return Counter(str(e["run_id"]) for e in CallLog(self.call_log).entries())
+        with self.ledger() as ledger:
+            return Counter(str(c["run_id"]) for c in model_calls(ledger))
 
     def flow_runs(self) -> list[str]:
         """What the UI's runs page shows for the drill's deployments: deployment, state, message."""

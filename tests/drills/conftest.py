@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.drills.prefect_server import Server, prefect_server
+from tests.support.prefect_server import Server, prefect_server
 
 
 # Per module: a server left running for the rest of a pytest-xdist worker's session would
@@ -15,6 +15,6 @@ from tests.drills.prefect_server import Server, prefect_server
 @pytest.fixture(scope="module")
 def drill_server(postgres_databases: Any,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A Prefect server of the drill module's own (tests/drills/prefect_server.py)."""
+    """A Prefect server of the drill module's own (tests/support/prefect_server.py)."""
     with prefect_server(postgres_databases, tmp_path_factory.mktemp("drill-server")) as server:
         yield server

@@ -1,6 +1,6 @@
 """Drill 1, SIGKILL at random fault points: M Runs of the reference job (competitor-summary's two
 workspaces over M/2 days) through the real run-job flow in four tick worker processes, against
-the drills' PostgreSQL-backed Prefect server (tests/drills/prefect_server.py), while two
+the drills' PostgreSQL-backed Prefect server (tests/support/prefect_server.py), while two
 dispatchers deliver at the same time. Each process starts with a random fault point armed
 (``name@N``: die at its Nth passage, N up to 3 for a tick worker, 12 for a dispatcher) until K
 kills have happened; a killed process is restarted, then everything is allowed to finish. Both ledgers. Reduced here (M=50, K=10); RUNLEDGER_FULL=1 runs
@@ -28,14 +28,16 @@ from pathlib import Path
 
 import pytest
 
-from flows.jobs import upgrade_ledger
 from flows.jobs.competitor_summary import job as competitor_summary
 from flows.jobs.competitor_summary import subscribers
 from flows.mail.letter import message_id_for
 from flows.mail.sink import Sink
-from flows.model import CallLog
+from flows.registry import upgrade_ledger
+from flows.spend import spend_of
 from store import Ledger
 from store.faults import (
+    AFTER_CALL_INTENT_COMMIT,
+    AFTER_CHECKPOINT_COMMIT,
     AFTER_CLAIM_MESSAGES_COMMIT,
     AFTER_COMPLETE_COMMIT,
     AFTER_MARK_SENT_COMMIT,
@@ -45,9 +47,10 @@ from store.faults import (
     AFTER_SAVE_INPUT_COMMIT,
     AFTER_SEND_BEFORE_MARK,
 )
-from tests.drills.prefect_server import Server
-from tests.integration.armed import PRELOAD, run_armed
-from tests.integration.pipeline_support import copy_sample_data
+from tests.support.armed import PRELOAD, run_armed
+from tests.support.ledger import model_calls
+from tests.support.pipeline import copy_sample_data
+from tests.support.prefect_server import Server
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 RUNS = 1000 if FULL else 50
@@ -56,7 +59,8 @@ KILLS = 100 if FULL else 10
 WORKERS = 4
 DISPATCHERS = 2
 TICK_POINTS = (AFTER_REGISTER_AND_CLAIM_COMMIT, AFTER_RENEW_MANY_COMMIT, AFTER_SAVE_INPUT_COMMIT,
-               AFTER_MODEL_ANSWER, AFTER_COMPLETE_COMMIT)
+               AFTER_CALL_INTENT_COMMIT, AFTER_MODEL_ANSWER, AFTER_CHECKPOINT_COMMIT,
+               AFTER_COMPLETE_COMMIT)
 DELIVERY_POINTS = (AFTER_CLAIM_MESSAGES_COMMIT, AFTER_SEND_BEFORE_MARK, AFTER_MARK_SENT_COMMIT)
 DEADLINE_SECONDS = 3600 if FULL else 300
 PROGRESS_SECONDS = 300  # a full-size run stopped early still shows how far it came
@@ -106,10 +110,10 @@ class Crew:
                 self.slices[index].extend(periods)
             if not periods:
                 return
-            args: tuple[str, ...] = ("tests.drills.kill_drill:tick_worker", self.api,
+            args: tuple[str, ...] = ("tests.support.kill_drill:tick_worker", self.api,
                                      ",".join(periods), str(self.finished))
         else:
-            args = ("tests.drills.kill_drill:dispatcher", *self.dispatch)
+            args = ("tests.support.kill_drill:dispatcher", *self.dispatch)
         process = FORKS.Process(target=run_armed, args=(point, self.env, *args))
         process.start()
         self.running[(kind, index)] = (process, point)
@@ -168,8 +172,8 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
     """After K kills at random points and restarts, every Run is completed once, every message
     is sent, and each extra model call or sink copy is one a kill explains."""
     periods = [(START + timedelta(days=i)).isoformat() for i in range(RUNS // 2)]
-    calls, stop = tmp_path / "calls.jsonl", tmp_path / "stop"
-    env = {"RUNLEDGER_DATABASE_URL": db_url, "RUNLEDGER_MODEL_CALL_LOG": str(calls),
+    stop = tmp_path / "stop"
+    env = {"RUNLEDGER_DATABASE_URL": db_url,
            "RUNLEDGER_COMPETITOR_SUMMARY_SOURCE": str(copy_sample_data(tmp_path / "source")),
            "RUNLEDGER_LEASE_SECONDS": "3", "RUNLEDGER_RETRY_DELAY_SECONDS": "0.05",
            "RUNLEDGER_TASK_RETRIES": "2"}
@@ -203,10 +207,10 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
                 process.kill()
                 process.join()
                 process.close()
-        report(ledger, sink, crew, CallLog(calls))
+        report(ledger, sink, crew)
 
 
-def report(ledger: Ledger, sink: Sink, crew: Crew, calls: CallLog) -> None:
+def report(ledger: Ledger, sink: Sink, crew: Crew) -> None:
     """Assert and print the drill's figures."""
     owed = crew.owed()
     runs = ledger.runs(job=competitor_summary.name, limit=owed + 1)
@@ -220,8 +224,16 @@ def report(ledger: Ledger, sink: Sink, crew: Crew, calls: CallLog) -> None:
             completers[r.run_id] = int(done[0].owner.split(":")[1])  # owner is host:pid:...
     killed = {pid: point for kind, _, pid, point in crew.kills if kind == "tick"}
     callers: dict[str, list[int]] = {}
-    for entry in calls.entries():
-        callers.setdefault(str(entry["run_id"]), []).append(int(str(entry["pid"])))
+    of_run: dict[str, list[dict[str, object]]] = {}
+    recorded = model_calls(ledger)
+    for entry in recorded:
+        callers.setdefault(str(entry["run_id"]), []).append(int(entry["pid"]))
+        of_run.setdefault(str(entry["run_id"]), []).append(entry)
+    spend = spend_of(recorded)
+    # The invariant, per Run: calls paid <= the calls of one transform (1) + calls lost. Every
+    # worker has ended: a call still without an outcome is a killed worker's, lost.
+    broken = {run_id: [c["outcome"] for c in calls] for run_id, calls in of_run.items()
+              if not spend_of(calls).keeps_invariant()}
     per_run = {run_id: len(pids) for run_id, pids in callers.items()}
     again = {run_id: pids for run_id, pids in callers.items() if len(pids) > 1}
     expected_rows = sum(len(subscribers(r.subject)) for r in runs)
@@ -240,6 +252,10 @@ def report(ledger: Ledger, sink: Sink, crew: Crew, calls: CallLog) -> None:
     added = f" ({RUNS} + {owed - RUNS} for the periods added while kills were owed)" if crew.extra else ""
     print(f"Runs completed {len(completed)} of {owed}{added}, duplicate completions {duplicates}, "
           f"model calls per Run {dict(sorted(Counter(per_run.values()).items()))}")
+    print(f"model calls paid {spend.paid + spend.in_flight}, lost in flight "
+          f"{spend.lost + spend.in_flight} ({spend.in_flight} of them with no outcome: never "
+          f"marked lost), failed {spend.failed}, reused from a checkpoint {spend.reused}; "
+          f"invariant (paid <= 1 + lost, per Run) broken for {len(broken)} Runs")
     for run_id, pids in sorted(again.items()):
         others = [f"pid {p} killed at {killed.get(p)}" for p in pids if p != completers.get(run_id)]
         print(f"  Run {run_id[:12]}: {len(pids)} model calls; completed by pid "
@@ -250,11 +266,16 @@ def report(ledger: Ledger, sink: Sink, crew: Crew, calls: CallLog) -> None:
     for key, n in sorted(resent.items()):
         print(f"  resent after a kill: {message_id_for(key)} x{n}")
     assert len(crew.kills) >= KILLS
+    assert broken == {}, broken
+    assert spend.paid == len(recorded) - spend.refused - spend.in_flight
     assert len(runs) == len(completed) == owed and duplicates == 0
     # The completing worker called the model once; every other call was made by a worker that
     # was killed before it could commit that Run's completion.
+    # Or called it not at all, replaying the answer a killed worker had checkpointed.
     for run_id, pids in callers.items():
-        assert pids.count(completers[run_id]) == 1, (run_id, pids)
+        own = pids.count(completers[run_id])
+        reused = sum(c["reuses"] for c in recorded if c["run_id"] == run_id)
+        assert own == 1 or (own == 0 and reused >= 1), (run_id, pids, reused)
         assert all(p in killed for p in pids if p != completers[run_id]), (run_id, pids, killed)
     assert len(messages) == expected_rows
     assert {m.status for m in messages} == {"sent"}  # 0 lost

@@ -30,12 +30,12 @@ from flows.mail.sink import ACCEPTED, Fault, Sink
 from flows.mail.smtp import SmtpTransport
 from store import Ledger, QueuedMessage
 from store.models import DeliveryAttempt
-from tests.integration.delivery_support import queue, smtp_settings
+from tests.support.delivery import queue, smtp_settings
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 MESSAGES = 2000 if FULL else 200
 SEED = 24
-TIMEOUT = 1.0  # the transport's wait for each SMTP reply (a loaded machine answers well inside it)
+TIMEOUT = 1.0  # the transport's wait for each SMTP reply (a loaded machine may outlast it)
 SLOW, QUICK = 2 * TIMEOUT, 0.05  # a reply after the timeout, and one well inside it
 POLICY = RetryPolicy(max_attempts=3, base_delay=0.1, max_delay=0.4, max_window=3600)
 # Each fault takes its share of the tries that reach its stage (independent draws, RCPT first).
@@ -126,14 +126,25 @@ def test_a_random_mix_of_smtp_faults_ends_every_message_sent_dead_or_uncertain(
     assert {w for _, w in sink.trace} == {ACCEPTED, *(f.label for f in FAULTS)}
 
 
+def matched(attempts: list[DeliveryAttempt], tried: list[str]) -> bool:
+    """Each try at the sink has its attempt with the outcome the policy must record; an attempt
+    without a try never reached RCPT (its connection or greeting outlasted the short timeout on a
+    loaded machine): no reply, and a transient outcome (retry, or dead at the limit)."""
+    left = list(tried)
+    for a in attempts:
+        if left and a.outcome == expected(left[0], a.attempt):
+            left.pop(0)
+        elif a.reply_code is not None or a.outcome != expected("rcpt:421", a.attempt):
+            return False
+    return not left
+
+
 def assert_tries(message: QueuedMessage, attempts: list[DeliveryAttempt], tried: list[str],
                  delays: dict[tuple[str, int], float | None], dialect: str) -> None:
     """One message's tries at the sink against its delivery attempts in the ledger."""
-    assert message.attempts == len(attempts) == len(tried) <= POLICY.max_attempts, (
-        message.message_id, tried)
+    assert message.attempts == len(attempts) <= POLICY.max_attempts, (message.message_id, tried)
     assert [a.attempt for a in attempts] == list(range(1, len(attempts) + 1))
-    assert [a.outcome for a in attempts] == [expected(w, n) for n, w in enumerate(tried, 1)], (
-        message.message_id, tried)
+    assert matched(attempts, tried), (message.message_id, tried, [a.outcome for a in attempts])
     assert attempts[-1].outcome == message.status
     # SQLite writes the attempt row (finished_at) in a statement after the one that set the due
     # time, and its clock steps in milliseconds; PostgreSQL writes both in one statement.

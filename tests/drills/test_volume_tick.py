@@ -1,7 +1,7 @@
 """Drill 5, one large tick: N subjects of one job through the real ``run-job`` flow (offline
 model) on a PostgreSQL ledger, against the drills' PostgreSQL-backed ``prefect server``
-(tests/drills/prefect_server.py), the flow run in a process of its own
-(tests/drills/volume_tick.py) whose peak RSS is read when it ends (wait4's ru_maxrss, and
+(tests/support/prefect_server.py), the flow run in a process of its own
+(bench/volume_tick.py) whose peak RSS is read when it ends (wait4's ru_maxrss, and
 /proc's VmHWM as it prints its report). Then a rerun of the completed tick, in another
 process. Reduced here (200 subjects); RUNLEDGER_FULL=1 runs
 1,000 and 10,000 subjects, and asserts the peak RSS ratio of the two at most 1.5.
@@ -30,12 +30,12 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from flows.jobs import upgrade_ledger
-from flows.model import CallLog
-from flows.outcomes import EVENT_BACKLOG_LIMIT
+from flows.registry import upgrade_ledger
+from flows.run_job.outcomes import EVENT_BACKLOG_LIMIT
 from flows.settings import RunledgerSettings
 from store import Ledger
-from tests.drills.prefect_server import Server
+from store.models import model_calls_table
+from tests.support.prefect_server import Server
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 SIZES = tuple(int(n) for n in os.environ.get(
@@ -62,7 +62,7 @@ def run_tick(env: dict[str, str], job: str, size: int, log: Path) -> Tick:
     started = time.monotonic()
     with log.open("ab") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.drills.volume_tick", job, str(size), PERIOD],
+            [sys.executable, "-m", "bench.volume_tick", job, str(size), PERIOD],
             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err)
         assert process.stdout is not None
         with process.stdout:
@@ -171,15 +171,21 @@ def ledger_rows(ledger: Ledger, job: str) -> dict[str, int]:
     return dict(zip(("runs", "completed", "attempts", "outbox"), row, strict=True))
 
 
+def calls_of(ledger: Ledger, job: str) -> int:
+    """The model calls the ledger recorded for ``job`` (every one that left the worker)."""
+    with ledger.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(model_calls_table)
+                                .where(model_calls_table.c.job == job)).scalar_one())
+
+
 def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, Any]:
     """One tick of ``size`` subjects and its rerun, asserted; the figures."""
     job = f"drill-volume-{size}"
-    calls = home / f"calls-{size}.jsonl"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RUNLEDGER_", "PREFECT_"))},
            "PREFECT_API_URL": server.api, "PREFECT_HOME": str(home / "prefect-client"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING",
            "RUNLEDGER_DATABASE_URL": ledger_url, "RUNLEDGER_MODEL": "offline",
-           "RUNLEDGER_MODEL_CALL_LOG": str(calls), "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT)}
     since = datetime.now(UTC) - timedelta(minutes=1)
     first = run_tick(env, job, size, home / f"tick-{size}.log")
     # Printed at once: the server may take many minutes more to store the tick's events.
@@ -192,8 +198,8 @@ def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, A
         after_first = ledger_rows(ledger, job)
         assert after_first == {"runs": size, "completed": size, "attempts": size,
                                "outbox": size}, after_first
-        model_calls = len(CallLog(calls).entries())
-        assert model_calls == size
+        calls = calls_of(ledger, job)
+        assert calls == size
         emitted = Counter({"runledger.run.completed": first.report["run_events"]})
         on_server = wait_for_events(server.api, job, since, emitted)
         # register+claim per batch, then collect, transform and persist per subject.
@@ -205,7 +211,7 @@ def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, A
         assert rerun.report["state"] == "Duplicate", rerun.report
         assert rerun.report["outcomes"] == {"duplicate": size}, rerun.report
         assert ledger_rows(ledger, job) == after_first
-    assert len(CallLog(calls).entries()) == model_calls  # no model call
+        assert calls_of(ledger, job) == calls  # no model call
     emitted["runledger.run.duplicate"] = rerun.report["run_events"]
     on_server = wait_for_events(server.api, job, since, emitted)
     # Read once its own events reached the server: a task run it started would have sent
@@ -236,7 +242,7 @@ def drill(size: int, server: Server, ledger_url: str, home: Path) -> dict[str, A
           f"{dict(on_server)} (paged: {total} total, {dict(paged)} distinct ids)", flush=True)
     assert on_server == emitted, (on_server, emitted, server.log)
     assert paged == emitted and total == sum(emitted.values())
-    # The tick held its subjects back while the server was behind (flows.outcomes.EventBacklog).
+    # The tick held its subjects back while the server was behind (flows.run_job.outcomes.EventBacklog).
     assert first.report["most_unsent_events"] <= EVENT_BACKLOG_LIMIT + 10 * (
         RunledgerSettings().subject_concurrency + 1), first.report
     assert stage_events == {state: task_run_count for state in ("Pending", "Running",

@@ -1,13 +1,33 @@
-"""Fixtures the integration tests of the pipeline share."""
+"""Fixtures the integration tests share: the pipeline's environment and the command line."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from typer.testing import CliRunner, Result
 
-from tests.integration.pipeline_support import Env, ModelServer, pipeline_env
+from flows.cli import app
+from tests.support.pipeline import Env, ModelServer, pipeline_env
+
+
+@pytest.fixture
+def cli(db_url: str, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    """A CLI runner whose ledger is the test database ($RUNLEDGER_DATABASE_URL)."""
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", db_url)
+    return CliRunner()
+
+
+@pytest.fixture
+def invoke(cli: CliRunner) -> Callable[..., Result]:
+    """`runledger ARGS` through ``cli``, its result returned (stdout and stderr apart) and any
+    exception raised (a traceback is a failure, never an outcome). Keywords go to
+    ``CliRunner.invoke`` (``env={"COLUMNS": "80"}``)."""
+    def run(*args: str, **options: Any) -> Result:
+        return cli.invoke(app, list(args), catch_exceptions=False, **options)
+    return run
 
 
 @pytest.fixture

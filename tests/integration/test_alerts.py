@@ -12,9 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.outcomes import emit_job_event, emit_occurrence_event
+from flows.events import emit_job_event, emit_occurrence_event
 from flows.stack.automations import (
     ALERTS,
+    BUDGET_ALERT,
     CRASH_DETECTOR,
     DEAD_MANS_SWITCH,
     dead_mans_switch,
@@ -22,7 +23,7 @@ from flows.stack.automations import (
     install_alerts,
 )
 from flows.stack.prefect_server import client
-from tests.integration.alerts_support import (
+from tests.support.alerts import (
     Notification,
     Webhook,
     quiet_job,
@@ -57,9 +58,9 @@ def test_an_overdue_or_given_up_occurrence_reaches_the_webhook_naming_job_subjec
     period = job.period_at(DAY)
     run_id = job.identity("acme", period).run_id
     with Webhook() as webhook, webhook_block(alerts_api, webhook, "/alerts") as (_, block_id), \
-            removed_automations(alerts_api, ALERTS):
+            removed_automations(alerts_api, ALERTS, BUDGET_ALERT):
         with client(alerts_api) as api:
-            assert install_alerts(api, [], block_id, DAY) == [ALERTS]
+            assert install_alerts(api, [], block_id, DAY) == [ALERTS, BUDGET_ALERT]
         emit_occurrence_event("overdue", job, subject="acme", period=period, run_id=run_id,
                               state="missed", reason="missed while nothing ran (policy skip)",
                               due_at=job.due_at(period).isoformat())
@@ -118,16 +119,17 @@ def test_stack_automations_installs_the_alerts_once_for_every_job_through_the_na
     job = quiet_job(cadence="* * * * *", grace=timedelta(seconds=5))
     cli = CliRunner()
     with Webhook() as webhook, webhook_block(alerts_api, webhook, "/cli") as (name, block_id):
-        from flows.jobs import registered_jobs
+        from flows.registry import registered_jobs
 
         switches = [DEAD_MANS_SWITCH.format(job=j) for j in registered_jobs()]
-        with removed_automations(alerts_api, ALERTS, CRASH_DETECTOR, *switches):
+        with removed_automations(alerts_api, ALERTS, BUDGET_ALERT, CRASH_DETECTOR, *switches):
             for _ in range(2):
                 done = cli.invoke(app, ["stack", "automations", "--notify-block", name],
                                   catch_exceptions=False)
                 assert done.exit_code == 0, done.output
             with client(alerts_api) as api:
-                installed = {n: api.read_automations_by_name(n) for n in [ALERTS, *switches]}
+                installed = {n: api.read_automations_by_name(n)
+                             for n in [ALERTS, BUDGET_ALERT, *switches]}
                 mine = installed[DEAD_MANS_SWITCH.format(job=job.name)]
     assert all(len(found) == 1 for found in installed.values()), installed
     assert f"the alerts through {name}" in done.output

@@ -26,10 +26,13 @@ from prefect.concurrency.asyncio import concurrency
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.exceptions import ObjectNotFound
 
-from flows.backfill import BackfillReport, backfill, limit_names
+from flows.backfill.flow import backfill
+from flows.backfill.limits import limit_names
+from flows.backfill.report import BackfillReport
 from flows.jobs import PermanentError
+from flows.run_job.outcomes import outcome_name
 from store import Ledger
-from tests.integration.pipeline_support import Env, Probe, probe_job, wait_until
+from tests.support.pipeline import Env, Probe, probe_job, wait_until
 
 DAYS = ("2026-01-01", "2026-01-04")
 postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -38,7 +41,7 @@ postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def run_backfill(job: str, start: str = DAYS[0], end: str = DAYS[1],
                  **options: Any) -> tuple[str, BackfillReport | BaseException]:
     state = asyncio.run(backfill(job=job, start=start, end=end, return_state=True, **options))
-    return state.name or "", state.result(raise_on_failure=False)
+    return outcome_name(state), state.result(raise_on_failure=False)
 
 
 def report_of(value: BackfillReport | BaseException) -> BackfillReport:
@@ -196,7 +199,7 @@ def test_a_dry_run_writes_nothing_and_lists_what_would_run(env: Env) -> None:
     ({"start": "2026-01-04", "end": "2026-01-01"},
      "end 2026-01-01 is before start 2026-01-04: the start (--from) must be the earlier"),
     ({"subjects": ["acme", "initech"]}, "has no subject 'initech'"),
-    ({"end": "2099-01-01"}, "has not started yet"),
+    ({"end": "2099-01-01"}, "is not due until 2099-01-01 00:00 UTC"),
     ({"start": "1990-01-01"}, "more than 10000 periods"),
     ({"start": "2026-13-01"}, "2026-13-01"),
     ({"reprocess": "completed"}, "reprocess: Input should be 'none', 'failed' or 'skipped'"),

@@ -12,8 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.jobs import PermanentError, get_job
-from tests.integration.pipeline_support import (
+from flows.jobs import PermanentError
+from flows.registry import get_job
+from tests.support.pipeline import (
     RUNLEDGER,
     Env,
     ModelServer,
@@ -94,13 +95,17 @@ def test_runledger_backfill_json_reports_each_subject_and_exits_1_when_one_faile
     ([*RANGE, "--rate", "fast"], "--rate must be a number of periods per minute"),
     ([*RANGE, "--reprocess", "completed"], "reprocess must be one of none, failed, skipped"),
     ([*RANGE, "--max-active", "0"], "max_active must be a whole number of 1 or more"),
-], ids=["end-before-start", "unknown-subject", "bad-rate", "bad-reprocess", "bad-max-active"])
-def test_runledger_backfill_names_bad_input_and_exits_1_having_written_nothing(
+    (["--from", "2026-01-01", "--to", "2099-01-01"],
+     "is not due until 2099-01-01 00:00 UTC"),
+], ids=["end-before-start", "unknown-subject", "bad-rate", "bad-reprocess", "bad-max-active",
+        "not-due"])
+def test_runledger_backfill_names_bad_input_and_exits_2_having_written_nothing(
         env: Env, args: list[str], message: str) -> None:
-    """One line on stderr naming the problem and the fix, exit 1, no Run."""
+    """One line on stderr naming the problem and the fix, exit 2 (a usage error, found before
+    any ledger or server), no Run."""
     probe = probe_job(("acme", "globex"))
     code, _, err = backfill(probe.name, *args)
-    assert code == 1 and message in " ".join(err.split())
+    assert code == 2 and message in " ".join(err.split())
     assert env.ledger.runs(job=probe.name) == []
 
 

@@ -56,16 +56,17 @@ def bench_databases(postgres_databases: Any, prefix: str) -> int:
 
 def test_the_ledger_bench_counts_each_procedures_round_trips_and_finds_one_winner_per_claim(
         run_bench: RunBench) -> None:
-    """Seed 000's Run takes 7 round trips and the ledger's 3, locally and one hop away."""
+    """The hand-written baseline's Run takes 7 round trips and the ledger's 3, locally and one
+    hop away."""
     out = run_bench("ledger_bench.py", "--seconds", "0.6", "--workers", "2", "--rounds", "3",
                     "--account-runs", "10")
     for label in ("", r" \[one hop away, \+0\.5 ms each way\]"):
-        assert re.search(rf"\[postgresql\]{label} ratio ledger Runs/s : seed Runs/s = \d+\.\d\d "
-                         r"\((meets|BELOW) the \d\.0 target\); client CPU per Run ledger : seed = "
+        assert re.search(rf"\[postgresql\]{label} ratio ledger Runs/s : baseline Runs/s = \d+\.\d\d "
+                         r"\((meets|BELOW) the \d\.0 target\); client CPU per Run ledger : baseline = "
                          r"\d+\.\d\d", out), out
-    # The wire counts are exact: the seed's register, claim, input and (BEGIN, completion,
+    # The wire counts are exact: the baseline's register, claim, input and (BEGIN, completion,
     # outbox, COMMIT) against the ledger's three statements; rows and WAL from the WAL itself.
-    assert re.search(r"\[postgresql\]   seed      \|         7\.0 \|        5\.0 \|          2\.0 \|",
+    assert re.search(r"\[postgresql\]   baseline  \|         7\.0 \|        5\.0 \|          2\.0 \|",
                      out), out
     for procedure in ("ledger", "replay"):
         assert re.search(rf"\[postgresql\]   {procedure:9} \|         3\.0 \|        3\.0 \|"

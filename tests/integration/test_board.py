@@ -1,15 +1,14 @@
 """The status board on both ledgers: each owed period's occurrences counted by status, the last
-complete period, the next one due and what the periods cost; the same board from `runledger
-status`, read-only, and a clear error for an unknown job."""
+complete period, the next one due and what the periods cost (attempts, model calls, tokens and
+money, the last two as `runledger costs` reads them); the same board from `runledger status`,
+read-only, and a clear error for an unknown job."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
@@ -17,18 +16,24 @@ from flows.board import job_board
 from flows.cli import app
 from flows.jobs import Job
 from store import CompletedBy, Ledger, Period
+from store.model_calls import Intent, Usage
 from store.models import obligations_table, occurrences_table
-from tests.integration.alerts_support import quiet_job
-from tests.integration.ledger_support import snapshot
+from tests.support.alerts import quiet_job
+from tests.support.ledger import register_and_claim, snapshot
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 NOW = datetime(2026, 1, 3, 12, 0, tzinfo=UTC)  # 2026-01-03 is due, not yet past its grace
 SUBJECTS = ("done", "failed", "skipped", "pending", "running", "never")
 
 
-def complete(ledger: Ledger, job: Job, subject: str, period: Period, calls: int = 1) -> None:
-    claim = ledger.register_and_claim(job.identity(subject, period), owner="w:1", lease=600).claim
+def complete(ledger: Ledger, job: Job, subject: str, period: Period, calls: int = 1,
+             usage: Usage | None = None) -> None:
+    """Complete the subject's Run; with ``usage``, after one model call answered with it."""
+    claim = register_and_claim(ledger, job.identity(subject, period), owner="w:1", lease=600).claim
     assert claim is not None
+    if usage is not None:
+        call = ledger.calls.record_intent(claim, Intent("loopback", "m", 0, "3" * 64))
+        ledger.calls.record_answer(call, {"text": "ok"}, usage)
     ledger.complete(claim, {"text": "ok"}, by=CompletedBy(calls))
 
 
@@ -43,13 +48,13 @@ def owing_job(ledger: Ledger) -> Job:
     for subject in SUBJECTS:
         complete(ledger, job, subject, second)
     complete(ledger, job, "done", third, calls=2)
-    failed = ledger.register_and_claim(job.identity("failed", third), owner="w:1",
-                                       lease=600).claim
+    failed = register_and_claim(ledger, job.identity("failed", third), owner="w:1",
+                                lease=600).claim
     assert failed is not None
     ledger.fail(failed, "the model refused the input", retryable=False, model_calls=1)
     ledger.skip([(job.identity("skipped", third), "missed while nothing ran (policy skip)")])
     ledger.register(job.identity("pending", third))
-    ledger.register_and_claim(job.identity("running", third), owner="w:2", lease=600)
+    register_and_claim(ledger, job.identity("running", third), owner="w:2", lease=600)
     return job
 
 
@@ -122,13 +127,6 @@ def test_reading_the_board_writes_nothing(ledger: Ledger) -> None:
     assert everything() == before
 
 
-@pytest.fixture
-def cli(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
-    """A CLI runner whose ledger is the test database ($RUNLEDGER_DATABASE_URL)."""
-    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", db_url)
-    yield CliRunner()
-
-
 def test_status_prints_each_jobs_board_as_a_table_and_as_json(
         cli: CliRunner, ledger: Ledger) -> None:
     """`runledger status JOB` shows the board of the database clock's now: yesterday complete,
@@ -138,7 +136,7 @@ def test_status_prints_each_jobs_board_as_a_table_and_as_json(
                     start=now - timedelta(days=1), grace=timedelta(days=1))
     yesterday, today = job.period_at(now - timedelta(days=1)), job.period_at(now)
     complete(ledger, job, "acme", yesterday, calls=3)
-    ledger.register_and_claim(job.identity("acme", today), owner="w:1", lease=600)
+    register_and_claim(ledger, job.identity("acme", today), owner="w:1", lease=600)
     shown = cli.invoke(app, ["status", job.name], catch_exceptions=False)
     assert shown.exit_code == 0, shown.output
     assert f"last complete period {yesterday.label}" in shown.output
@@ -149,6 +147,37 @@ def test_status_prints_each_jobs_board_as_a_table_and_as_json(
     assert [(p["period"], p["completed"], p["running"]) for p in board["periods"]] == [
         (today.label, 0, 1), (yesterday.label, 1, 0)]
     assert (board["attempts"], board["model_calls"]) == (2, 3)
+
+
+def test_the_board_shows_what_each_periods_model_calls_cost_as_runledger_costs_reads_them(
+        cli: CliRunner, ledger: Ledger) -> None:
+    """Yesterday two calls priced in EUR, the day before one without a price: each period's
+    tokens and cost on the board, in `runledger status` and its JSON; the board's total is
+    what `runledger costs` says the job spent over the same days."""
+    now = ledger.now()
+    job = quiet_job(cadence="daily", timezone="UTC", subjects=("a", "b"),
+                    start=now - timedelta(days=2), grace=timedelta(days=3))
+    earlier, yesterday = (job.period_at(now - timedelta(days=d)) for d in (2, 1))
+    complete(ledger, job, "a", yesterday, usage=Usage(1000, 200, 9, 450_000, "EUR"))
+    complete(ledger, job, "b", yesterday, usage=Usage(1000, 200, 9, 550_000, "EUR"))
+    complete(ledger, job, "a", earlier, usage=Usage(100, 20, 9))
+    board = job_board(ledger, job, now)
+    rows = {r["period"]: r for r in board.rows()}
+    assert (rows[yesterday.label]["tokens"], rows[yesterday.label]["cost"]) == (
+        2400, "0.001000 EUR")
+    assert (rows[earlier.label]["tokens"], rows[earlier.label]["cost"]) == (120, "no price")
+    assert "2520 tokens, cost 0.001000 EUR + 1 call with no price" in board.summary()
+    costs = cli.invoke(app, ["costs", "--job", job.name, "--since", earlier.label, "--json"],
+                       catch_exceptions=False)
+    [spent] = json.loads(costs.output)["jobs"]
+    assert board.spend.as_dict() == spent["spent"] and board.spend.paid == 3
+    shown = cli.invoke(app, ["status", job.name], catch_exceptions=False,
+                       env={"COLUMNS": "200"})
+    assert "0.001000 EUR" in shown.output and "no price" in shown.output
+    [printed] = json.loads(cli.invoke(app, ["status", job.name, "--json"]).output)
+    assert printed["spend"] == spent["spent"]
+    assert [(p["period"], p["tokens"]) for p in printed["periods"]][-2:] == [
+        (yesterday.label, 2400), (earlier.label, 120)]
 
 
 def test_status_of_an_unknown_job_is_a_one_line_error_naming_the_known_jobs(

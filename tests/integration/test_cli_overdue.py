@@ -4,33 +4,21 @@ stranded, failed, skipped by policy), and an exit status that gates a script."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from flows.cli import app
 from flows.jobs import Job
 from store import Ledger
-from tests.integration.alerts_support import quiet_job
+from tests.support.alerts import quiet_job
+from tests.support.ledger import register_and_claim
 
 # Once a year, on January 1 at 06:00 in Paris: the occurrence of the current year is past due
 # whatever day the test runs (a daily job's today would be due or not depending on the hour).
 YEARLY = "0 6 1 1 *"
 SUBJECTS = ("never", "stranded", "failed", "skipped", "done")
-
-
-@pytest.fixture
-def cli(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
-    """A CLI runner whose ledger is the test database ($RUNLEDGER_DATABASE_URL)."""
-    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", db_url)
-    yield CliRunner()
-
-
-def invoke(cli: CliRunner, *args: str) -> Any:
-    return cli.invoke(app, list(args), catch_exceptions=False)
 
 
 def owing_job(ledger: Ledger, subjects: tuple[str, ...] = SUBJECTS) -> Job:
@@ -43,26 +31,26 @@ def owing_job(ledger: Ledger, subjects: tuple[str, ...] = SUBJECTS) -> Job:
     if "stranded" in subjects:
         ledger.register(job.identity("stranded", period))
     if "failed" in subjects:
-        claim = ledger.register_and_claim(job.identity("failed", period), owner="w:1",
-                                          lease=60).claim
+        claim = register_and_claim(ledger, job.identity("failed", period), owner="w:1",
+                                   lease=60).claim
         assert claim is not None
         ledger.fail(claim, "the model refused the input", retryable=False)
     if "skipped" in subjects:
         ledger.skip([(job.identity("skipped", period), "missed while nothing ran (policy skip)")])
     if "done" in subjects:
-        claim = ledger.register_and_claim(job.identity("done", period), owner="w:1",
-                                          lease=60).claim
+        claim = register_and_claim(ledger, job.identity("done", period), owner="w:1",
+                                   lease=60).claim
         assert claim is not None
         ledger.complete(claim, {"summary": "ok"})
     return job
 
 
 def test_overdue_lists_what_is_owed_and_late_with_why_and_exits_1(
-        cli: CliRunner, ledger: Ledger) -> None:
+        invoke: Callable[..., Result], ledger: Ledger) -> None:
     """Never started, stranded and failed are overdue; the skipped one is listed as skipped by
     policy but not counted; the completed one is not listed."""
     job = owing_job(ledger)
-    done = invoke(cli, "overdue", "--job", job.name, "--json")
+    done = invoke("overdue", "--job", job.name, "--json")
     assert done.exit_code == 1
     rows = {row["subject"]: row for row in json.loads(done.stdout)}
     assert {s: (r["state"], r["overdue"]) for s, r in rows.items()} == {
@@ -78,7 +66,7 @@ def test_overdue_lists_what_is_owed_and_late_with_why_and_exits_1(
         assert row["due_at"] == f"{year}-01-01T05:00:00+00:00"  # UTC
         assert row["late_seconds"] > 0 and row["job"] == job.name
 
-    table = invoke(cli, "overdue", "--job", job.name)
+    table = invoke("overdue", "--job", job.name)
     assert table.exit_code == 1
     lines = table.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80, table.stdout
@@ -88,16 +76,16 @@ def test_overdue_lists_what_is_owed_and_late_with_why_and_exits_1(
 
 
 def test_overdue_exits_0_when_everything_owed_completed_or_was_skipped(
-        cli: CliRunner, ledger: Ledger) -> None:
+        invoke: Callable[..., Result], ledger: Ledger) -> None:
     """A skip by policy is listed but is not overdue: the status is 0."""
     job = owing_job(ledger, ("skipped", "done"))
-    done = invoke(cli, "overdue", "--job", job.name)
+    done = invoke("overdue", "--job", job.name)
     assert done.exit_code == 0, done.stdout
     assert done.stdout.splitlines()[-1] == "0 overdue, 1 skipped by policy"
     completed = owing_job(ledger, ("done",))
-    listed = invoke(cli, "overdue", "--job", completed.name, "--json")
+    listed = invoke("overdue", "--job", completed.name, "--json")
     assert (listed.exit_code, json.loads(listed.stdout)) == (0, [])
-    assert invoke(cli, "overdue", "--job", completed.name).stdout == "nothing owed is late\n"
+    assert invoke("overdue", "--job", completed.name).stdout == "nothing owed is late\n"
 
 
 def test_overdue_of_an_unknown_job_is_an_error_not_a_verdict(cli: CliRunner) -> None:

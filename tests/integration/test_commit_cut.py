@@ -1,4 +1,4 @@
-"""Seed 000's first fault: the connection drops around COMMIT, so the caller cannot know whether
+"""The connection drops around COMMIT, so the caller cannot know whether
 its transaction committed. A loopback proxy (``commit_cut``) between the ledger and PostgreSQL
 cuts the connection at the commit of save_input, of a completion with outbox rows and the
 daily-credit job's business effect (an explicit COMMIT; without an effect, the completion's
@@ -26,8 +26,9 @@ from flows.mail.smtp import SmtpTransport
 from store import Claim, Ledger, OutboxMessage
 from store.errors import LedgerUnavailable
 from tests.conftest import PostgresDatabases
-from tests.integration.commit_cut import CommitCutProxy
-from tests.integration.delivery_support import FAST, queue, smtp_settings
+from tests.support.commit_cut import CommitCutProxy
+from tests.support.delivery import FAST, queue, smtp_settings
+from tests.support.ledger import register_and_claim
 
 ACCOUNT = "account-7"
 PERIOD = daily_credit.job.parse_period("2026-03-02")
@@ -72,8 +73,8 @@ def cut(url: str, proxy: CommitCutProxy) -> Iterator[Ledger]:
 
 def claimed(ledger: Ledger) -> Claim:
     identity = daily_credit.job.identity(ACCOUNT, PERIOD)
-    found = ledger.register_and_claim(identity, daily_credit.job.run_params(ACCOUNT, PERIOD),
-                                      owner="worker-1", lease=60)
+    found = register_and_claim(ledger, identity, daily_credit.job.run_params(ACCOUNT, PERIOD),
+                               owner="worker-1", lease=60)
     assert found.claim is not None
     return found.claim
 
@@ -117,7 +118,7 @@ def test_a_completion_whose_commit_was_cut_is_retried_into_one_completion(
     raw = cut.save_input(claim, daily_credit.collect(ACCOUNT, PERIOD))
     output = daily_credit.transform(raw, None).output()  # type: ignore[arg-type]
 
-    def credit(session: Session) -> None:
+    def credit(session: Session, output: dict[str, Any]) -> None:
         daily_credit.effect(session, output)
 
     armed = proxy.arm(when, "complete_run")

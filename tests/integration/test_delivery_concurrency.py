@@ -11,7 +11,7 @@ import pytest
 from flows.delivery.report import DeliveryReport
 from flows.mail.sink import Sink
 from store import Ledger
-from tests.integration.delivery_support import dispatcher, queue, statuses
+from tests.support.delivery import dispatcher, queue, statuses
 
 MESSAGES = 2000 if os.environ.get("RUNLEDGER_FULL") == "1" else 500
 

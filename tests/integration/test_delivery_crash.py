@@ -12,7 +12,7 @@ import time
 from flows.mail.letter import message_id_for
 from flows.mail.sink import Sink
 from store import Ledger
-from tests.integration.delivery_support import RUNLEDGER, cli_env, deliver, queue, statuses
+from tests.support.delivery import RUNLEDGER, cli_env, deliver, queue, statuses
 
 LEASE_SECONDS = 4.0
 TIMEOUT_SECONDS = 0.5

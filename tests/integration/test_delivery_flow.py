@@ -12,7 +12,7 @@ import pytest
 from flows.delivery.flow import ARTIFACT_KEY, deliver_outbox
 from flows.mail.sink import Fault, Sink
 from store import Ledger
-from tests.integration.delivery_support import SENDER, queue
+from tests.support.delivery import SENDER, queue
 
 
 async def artifacts_and_events(flow_run_id: str) -> tuple[list[Any], list[Any]]:

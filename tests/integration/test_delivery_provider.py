@@ -15,15 +15,12 @@ from typing import Any
 import pytest
 
 from flows.delivery.policy import RetryPolicy
+from flows.errors import DeliveryConfigurationError
 from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import message_id_for
-from flows.mail.provider import ProviderTransport
-from flows.mail.settings import ProviderSettings
 from store import Ledger
-from tests.integration.delivery_support import deliver, queue, statuses
-from tests.integration.loopback import Answer, LoopbackServer, Request, json_answer
-
-API_KEY = "re_test_key"
+from tests.support.delivery import API_KEY, deliver, queue, statuses, transport
+from tests.support.loopback import Answer, LoopbackServer, Request, json_answer
 
 
 @dataclass
@@ -74,13 +71,6 @@ class FakeProvider(LoopbackServer):
 def provider() -> Iterator[FakeProvider]:
     with FakeProvider() as fake:
         yield fake
-
-
-def transport(provider: FakeProvider, **overrides: Any) -> ProviderTransport:
-    values: dict[str, Any] = {"url": provider.origin, "api_key": API_KEY,
-                              "mail_from": "jobs@example.com", "timeout": 2.0}
-    values.update(overrides)
-    return ProviderTransport(ProviderSettings(**values))
 
 
 def send(ledger: Ledger, provider: FakeProvider, **options: Any) -> Any:
@@ -197,6 +187,6 @@ def test_a_retry_window_longer_than_the_key_retention_is_refused(ledger: Ledger,
     """A 25 h retry window over a 24 h idempotency-key retention is refused before any claim."""
     queue(ledger, 1)
     too_long = RetryPolicy(max_window=25 * 3600)
-    with pytest.raises(MailConfigurationError, match="retention"):
+    with pytest.raises(DeliveryConfigurationError, match="retention"):
         send(ledger, provider, policy=too_long)
     assert statuses(ledger) == {"pending": 1} and provider.requests == []

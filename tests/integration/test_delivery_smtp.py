@@ -15,9 +15,10 @@ from flows.delivery.policy import RetryPolicy, UncertainPolicy
 from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import KEY_HEADER, message_id_for
 from flows.mail.settings import TlsMode
-from flows.mail.sink import Fault, Sink, free_port
+from flows.mail.sink import Fault, Sink
+from flows.ports import free_port
 from store import Ledger
-from tests.integration.delivery_support import cli_env, deliver, queue, statuses
+from tests.support.delivery import cli_env, deliver, queue, statuses
 
 
 def headers_of(sink: Sink) -> list[tuple[str | None, str]]:

@@ -18,7 +18,7 @@ from flows.mail.errors import MailConfigurationError
 from flows.mail.settings import TlsMode
 from flows.mail.sink import Sink
 from store import Ledger
-from tests.integration.delivery_support import deliver, queue, statuses
+from tests.support.delivery import deliver, queue, statuses
 
 
 def _name(common: str) -> x509.Name:

@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 
 from flows.mail.errors import MailConfigurationError
 from store import Ledger
-from tests.integration.delivery_support import deliver, queue
-from tests.integration.loopback import Answer, LoopbackServer, Request
-from tests.integration.test_delivery_provider import transport
+from tests.support.delivery import deliver, queue, transport
+from tests.support.loopback import Answer, LoopbackServer, Request
 
 BODIES = st.sampled_from([
     b'{"id": "e-1"}', b'{"id": 12345}', b'{"id": {"nested": true}}',
@@ -59,7 +58,7 @@ def test_any_provider_answer_is_recorded_in_the_ledger(
         headers["Retry-After"] = retry_after
     provider.answer_with = Answer(status, body, headers)
     [message] = queue(ledger, 1)
-    deliver(ledger, transport=transport(provider))  # type: ignore[arg-type]
+    deliver(ledger, transport=transport(provider))
     stored = ledger.message(message.message_id)
     assert stored is not None and stored.status in EXPECTED
     assert (stored.status == "sent") == (200 <= status < 300)
@@ -75,6 +74,6 @@ def test_a_refused_api_key_sends_nothing_and_gives_the_message_back(
                                   {"Content-Type": "application/json"})
     [message] = queue(ledger, 1)
     with pytest.raises(MailConfigurationError, match="RUNLEDGER_PROVIDER_API_KEY"):
-        deliver(ledger, transport=transport(provider))  # type: ignore[arg-type]
+        deliver(ledger, transport=transport(provider))
     stored = ledger.message(message.message_id)
     assert stored is not None and stored.status in ("pending", "retry")

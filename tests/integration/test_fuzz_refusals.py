@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from store import InvalidInput, Ledger, OutboxMessage, RunIdentity
-from tests.integration.ledger_support import snapshot
-from tests.unit.fuzz_support import hostile_text, json_like
+from tests.support.fuzz import hostile_text, json_like
+from tests.support.ledger import register_and_claim, snapshot
 
 FUZZ_DB = settings(max_examples=30, deadline=None,
                    suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -53,7 +53,7 @@ def test_register_with_any_params_works_or_writes_nothing(ledger: Ledger, params
     if not refused_without_writing(ledger, lambda: ledger.register(run, params)):
         assert ledger.get(run.run_id).params_fingerprint
     refused_without_writing(
-        ledger, lambda: ledger.register_and_claim(identity(), params, owner="w:1", lease=30))
+        ledger, lambda: register_and_claim(ledger, identity(), params, owner="w:1", lease=30))
 
 
 @FUZZ_DB
@@ -67,7 +67,7 @@ def test_complete_with_any_output_and_messages_works_or_writes_nothing(
     """The output document and the outbox rows commit together, or neither does and the Run
     is still running under the same fence."""
     run = identity()
-    claim = ledger.register_and_claim(run, {}, owner="w:1", lease=30).claim
+    claim = register_and_claim(ledger, run, {}, owner="w:1", lease=30).claim
     assert claim is not None
     if refused_without_writing(ledger, lambda: ledger.complete(claim, output, messages)):
         stored = ledger.get(run.run_id)
@@ -82,7 +82,7 @@ def test_complete_with_any_output_and_messages_works_or_writes_nothing(
 @example(error="")
 def test_fail_with_any_error_text_works_or_writes_nothing(ledger: Ledger, error: Any) -> None:
     """A failure's error text is stored (NUL escaped) or refused with nothing written."""
-    claim = ledger.register_and_claim(identity(), {}, owner="w:1", lease=30).claim
+    claim = register_and_claim(ledger, identity(), {}, owner="w:1", lease=30).claim
     assert claim is not None
     refused_without_writing(ledger, lambda: ledger.fail(claim, error, retryable=False))
 
@@ -92,7 +92,7 @@ def test_a_failure_whose_message_holds_a_lone_surrogate_is_recorded_escaped(
     """Found by fuzzing: ``fail(claim, "\\ud800")`` raised UnicodeEncodeError in the driver,
     so a job exception with such a message could not fail its Run."""
     run = identity()
-    claim = ledger.register_and_claim(run, {}, owner="w:1", lease=30).claim
+    claim = register_and_claim(ledger, run, {}, owner="w:1", lease=30).claim
     assert claim is not None
     ledger.fail(claim, "bad \ud800 text", retryable=False)
     assert ledger.get(run.run_id).error == "bad \\ud800 text"

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from flows.jobs import PermanentError, TransientError, is_transient
+from flows.errors import is_transient
+from flows.jobs import PermanentError, TransientError
 from flows.jobs import competitor_summary as summary
 from store import InvalidInput
-from tests.integration.loopback import Answer, LoopbackServer, Request
+from tests.support.loopback import Answer, LoopbackServer, Request
 
 PERIOD = summary.job.parse_period("2026-01-05")
 
@@ -52,7 +53,7 @@ def site() -> Iterator[Site]:
 
 @pytest.fixture
 def source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    from tests.integration.pipeline_support import copy_sample_data
+    from tests.support.pipeline import copy_sample_data
 
     folder = copy_sample_data(tmp_path / "source")
     monkeypatch.setenv("RUNLEDGER_COMPETITOR_SUMMARY_SOURCE", str(folder))

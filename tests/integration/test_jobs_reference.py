@@ -16,7 +16,7 @@ from store.errors import InvalidMessage
 @pytest.fixture
 def source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of the shipped sample data, selected through the job's settings."""
-    from tests.integration.pipeline_support import copy_sample_data
+    from tests.support.pipeline import copy_sample_data
 
     folder = copy_sample_data(tmp_path / "source")
     monkeypatch.setenv("RUNLEDGER_COMPETITOR_SUMMARY_SOURCE", str(folder))

@@ -19,6 +19,7 @@ from store import OutboxMessage, RunIdentity, RunledgerError
 from store.database import Busy, Database
 from store.errors import LedgerBusy
 from store.ledger import Ledger
+from tests.support.ledger import register_and_claim
 
 IDENTITY = RunIdentity("digest", "team-a", datetime(2026, 11, 29, tzinfo=UTC), "v1")
 
@@ -109,7 +110,7 @@ def test_threads_of_one_process_writing_at_once_never_find_the_ledger_locked(db_
             start.wait()
             for i in range(25):
                 identity = RunIdentity("digest", f"t{thread}-s{i}", IDENTITY.period_start, "v1")
-                registration = ledger.register_and_claim(identity, owner=f"w{thread}:1", lease=60)
+                registration = register_and_claim(ledger, identity, owner=f"w{thread}:1", lease=60)
                 assert registration.claim is not None
                 ledger.save_input(registration.claim, {"i": i})
                 ledger.complete(registration.claim, {"summary": f"{thread}-{i}"},
@@ -144,7 +145,7 @@ def test_a_thread_that_keeps_writing_makes_the_other_writers_of_its_process_busy
         assert claim is not None
         inside, leave = threading.Event(), threading.Event()
 
-        def effect(_session: Any) -> None:
+        def effect(_session: Any, _output: dict[str, Any]) -> None:
             inside.set()
             leave.wait(30)
 
@@ -229,14 +230,14 @@ def test_a_postgres_table_locked_by_ddl_makes_register_and_claim_ledger_busy_and
         holder = hold("LOCK TABLE runs IN EXCLUSIVE MODE")
         try:
             with pytest.raises(LedgerBusy, match="100 ms"):
-                ledger.register_and_claim(IDENTITY, {"recipients": ["a@example.com"]},
-                                          owner="worker-1:101", lease=60)
+                register_and_claim(ledger, IDENTITY, {"recipients": ["a@example.com"]},
+                                   owner="worker-1:101", lease=60)
             assert ledger.runs() == []  # EXCLUSIVE lets reads through
         finally:
             holder.rollback()
             holder.close()
-        registration = ledger.register_and_claim(IDENTITY, {"recipients": ["a@example.com"]},
-                                                 owner="worker-1:101", lease=60)
+        registration = register_and_claim(ledger, IDENTITY, {"recipients": ["a@example.com"]},
+                                          owner="worker-1:101", lease=60)
         assert registration.claim is not None and registration.claim.fence == 1
     finally:
         ledger.close()

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Connection
 
-from flows.jobs import is_transient
-from flows.mail.sink import free_port
+from flows.errors import is_transient
+from flows.ports import free_port
 from store.database import IDLE_PING_SECONDS, KEPT_CONNECTIONS
 from store.errors import LedgerBusy, LedgerUnavailable
 from store.ledger import Ledger

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from store import Ledger, RunIdentity, unemitted
 from store.occurrences import GAVE_UP
-from tests.integration.ledger_support import wait_for_db_clock
+from tests.support.ledger import register_and_claim, wait_for_db_clock
 
 DAY = datetime(2026, 1, 5, tzinfo=UTC)
 
@@ -45,14 +45,14 @@ def test_only_an_occurrence_nobody_started_is_skipped_and_only_once(ledger: Ledg
 def test_an_overdue_occurrence_is_reported_once_and_recovered_once(ledger: Ledger) -> None:
     """Overdue once (never for a completed or skipped one), recovered once after completion."""
     late, done, skipped = identity("late"), identity("done"), identity("skipped")
-    claim = ledger.register_and_claim(done, owner="w:1", lease=60).claim
+    claim = register_and_claim(ledger, done, owner="w:1", lease=60).claim
     assert claim is not None
     ledger.complete(claim, {"summary": "ok"})
     ledger.skip([(skipped, "superseded by 2026-01-06")])
     assert ledger.mark_overdue([late, done, skipped]) == [late.run_id]
     assert ledger.mark_overdue([late]) == []
     assert ledger.mark_recovered("owed") == []
-    claim = ledger.register_and_claim(late, owner="w:1", lease=60).claim
+    claim = register_and_claim(ledger, late, owner="w:1", lease=60).claim
     assert claim is not None
     ledger.complete(claim, {"summary": "late"})
     [recovered] = ledger.mark_recovered("owed")
@@ -91,7 +91,7 @@ def test_a_stranded_run_past_its_attempt_cap_fails_for_good(ledger: Ledger) -> N
     below the cap, or while another worker holds a live lease, nothing changes."""
     stranded = identity("stranded")
     for attempt in range(3):
-        claim = ledger.register_and_claim(stranded, owner=f"w:{attempt}", lease=60).claim
+        claim = register_and_claim(ledger, stranded, owner=f"w:{attempt}", lease=60).claim
         assert claim is not None
         ledger.fail(claim, f"TimeoutError: try {attempt}", retryable=True)
     [state] = ledger.run_states("owed", DAY)
@@ -109,7 +109,7 @@ def test_a_stranded_run_past_its_attempt_cap_fails_for_good(ledger: Ledger) -> N
 def test_a_live_lease_is_not_stranded_and_never_given_up(ledger: Ledger) -> None:
     """A running Run on a lease that has not expired by the database clock is left alone."""
     live = identity("live")
-    assert ledger.register_and_claim(live, owner="w:1", lease=600).claim is not None
+    assert register_and_claim(ledger, live, owner="w:1", lease=600).claim is not None
     [state] = ledger.run_states("owed", DAY)
     assert state.status == "running" and not state.lease_expired and not state.stranded
     assert not ledger.give_up(state, max_attempts=1)

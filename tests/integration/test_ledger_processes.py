@@ -1,9 +1,10 @@
 """Invariants under real concurrency and real crashes, on both dialects: separate OS processes
 (spawned, so each has its own connections) race at a barrier, and workers die by SIGKILL.
 
-Seed 004's drill (8 processes claim one key, a fresh database every round, exactly one winner)
-and seed 003's check (a failure before commit leaves nothing; concurrent completions apply the
-business effect once; another period applies again)."""
+One key claimed by 8 processes at once has exactly one winner, on a fresh database every round;
+a business effect committed with a completion is all or nothing (a failure before commit leaves
+nothing), applied once however many processes complete the same Run, and again for another
+period."""
 
 from __future__ import annotations
 
@@ -25,17 +26,17 @@ from sqlmodel import Session
 from store import Claim, Completion, Ledger, OutboxMessage, RunIdentity
 from store.faults import AFTER_COMPLETE_COMMIT
 from store.faults import ENV as FAULTS_ENV
-from tests.integration.ledger_support import wait_for_db_clock
+from tests.support.ledger import register_and_claim, wait_for_db_clock
 
 PROCESSES = 8
-DRILL_ROUNDS = 20  # seed 004's full drill: with the processes kept across rounds it is fast
+DRILL_ROUNDS = 20  # rounds of the one-winner race: with the processes kept across rounds it is fast
 REGISTER_ROUNDS = 40
 PERIOD = datetime(2026, 9, 13, tzinfo=UTC)
 LONG = timedelta(minutes=15)
 SHORT = timedelta(seconds=1)
 SPAWN = mp.get_context("spawn")
 
-# Seed 003's business effect: a balance credited once per completed daily Run. A separate
+# The business effect: a balance credited once per completed daily Run. A separate
 # MetaData keeps this test table out of the ledger's own schema.
 BUSINESS = sa.MetaData()
 BALANCE = sa.Table(
@@ -64,20 +65,20 @@ def owner() -> str:
     return f"{os.uname().nodename}:{os.getpid()}"
 
 
-def credit(session: Session) -> None:
+def credit(session: Session, output: dict[str, Any]) -> None:
     """The business effect: add ten units to the balance."""
     session.execute(sa.update(BALANCE).where(BALANCE.c.id == 1).values(units=BALANCE.c.units + 10))
 
 
-def credit_then_fail(session: Session) -> None:
+def credit_then_fail(session: Session, output: dict[str, Any]) -> None:
     """The effect applies, then the job fails before the completion commits."""
-    credit(session)
+    credit(session, output)
     raise RuntimeError("injected failure before commit")
 
 
-def credit_then_die(session: Session) -> None:
+def credit_then_die(session: Session, output: dict[str, Any]) -> None:
     """The effect applies, then the process is killed before the completion commits."""
-    credit(session)
+    credit(session, output)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -103,7 +104,7 @@ def race_to_register_and_claim(url: str, subject: str) -> bool:
         ledger.database.now()
         _start_together()
         identity = RunIdentity("triage", subject, PERIOD, "v1")
-        return ledger.register_and_claim(identity, owner=owner(), lease=LONG).claim is not None
+        return register_and_claim(ledger, identity, owner=owner(), lease=LONG).claim is not None
     finally:
         ledger.close()
 
@@ -200,7 +201,7 @@ def daily(day: datetime = PERIOD) -> RunIdentity:
 def test_eight_processes_claiming_one_key_have_exactly_one_winner_every_round(
     db_url: str, fresh_db_url: Callable[[], str], racers: ProcessPoolExecutor
 ) -> None:
-    """Seed 004's drill: eight OS processes claim the same fresh Run at once, round after round
+    """Eight OS processes claim the same fresh Run at once, round after round
     on a fresh database each time; every round has exactly one winner and one Attempt."""
     for round_no in range(DRILL_ROUNDS):
         url = db_url if round_no == 0 else fresh_db_url()
@@ -235,7 +236,7 @@ def test_eight_processes_registering_and_claiming_one_new_key_have_exactly_one_w
 
 
 def test_a_failure_before_commit_leaves_no_output_no_completion_and_no_effect(db_url: str) -> None:
-    """Seed 003: the effect ran and then the job raised before commit; the rollback keeps the
+    """The effect ran and then the job raised before commit; the rollback keeps the
     balance, the Run (still running, no output) and the outbox as they were."""
     ledger = with_balance(db_url)
     try:
@@ -281,7 +282,7 @@ def test_a_process_killed_before_commit_leaves_no_output_no_completion_and_no_ef
 def test_eight_concurrent_completions_apply_the_effect_once_and_another_period_applies_again(
     db_url: str, racers: ProcessPoolExecutor
 ) -> None:
-    """Seed 003: eight processes complete the same Run at once; one completes it and credits the
+    """Eight processes complete the same Run at once; one completes it and credits the
     balance, the other seven get that stored completion back; the next day credits again."""
     ledger = with_balance(db_url)
     try:

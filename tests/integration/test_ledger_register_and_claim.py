@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from store import InvalidInput, LeaseLost, Ledger, OutboxMessage, RunConflict, RunIdentity
-from tests.integration.ledger_support import snapshot, wait_for_db_clock
+from tests.support.ledger import register_and_claim, snapshot, wait_for_db_clock
 
 PERIOD = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)
 LONG = timedelta(minutes=15)
@@ -22,7 +22,7 @@ def identity(subject: str = "team-a") -> RunIdentity:
 
 def test_a_new_run_is_registered_already_claimed_with_its_attempt(ledger: Ledger) -> None:
     """One call creates the Run running under fence 1 and opens its Attempt."""
-    entered = ledger.register_and_claim(identity(), PARAMS, owner="worker-1:101", lease=LONG)
+    entered = register_and_claim(ledger, identity(), PARAMS, owner="worker-1:101", lease=LONG)
     assert entered.claim is not None and entered.conflict is None
     run = ledger.get(entered.run.run_id)
     assert (run.status, run.fence, run.attempts, run.owner) == ("running", 1, 1, "worker-1:101")
@@ -36,25 +36,25 @@ def test_a_new_run_is_registered_already_claimed_with_its_attempt(ledger: Ledger
 
 def test_a_registered_pending_run_is_claimed_like_claim_does(ledger: Ledger) -> None:
     pending = ledger.register(identity(), PARAMS)
-    entered = ledger.register_and_claim(identity(), PARAMS, owner="worker-1:101", lease=LONG)
+    entered = register_and_claim(ledger, identity(), PARAMS, owner="worker-1:101", lease=LONG)
     assert entered.claim is not None and entered.claim.fence == pending.fence + 1
     assert entered.run.status == "running"
 
 
 def test_a_run_under_another_live_lease_is_not_claimed_and_nothing_changes(ledger: Ledger) -> None:
-    ledger.register_and_claim(identity(), PARAMS, owner="worker-1:101", lease=LONG)
+    register_and_claim(ledger, identity(), PARAMS, owner="worker-1:101", lease=LONG)
     before = snapshot(ledger)
-    entered = ledger.register_and_claim(identity(), PARAMS, owner="worker-2:202", lease=LONG)
+    entered = register_and_claim(ledger, identity(), PARAMS, owner="worker-2:202", lease=LONG)
     assert entered.claim is None and entered.conflict is None
     assert (entered.run.status, entered.run.owner) == ("running", "worker-1:101")
     assert snapshot(ledger) == before
 
 
 def test_an_expired_lease_is_reclaimed_and_the_old_attempt_closed_as_expired(ledger: Ledger) -> None:
-    first = ledger.register_and_claim(identity(), PARAMS, owner="worker-1:101", lease=SHORT).claim
+    first = register_and_claim(ledger, identity(), PARAMS, owner="worker-1:101", lease=SHORT).claim
     assert first is not None
     wait_for_db_clock(ledger, first.lease_expires_at)
-    second = ledger.register_and_claim(identity(), PARAMS, owner="worker-2:202", lease=LONG).claim
+    second = register_and_claim(ledger, identity(), PARAMS, owner="worker-2:202", lease=LONG).claim
     assert second is not None and second.fence == 2
     assert [(a.fence, a.outcome) for a in ledger.attempts(second.run_id)] == [(1, "expired"), (2, None)]
     with pytest.raises(LeaseLost):
@@ -62,21 +62,21 @@ def test_an_expired_lease_is_reclaimed_and_the_old_attempt_closed_as_expired(led
 
 
 def test_a_completed_run_returns_its_stored_output_and_writes_nothing(ledger: Ledger) -> None:
-    claim = ledger.register_and_claim(identity(), PARAMS, owner="worker-1:101", lease=LONG).claim
+    claim = register_and_claim(ledger, identity(), PARAMS, owner="worker-1:101", lease=LONG).claim
     assert claim is not None
     ledger.complete(claim, {"summary": "first"}, [OutboxMessage("ana@example.com", "Digest", "x")])
     before = snapshot(ledger)
-    again = ledger.register_and_claim(identity(), PARAMS, owner="worker-2:202", lease=LONG)
+    again = register_and_claim(ledger, identity(), PARAMS, owner="worker-2:202", lease=LONG)
     assert again.claim is None and again.run.status == "completed"
     assert again.run.output == {"summary": "first"}
     assert snapshot(ledger) == before
 
 
 def test_a_failed_run_is_not_claimed(ledger: Ledger) -> None:
-    claim = ledger.register_and_claim(identity(), PARAMS, owner="worker-1:101", lease=LONG).claim
+    claim = register_and_claim(ledger, identity(), PARAMS, owner="worker-1:101", lease=LONG).claim
     assert claim is not None
     ledger.fail(claim, "invalid input", retryable=False)
-    again = ledger.register_and_claim(identity(), PARAMS, owner="worker-1:101", lease=LONG)
+    again = register_and_claim(ledger, identity(), PARAMS, owner="worker-1:101", lease=LONG)
     assert again.claim is None and again.run.status == "failed"
 
 
@@ -84,8 +84,8 @@ def test_changed_params_under_the_same_key_is_a_conflict_that_writes_nothing(led
     ledger.register(identity(), PARAMS)
     before = snapshot(ledger)
     with pytest.raises(RunConflict, match="different parameters"):
-        ledger.register_and_claim(identity(), {"recipients": ["eve@example.com"]},
-                                  owner="worker-1:101", lease=LONG)
+        register_and_claim(ledger, identity(), {"recipients": ["eve@example.com"]},
+                           owner="worker-1:101", lease=LONG)
     assert snapshot(ledger) == before
 
 
@@ -93,7 +93,7 @@ def test_a_batch_claims_the_free_runs_and_reports_the_others_without_raising(led
     """A tick's subjects in one call: a conflict or a held lease of one subject does not stop
     the others; results come back for every identity, in the order given."""
     ledger.register(identity("conflicting"), PARAMS)
-    ledger.register_and_claim(identity("held"), PARAMS, owner="worker-2:202", lease=LONG)
+    register_and_claim(ledger, identity("held"), PARAMS, owner="worker-2:202", lease=LONG)
     subjects = ["new-b", "conflicting", "held", "new-a", "new-b"]
     entries = [(identity(s), {"recipients": ["eve@example.com"]} if s == "conflicting" else PARAMS)
                for s in subjects]
@@ -130,7 +130,7 @@ def test_renew_many_extends_the_held_leases_and_leaves_out_the_lost_ones(ledger:
     lost = claims["c"]
     assert lost is not None
     wait_for_db_clock(ledger, lost.lease_expires_at)
-    taken = ledger.register_and_claim(identity("c"), PARAMS, owner="worker-2:202", lease=LONG)
+    taken = register_and_claim(ledger, identity("c"), PARAMS, owner="worker-2:202", lease=LONG)
     assert taken.claim is not None
     held = [c for c in claims.values() if c is not None]
     renewed = ledger.renew_many(held, LONG)

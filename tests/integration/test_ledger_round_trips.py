@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlmodel import Session
 
-from store import Claim, Ledger, OutboxMessage, Reply, RunIdentity
+from store import Claim, Effect, Ledger, OutboxMessage, Reply, RunIdentity, revisions
 from store import occurrences as oc
 from store import outbox as ob
 from store import runs as rn
 from store.statement import Transition
-from tests.integration.delivery_support import queue
-from tests.integration.sql_trace import sent_statements
+from tests.support.delivery import queue
+from tests.support.ledger import register_and_claim
+from tests.support.sql_trace import sent_statements
 
 PERIOD = datetime(2026, 1, 5, 9, tzinfo=UTC)
 BUSINESS = sa.MetaData()
@@ -31,7 +31,7 @@ def _identity() -> RunIdentity:
 
 
 def _claimed(ledger: Ledger) -> Claim:
-    claim = ledger.register_and_claim(_identity(), owner="w:1", lease=60).claim
+    claim = register_and_claim(ledger, _identity(), owner="w:1", lease=60).claim
     assert claim is not None
     return claim
 
@@ -49,8 +49,8 @@ def _overdue(ledger: Ledger) -> str:
     return "trips"
 
 
-def _effect(claim: Claim) -> Callable[[Session], None]:
-    return lambda session: session.execute(sa.insert(BUSINESS.tables["credits"]).values(
+def _effect(claim: Claim) -> Effect:
+    return lambda session, output: session.execute(sa.insert(BUSINESS.tables["credits"]).values(
         run_id=claim.run_id))
 
 
@@ -63,9 +63,9 @@ CASES: dict[str, Case] = {
     "claim": (rn.claim_txn, lambda led: led.register(_identity()).run_id,
               lambda led, run_id: led.claim(run_id, "w:1", 60), {"sqlite": 3}),
     "register_and_claim": (rn.register_and_claim_txn, lambda led: _identity(),
-                           lambda led, i: led.register_and_claim(i, owner="w:1", lease=60),
+                           lambda led, i: led.register_and_claim_many([(i, None)], owner="w:1",
+                                                                      lease=60),
                            {"sqlite": 3}),
-    "renew": (rn.renew_txn, _claimed, lambda led, c: led.renew(c, 60), {}),
     "renew_many": (rn.renew_many_txn, _claimed, lambda led, c: led.renew_many([c], 60), {}),
     "save_input": (rn.save_input_txn, _claimed, lambda led, c: led.save_input(c, {"a": 1}), {}),
     "complete": (rn.complete_txn, _claimed,
@@ -81,7 +81,7 @@ CASES: dict[str, Case] = {
     "requeue_run": (rn.requeue_run_txn,
                     lambda led: (c := _claimed(led), led.fail(c, "boom", retryable=False))[0].run_id,
                     lambda led, run_id: led.requeue_run(run_id), {"postgresql": 1, "sqlite": 1}),
-    "request_revision": (rn.request_revision_txn,
+    "request_revision": (revisions.request_revision_txn,
                          lambda led: (c := _claimed(led), led.complete(c, {"s": 1}))[0].run_id,
                          lambda led, run_id: led.request_revision(run_id, "why"),
                          {"postgresql": 2, "sqlite": 2}),

@@ -24,7 +24,7 @@ from store import (
 from store.dialect import db_now
 from store.errors import InvalidMessage, InvalidTransition, OutputTooLarge, RunNotFound
 from store.models import UTCDateTime, runs_table
-from tests.integration.ledger_support import snapshot, wait_for_db_clock
+from tests.support.ledger import snapshot, wait_for_db_clock
 
 PERIOD = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)
 LONG = timedelta(minutes=15)
@@ -140,8 +140,7 @@ def test_the_stale_owner_can_neither_save_renew_complete_nor_fail(ledger: Ledger
     before = snapshot(ledger)
     with pytest.raises(LeaseLost):
         ledger.save_input(stale, {"items": ["stale"]})
-    with pytest.raises(LeaseLost):
-        ledger.renew(stale, LONG)
+    assert ledger.renew_many([stale], LONG) == {}  # a stale claim is left out, not renewed
     with pytest.raises(LeaseLost):
         ledger.complete(stale, {"summary": "stale"}, digest())
     with pytest.raises(LeaseLost):
@@ -159,16 +158,15 @@ def test_the_same_owner_reclaiming_gets_a_new_fence_and_its_old_claim_goes_stale
     old = claimed(ledger, run)
     new = claimed(ledger, run)
     assert new.fence == old.fence + 1
-    with pytest.raises(LeaseLost):
-        ledger.renew(old, LONG)
-    assert ledger.renew(new, LONG) > new.lease_expires_at - LONG
+    assert ledger.renew_many([old], LONG) == {}
+    assert ledger.renew_many([new], LONG)[new.run_id] > new.lease_expires_at - LONG
 
 
 def test_renew_extends_the_lease_from_the_database_clock(ledger: Ledger) -> None:
     """Renewing keeps a live lease from expiring: another worker still cannot claim."""
     run = ledger.register(identity())
     claim = claimed(ledger, run, lease=SHORT)
-    expires = ledger.renew(claim, LONG)
+    expires = ledger.renew_many([claim], LONG)[claim.run_id]
     assert expires >= ledger.database.now() + LONG - timedelta(seconds=5)
     wait_for_db_clock(ledger, claim.lease_expires_at)
     assert ledger.claim(run.run_id, "worker-2:202", LONG) is None

@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 from store import Claim, LeaseLost, Ledger, OutboxMessage, RunConflict, RunIdentity
 from store.errors import InvalidTransition
 from store.models import runs_table
+from tests.support.ledger import register_and_claim
 
 OWNERS = ("worker-1:101", "worker-2:202", "worker-3:303")
 LEASE = timedelta(minutes=10)
@@ -93,12 +94,12 @@ def machine_for(ledger: Ledger) -> type[RuleBasedStateMachine]:
             m = self.model
             if m.params is not None and variant != m.params:
                 with pytest.raises(RunConflict):
-                    ledger.register_and_claim(self.identity, {"variant": variant}, owner=owner,
-                                              lease=LEASE)
+                    register_and_claim(ledger, self.identity, {"variant": variant}, owner=owner,
+                                       lease=LEASE)
                 return multiple()
             claimable = m.status in ("pending", "running") and (not m.lease_live or m.owner == owner)
-            entered = ledger.register_and_claim(self.identity, {"variant": variant}, owner=owner,
-                                                lease=LEASE)
+            entered = register_and_claim(ledger, self.identity, {"variant": variant}, owner=owner,
+                                         lease=LEASE)
             m.params = variant
             assert (entered.claim is not None) == claimable
             return self.claimed(entered.claim, owner)
@@ -128,10 +129,9 @@ def machine_for(ledger: Ledger) -> type[RuleBasedStateMachine]:
         @rule(claim=claims)
         def renew(self, claim: Claim) -> None:
             if not self.model.holds(claim):
-                with pytest.raises(LeaseLost):
-                    ledger.renew(claim, LEASE)
+                assert ledger.renew_many([claim], LEASE) == {}
                 return
-            ledger.renew(claim, LEASE)
+            assert claim.run_id in ledger.renew_many([claim], LEASE)
             self.model.lease_live = True
 
         @rule(claim=claims, value=st.integers(0, 2))

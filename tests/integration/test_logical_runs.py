@@ -1,24 +1,22 @@
 """Logical runs versus attempts on both ledgers: what a completion and a failure record about
-the Attempt that made them (model calls, flow run, task run), and seed 001's fields in `runs
-show` and `runs list --json`: run key, period in the job's timezone and UTC, attempt numbers,
+the Attempt that made them (model calls, flow run, task run), and what an operator reads of a
+Run in `runs show` and `runs list --json`: run key, period in the job's timezone and UTC, attempt numbers,
 input version, duration, output location and final state."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import pytest
 from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
-from rich.console import Console
 from typer.testing import CliRunner
 
-from flows.cli import app, ledger_commands
+from flows.cli import app
 from store import CompletedBy, InvalidInput, Ledger, RunIdentity, document_digest
-from tests.integration.alerts_support import quiet_job
-from tests.integration.ledger_support import snapshot
+from tests.support.alerts import quiet_job
+from tests.support.ledger import register_and_claim, snapshot
 
 FLOW_RUN = "6f1c7a52-2c4e-4b9e-9d0a-3f5b8e1c2d4a"
 TASK_RUN = "0192f0a1-7b3c-7d4e-8f5a-6b7c8d9e0f1a"
@@ -30,7 +28,7 @@ def twice_attempted(ledger: Ledger) -> tuple[Any, str]:
     whose second completed after two, in a flow run and task run: the job and the run id."""
     job = quiet_job(cadence="daily", timezone="Europe/Paris")
     identity = job.identity("acme", job.parse_period("2026-03-29"))  # a 23-hour day (DST)
-    first = ledger.register_and_claim(identity, owner="w:1", lease=600).claim
+    first = register_and_claim(ledger, identity, owner="w:1", lease=600).claim
     assert first is not None
     ledger.save_input(first, RAW)
     ledger.fail(first, "ModelUnavailable: HTTP 503", retryable=True, model_calls=1)
@@ -55,7 +53,7 @@ def test_a_completion_and_a_failure_record_their_attempts_model_calls_and_where_
 def test_a_negative_count_of_model_calls_is_refused_and_writes_nothing(ledger: Ledger) -> None:
     """Model calls are a count: -1 is a clear error and the Run stays as it was, claimed."""
     identity = RunIdentity("digest", "team-a", datetime.fromisoformat("2026-01-05T00:00Z"), "1")
-    claim = ledger.register_and_claim(identity, owner="w:1", lease=600).claim
+    claim = register_and_claim(ledger, identity, owner="w:1", lease=600).claim
     assert claim is not None
     before = snapshot(ledger)
     with pytest.raises(InvalidInput, match="model_calls must be an integer of 0 or more"):
@@ -65,13 +63,6 @@ def test_a_negative_count_of_model_calls_is_refused_and_writes_nothing(ledger: L
     assert snapshot(ledger) == before
 
 
-@pytest.fixture
-def cli(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
-    """A CLI runner whose ledger is the test database ($RUNLEDGER_DATABASE_URL)."""
-    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", db_url)
-    yield CliRunner()
-
-
 def show(cli: CliRunner, run_id: str) -> dict[str, Any]:
     done = cli.invoke(app, ["runs", "show", run_id, "--json"], catch_exceptions=False)
     assert done.exit_code == 0, done.output
@@ -79,7 +70,7 @@ def show(cli: CliRunner, run_id: str) -> dict[str, Any]:
 
 
 def test_runs_show_json_carries_the_period_attempts_input_version_duration_and_location(
-        cli: CliRunner, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+        cli: CliRunner, ledger: Ledger) -> None:
     """The period in Paris time and UTC (a 23-hour day), attempt numbers 1 and 2, the digest
     of the stored raw input, first claim to completion, the flow run and task run as UI links
     when Prefect's UI URL is known, and the final state."""
@@ -87,9 +78,8 @@ def test_runs_show_json_carries_the_period_attempts_input_version_duration_and_l
     run, attempts = ledger.get(run_id), ledger.attempts(run_id)
     with temporary_settings({PREFECT_UI_URL: "http://prefect.example:4200"}):
         shown = show(cli, run_id)
-        # The command's console took its width when first imported, whatever COLUMNS says now.
-        monkeypatch.setattr(ledger_commands, "console", Console(width=200))
-        text = cli.invoke(app, ["runs", "show", run_id], catch_exceptions=False).output
+        text = cli.invoke(app, ["runs", "show", run_id], catch_exceptions=False,
+                          env={"COLUMNS": "200"}).output
     record = shown["run"]
     assert record["run_key"] == run_id and record["final_state"] == "completed"
     assert record["period_window"] == {

@@ -1,25 +1,21 @@
-"""The OpenAI-compatible client against a real HTTP server on loopback: answers, 429 with
-Retry-After, 5xx, 4xx, malformed and slow replies; and the call log across processes."""
+"""The OpenAI-compatible client (the official SDK) against a real HTTP server on loopback:
+answers with their usage, 429 with Retry-After, 5xx, 4xx, malformed and slow replies."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 
 from flows.model import (
-    CallLog,
     ModelRejected,
     ModelUnavailable,
     OpenAICompatibleModel,
     model_from_settings,
 )
 from flows.settings import RunledgerSettings
-from tests.integration.pipeline_support import ModelServer, Reply
+from tests.support.pipeline import ModelServer, Reply
 
 KEY = "sk-test-secret-123"
 
@@ -35,25 +31,73 @@ def client(server: ModelServer, timeout: float = 5.0) -> OpenAICompatibleModel:
                                  timeout_seconds=timeout)
 
 
-def test_an_answer_is_returned_with_the_model_name(server: ModelServer) -> None:
-    """The request carries the model, the system and user messages and the bearer key."""
+def headers(server: ModelServer, n: int = 0) -> dict[str, str]:
+    return {k.lower(): v for k, v in server.requests[n]["headers"].items()}
+
+
+def test_an_answer_is_returned_with_the_model_name_and_usage(server: ModelServer) -> None:
+    """The request carries the model, the system and user messages and the bearer key; the
+    answer carries the tokens the server's ``usage`` field reported."""
     server.script.append(Reply(text="  Globex cut prices.  "))
     answer = client(server).generate("documents", system="Summarize.")
     assert (answer.text, answer.model) == ("Globex cut prices.", "probe-model")
+    assert (answer.prompt_tokens, answer.completion_tokens) == (120, 30)
     request = server.requests[0]
     assert request["path"] == "/v1/chat/completions"
-    assert request["headers"]["Authorization"] == f"Bearer {KEY}"
+    assert headers(server)["authorization"] == f"Bearer {KEY}"
     assert request["json"]["model"] == "probe-model"
     assert request["json"]["messages"] == [{"role": "system", "content": "Summarize."},
                                            {"role": "user", "content": "documents"}]
 
 
+def test_a_server_without_usage_gives_an_answer_without_token_counts(server: ModelServer) -> None:
+    """No ``usage`` field: the tokens are unknown (None), not zero."""
+    server.script.append(Reply(text="ok", usage=None))
+    answer = client(server).generate("x")
+    assert (answer.prompt_tokens, answer.completion_tokens) == (None, None)
+
+
+def test_without_a_key_no_authorization_header_is_sent(server: ModelServer) -> None:
+    """A local server needs no key: the request carries no Authorization header at all."""
+    OpenAICompatibleModel(server.base_url, "probe-model").generate("x")
+    assert "authorization" not in headers(server)
+
+
+def test_the_sdk_never_retries_by_itself(server: ModelServer) -> None:
+    """One failing call is one request: the pipeline decides retries."""
+    server.script.extend([Reply(503), Reply(503)])
+    with pytest.raises(ModelUnavailable):
+        client(server).generate("x")
+    assert len(server.requests) == 1
+
+
 def test_a_rate_limit_is_transient_and_carries_retry_after(server: ModelServer) -> None:
-    """HTTP 429 with Retry-After: retry later, after that many seconds."""
+    """HTTP 429 with Retry-After: retry later, after that many seconds; the provider's status
+    marks it a refusal (not billed)."""
     server.script.append(Reply(429, headers={"Retry-After": "3"}))
     with pytest.raises(ModelUnavailable, match="HTTP 429") as caught:
         client(server).generate("x")
     assert caught.value.retry_after == 3.0
+    assert caught.value.status == 429
+
+
+@pytest.mark.parametrize("status, given, pause, rate_limited", [
+    (429, {"Retry-After": "3"}, 3.0, True),
+    (429, {"x-ratelimit-reset-requests": "1s", "x-ratelimit-reset-tokens": "6m0s"}, 360.0, True),
+    (429, {"Retry-After": "soon"}, None, True),
+    (503, {"Retry-After": "2"}, 2.0, True),
+    (503, {}, None, False),
+    (500, {"Retry-After": "2"}, 2.0, False),
+])
+def test_a_rate_limit_names_the_pause_the_provider_asked_for(
+        server: ModelServer, status: int, given: dict[str, str], pause: float | None,
+        rate_limited: bool) -> None:
+    """A 429, or a 503 naming a pause, asks every worker to slow down (rate_limited): its
+    pause is the Retry-After, else the longest x-ratelimit-reset-*; garbage is no hint."""
+    server.script.append(Reply(status, headers=given))
+    with pytest.raises(ModelUnavailable) as caught:
+        client(server).generate("x")
+    assert (caught.value.retry_after, caught.value.rate_limited) == (pause, rate_limited)
 
 
 def test_a_server_error_is_transient(server: ModelServer) -> None:
@@ -67,8 +111,9 @@ def test_a_server_error_is_transient(server: ModelServer) -> None:
 def test_a_slow_reply_times_out_as_transient(server: ModelServer) -> None:
     """A reply slower than the timeout is a transient failure naming the timeout."""
     server.script.append(Reply(delay=2.0))
-    with pytest.raises(ModelUnavailable, match=r"did not answer within 0\.3 s"):
+    with pytest.raises(ModelUnavailable, match=r"did not answer within 0\.3 s") as caught:
         client(server, timeout=0.3).generate("x")
+    assert caught.value.status is None  # no reply: the provider may have billed it
 
 
 def test_a_refused_request_is_permanent_and_never_shows_the_key(server: ModelServer) -> None:
@@ -107,19 +152,4 @@ def test_the_api_key_can_come_from_a_prefect_secret_block(server: ModelServer,
         model_api_key_block="runledger-test-model-key",
     ))
     model.generate("x")
-    assert server.requests[0]["headers"]["Authorization"] == "Bearer sk-from-block"
-
-
-def test_the_call_log_keeps_every_line_whole_across_processes(tmp_path: Path) -> None:
-    """Four processes appending 200 calls each at once leave 800 parseable lines."""
-    path = tmp_path / "calls.jsonl"
-    code = (
-        "import sys; from pathlib import Path; from flows.model import CallLog\n"
-        "log = CallLog(Path(sys.argv[1]))\n"
-        "for i in range(200): log.record('job', 's' * 500, str(i))\n"
-    )
-    workers = [subprocess.Popen([sys.executable, "-c", code, str(path)]) for _ in range(4)]
-    assert [w.wait(timeout=60) for w in workers] == [0, 0, 0, 0]
-    entries = CallLog(path).entries()
-    assert len(entries) == 800
-    assert len({e["pid"] for e in entries}) == 4
+    assert headers(server)["authorization"] == "Bearer sk-from-block"

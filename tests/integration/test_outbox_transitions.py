@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from store import Ledger, Reply
-from tests.integration.delivery_support import queue
+from tests.support.delivery import queue
 
 
 def test_marking_a_group_sent_records_each_attempt(ledger: Ledger) -> None:

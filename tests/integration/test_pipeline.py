@@ -9,10 +9,10 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -28,19 +28,24 @@ from prefect.states import Scheduled, State
 from prefect.utilities.collections import visit_collection
 
 from flows.board import Board
-from flows.jobs import register
+from flows.errors import PeriodNotDue
 from flows.jobs.competitor_summary import job as competitor_summary
 from flows.model import OfflineModel
-from flows.monitoring import after_tick, create_status_artifact, label_flow_run
-from flows.outcomes import TickReport
-from flows.pipeline import register_and_claim, run_job
+from flows.prices import NO_PRICES
+from flows.registry import register
+from flows.run_job.flow import register_and_claim, run_job
+from flows.run_job.monitoring import after_tick, create_status_artifact, label_flow_run
+from flows.run_job.outcomes import TickReport, outcome_name
+from flows.run_job.tick import Tick
 from flows.settings import RunledgerSettings
+from flows.spend import spend_of
 from flows.stats import daily_stats
-from flows.tick import Tick
 from store import Ledger, Registration, Run
-from tests.integration.alerts_support import quiet_job
-from tests.integration.loopback import Answer, LoopbackServer, Request, json_answer
-from tests.integration.pipeline_support import (
+from store.model_calls import Intent
+from tests.support.alerts import quiet_job
+from tests.support.ledger import wait_for_db_clock
+from tests.support.loopback import Answer, LoopbackServer, Request, json_answer
+from tests.support.pipeline import (
     ACME,
     SUMMARY,
     Env,
@@ -54,7 +59,7 @@ from tests.integration.pipeline_support import (
     status_boards,
     wait_until,
 )
-from tests.integration.sql_trace import sent_statements
+from tests.support.sql_trace import sent_statements
 
 # Behaviour that does not depend on the ledger's dialect runs on the production one only.
 postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -70,7 +75,7 @@ def test_the_same_logical_run_twice_keeps_the_first_output_and_calls_the_model_o
     """The model would answer differently the second time; the first answer stays."""
     first, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     second, again = env.run(SUMMARY, ["acme"], "2026-01-05")
-    assert (first.name, second.name) == ("Completed", "Duplicate")
+    assert (outcome_name(first), outcome_name(second)) == ("Completed", "Duplicate")
     assert outcomes(again) == {"acme": "duplicate"}
     run = env.the_run("acme", "2026-01-05")
     assert run.output is not None and run.output["text"] == "answer 1"
@@ -92,7 +97,7 @@ def test_two_flow_runs_of_the_same_period_at_once_call_the_model_once(env: Env) 
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    states = sorted(state.name for state, _ in results)
+    states = sorted(outcome_name(state) for state, _ in results)
     assert states in (["Completed", "InProgressElsewhere"], ["Completed", "Duplicate"])
     assert sorted(outcomes(r)["acme"] for _, r in results) in (
         ["in-progress-elsewhere", "new"], ["duplicate", "new"])
@@ -127,7 +132,7 @@ def test_retried_and_new_flow_runs_of_a_period_map_to_its_run_and_a_custom_perio
         other_day = asyncio.run(run_flow(run_job, flow_run=custom, return_type="state"))
         names = [client.read_flow_run(f.id).name for f in (scheduled, later, custom)]
         tags = set(client.read_flow_run(scheduled.id).tags)
-    assert [s.name for s in (first, retried, same_day, other_day)] == [
+    assert [outcome_name(s) for s in (first, retried, same_day, other_day)] == [
         "Completed", "Duplicate", "Duplicate", "Completed"]
     ids = [s.result().subjects[0].run_id for s in (first, retried, same_day, other_day)]
     assert ids[0] == ids[1] == ids[2] != ids[3]
@@ -164,7 +169,7 @@ def test_a_failed_run_is_retried_without_duplicating_outbox_rows(
     assert run.status == "pending" and env.ledger.messages(run_id=run.run_id) == []
     second, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     third, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
-    assert (second.name, third.name) == ("Completed", "Duplicate")
+    assert (outcome_name(second), outcome_name(third)) == ("Completed", "Duplicate")
     assert outbox_recipients(env.ledger, run.run_id) == ACME
     assert env.the_run("acme", "2026-01-05").attempts == 2
 
@@ -282,7 +287,7 @@ def test_a_rerun_of_a_completed_tick_starts_no_task_runs_and_calls_no_model(env:
     probe = probe_job([f"s{i:02d}" for i in range(12)], ["ops@example.com"])
     first, _ = env.run(probe.name, period="2026-01-05")
     second, report = env.run(probe.name, period="2026-01-05")
-    assert (first.name, second.name) == ("Completed", "Duplicate")
+    assert (outcome_name(first), outcome_name(second)) == ("Completed", "Duplicate")
     assert set(outcomes(report).values()) == {"duplicate"}
     assert env.model_calls() == 12 and len(probe.collects) == 12
     run_ids = [s.run_id for s in report.subjects] if isinstance(report, TickReport) else []
@@ -310,7 +315,7 @@ def test_a_rerun_of_a_completed_tick_asks_the_ledger_for_no_raw_input(env: Env) 
     first, _ = env.run(probe.name, period="2026-01-05")
     with sent_statements() as statements:  # the flow opens its own ledger
         second, report = env.run(probe.name, period="2026-01-05")
-    assert (first.name, second.name) == ("Completed", "Duplicate")
+    assert (outcome_name(first), outcome_name(second)) == ("Completed", "Duplicate")
     assert outcomes(report) == dict.fromkeys(["s0", "s1", "s2"], "duplicate")
     # The status board read after the tick (read_run_states) names neither column.
     read = [s for s in statements if "FROM runs" in s]
@@ -404,7 +409,7 @@ def test_prefect_finds_nothing_to_walk_in_the_registrations_register_and_claim_r
     leaf however many subjects the tick has."""
     probe = probe_job([f"s{i}" for i in range(50)])
     period = probe.job.parse_period("2026-01-05")
-    tick = Tick(probe.job, period, env.ledger, OfflineModel(), None, RunledgerSettings(),
+    tick = Tick(probe.job, period, env.ledger, OfflineModel(), NO_PRICES, None, RunledgerSettings(),
                 "flow-run")
     state = register_and_claim.fn(tick, {s: probe.job.identity(s, period)
                                          for s in probe.job.subject_names()})
@@ -607,7 +612,7 @@ def test_daily_credit_commits_its_credit_with_the_completion(env: Env) -> None:
     first, _ = env.run("daily-credit", period="2026-01-05")
     second, _ = env.run("daily-credit", period="2026-01-05")
     next_day, _ = env.run("daily-credit", ["alice"], period="2026-01-06")
-    assert (first.name, second.name, next_day.name) == ("Completed", "Duplicate", "Completed")
+    assert [outcome_name(s) for s in (first, second, next_day)] == ["Completed", "Duplicate", "Completed"]
     with Session(env.ledger.engine) as session:
         credits = session.exec(select(Credit).order_by(Credit.account, Credit.day)).all()
         assert [(c.account, c.day.isoformat(), c.units) for c in credits] == [
@@ -709,6 +714,50 @@ def test_every_model_call_is_counted_on_its_attempt_and_its_run_failed_ones_too(
         ("released", 1), ("completed", 2)]
 
 
+def test_the_completed_event_carries_what_the_run_spent_over_every_attempt(
+        env: Env, model_server: ModelServer) -> None:
+    """acme's first worker died with its call in flight (its lease ended); the tick's attempt
+    calls again and completes it: the runledger.run.completed event and the tick's report say
+    this attempt made 1 call, and the Run paid 2 (1 lost) with the answered call's tokens and
+    cost. globex had no earlier attempt: 1 call paid. Both as the ledger's records say."""
+    env.set(model_prices='{"probe-model": {"input": "0.15", "output": "0.60"}}',
+            model_currency="USD")
+    probe = probe_job(["acme", "globex"])
+    period = probe.job.parse_period("2026-01-05")
+    identity = probe.job.identity("acme", period)
+    dead = env.ledger.register_and_claim_many(
+        [(identity, probe.job.run_params("acme", period))], owner="w:dead", lease=0.2,
+    )[identity.run_id].claim
+    assert dead is not None
+    env.ledger.calls.record_intent(dead, Intent("loopback", "probe-model", 0, "4" * 64))
+    wait_for_db_clock(env.ledger, dead.lease_expires_at)
+    state, report = env.run(probe.name, None, "2026-01-05")
+    assert state.name == "Completed" and outcomes(report) == {"acme": "new", "globex": "new"}
+    one_call = {"calls_paid": 1, "calls_lost": 0, "calls_failed": 0, "calls_refused": 0,
+                "calls_in_flight": 0, "calls_reused": 0, "tokens": 150,
+                "cost": {"USD": "0.000036"}, "calls_without_price": 0,
+                "calls_of_unknown_cost": 0}
+    expected = {"acme": {**one_call, "calls_paid": 2, "calls_lost": 1,
+                         "calls_of_unknown_cost": 1}, "globex": one_call}
+    assert isinstance(report, TickReport)
+    shown = {s.subject: s.as_dict() for s in report.subjects}
+    assert {s: d["run_spend"] for s, d in shown.items()} == expected
+    assert {s: spend_of([c.model_dump() for c in env.ledger.calls.of_run(d["run_id"])]
+                        ).as_dict() for s, d in shown.items()} == expected
+    run_ids = [d["run_id"] for d in shown.values()]
+    wait_until(lambda: run_events("runledger.run.completed", run_ids) == 2, 60,
+               "the completed events")
+    with get_client(sync_client=True) as client:
+        events = client.read_events(EventFilter(
+            event=EventNameFilter(name=["runledger.run.completed"]),
+            resource=EventResourceFilter(id=[f"runledger.run.{r}" for r in run_ids])),
+            limit=50).events
+    payloads = {e.resource["runledger.subject"]: e.payload for e in events}
+    assert {s: (p["model_calls"], p["tokens"]) for s, p in payloads.items()} == {
+        "acme": (1, 150), "globex": (1, 150)}
+    assert {s: p["run_spend"] for s, p in payloads.items()} == expected
+
+
 def test_a_completed_run_records_the_flow_run_and_persist_task_run_that_completed_it(
         env: Env) -> None:
     """The Run's output location is the flow run that completed it and its persist task run;
@@ -716,7 +765,7 @@ def test_a_completed_run_records_the_flow_run_and_persist_task_run_that_complete
     probe = probe_job(["acme"], ["ops@example.com"])
     first, _ = env.run(probe.name, period="2026-01-05")
     second, _ = env.run(probe.name, period="2026-01-05")
-    assert (first.name, second.name) == ("Completed", "Duplicate")
+    assert (outcome_name(first), outcome_name(second)) == ("Completed", "Duplicate")
     run = env.ledger.get(probe.job.identity("acme", probe.job.parse_period("2026-01-05")).run_id)
     assert run.completed_flow_run_id == str(first.state_details.flow_run_id)
     assert run.completed_task_run_id is not None
@@ -735,7 +784,7 @@ def test_each_run_job_flow_run_refreshes_the_jobs_status_board_artifact(env: Env
     yesterday = probe.job.period_at(now - timedelta(days=1)).label
     for _ in range(2):
         state, _ = env.run(probe.name, period=yesterday)
-        assert state.name in ("Completed", "Duplicate")
+        assert outcome_name(state) in ("Completed", "Duplicate")
     boards = status_boards(probe.name)
     assert len(boards) == 2
     [row] = [r for r in boards[0] if r["period"] == yesterday]
@@ -748,13 +797,15 @@ def test_the_stats_agree_with_the_events_the_flows_emit(env: Env) -> None:
     model calls as the call log saw."""
     probe = probe_job(["s0", "s1", "s2", "s3"], ["ops@example.com"])
     period = probe.job.parse_period("2026-01-05")
-    held = env.ledger.register_and_claim(probe.job.identity("s3", period), owner="other:1",
-                                         lease=600, params=probe.job.run_params("s3", period))
+    held_run = probe.job.identity("s3", period)
+    held = env.ledger.register_and_claim_many([(held_run, probe.job.run_params("s3", period))],
+                                              owner="other:1", lease=600)[held_run.run_id]
     assert held.claim is not None
     since = datetime.combine(env.ledger.now().date(), datetime.min.time(), UTC)
     for _ in range(2):
         env.run(probe.name, period="2026-01-05")
-    [day] = daily_stats(env.ledger.activity(since, probe.name), since)
+    [day] = daily_stats(env.ledger.activity(since, probe.name), since,
+                        env.ledger.calls.since(since, probe.name))
     run_ids = [probe.job.identity(s, period).run_id for s in ("s0", "s1", "s2", "s3")]
     expected = {"runledger.run.completed": day.completed,
                 "runledger.run.duplicate": day.duplicates,
@@ -809,3 +860,30 @@ def test_a_ledger_that_cannot_give_the_board_after_a_tick_is_logged_not_raised(
     assert state.is_completed() and state.result() is True
     assert any(r.levelname == "WARNING" and "or read its status board" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_quick_run_without_a_period_runs_the_latest_period_already_due(env: Env) -> None:
+    """The UI's Quick run (no period) of a daily job due at 23:59 runs yesterday's period, the
+    latest one due, never today's, whose content would be locked in early."""
+    now = datetime.now(UTC)
+    # Of two zones 12 hours apart, one is far from its 23:59 right now.
+    zone = "UTC" if now.hour < 20 else "Etc/GMT-12"
+    probe = probe_job(("acme",), timezone=zone, due=timedelta(hours=23, minutes=59))
+    state, _ = env.run(probe.name)
+    assert outcome_name(state) == "Completed", state.message
+    yesterday = probe.job.period_at(now).start - timedelta(days=1)
+    [run] = env.ledger.runs(job=probe.name)
+    assert run.period_start == yesterday, run.period_start
+
+
+def test_a_custom_run_of_a_period_not_yet_due_is_refused_unless_allowed(env: Env) -> None:
+    """The UI's Custom run with a future `period`: the flow run fails naming the flag and the
+    parameter, nothing is written; with allow_not_due it runs."""
+    probe = probe_job(("acme",))
+    state, result = env.run(probe.name, period="2099-01-05")
+    assert state.is_failed() and isinstance(result, PeriodNotDue), state.message
+    assert "--allow-not-due (CLI) or the parameter allow_not_due=true" in str(result)
+    assert env.ledger.runs(job=probe.name) == []
+    allowed = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", run_job(
+        job=probe.name, period="2099-01-05", allow_not_due=True, return_state=True)))
+    assert outcome_name(allowed) == "Completed", allowed.message

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.integration.pipeline_support import RUNLEDGER, copy_sample_data
+from tests.support.pipeline import RUNLEDGER, copy_sample_data
 
 
 def first_run_env(tmp_path: Path) -> dict[str, str]:

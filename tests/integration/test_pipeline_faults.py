@@ -9,16 +9,21 @@ from collections.abc import Iterator
 import pytest
 
 from flows.jobs import Candidate
-from flows.lease_keeper import LeaseKeeper
-from flows.model import CallLog, OfflineModel
-from flows.pipeline import persist_output
+from flows.model import OfflineModel
+from flows.prices import NO_PRICES
+from flows.run_job.flow import persist_output
+from flows.run_job.lease_keeper import LeaseKeeper
+from flows.run_job.outcomes import outcome_name
+from flows.run_job.tick import Held, Tick
 from flows.settings import RunledgerSettings
-from flows.tick import Held, Tick
 from store import AFTER_MODEL_ANSWER
-from tests.integration.pipeline_support import (
+from store.faults import AFTER_CHECKPOINT_COMMIT
+from tests.support.pipeline import (
     ACME,
     SUMMARY,
     Env,
+    ModelServer,
+    Reply,
     Worker,
     lease_expired,
     outbox_recipients,
@@ -52,7 +57,7 @@ def start_worker(env: Env, workers: list[Worker], **settings: object) -> Worker:
 
 def in_transform(env: Env, worker: Worker) -> bool:
     """The worker has logged its model call: it is inside the transform."""
-    return any(e["pid"] == worker.pid for e in CallLog(env.calls).entries())
+    return any(e["pid"] == worker.pid for e in env.calls())
 
 
 def test_a_worker_killed_after_the_completion_commit_leaves_the_stored_output(
@@ -65,7 +70,7 @@ def test_a_worker_killed_after_the_completion_commit_leaves_the_stored_output(
     run = env.the_run("acme", PERIOD)
     assert run.status == "completed"
     state, again = env.run(SUMMARY, ["acme"], PERIOD)
-    assert state.name == "Duplicate" and outcomes(again) == {"acme": "duplicate"}
+    assert outcome_name(state) == "Duplicate" and outcomes(again) == {"acme": "duplicate"}
     assert env.the_run("acme", PERIOD).output == run.output
     assert env.model_calls() == 1
     assert outbox_recipients(env.ledger, run.run_id) == ACME
@@ -91,6 +96,51 @@ def test_a_worker_killed_after_the_models_answer_leaves_the_run_to_be_transforme
     assert outbox_recipients(env.ledger, killed.run_id) == ACME
 
 
+def test_a_worker_killed_after_the_answer_was_checkpointed_is_completed_without_a_second_call(
+        env: Env, workers: list[Worker]) -> None:
+    """SIGKILL right after the commit that recorded the answer and its checkpoint: the next
+    attempt replays the checkpointed answer and completes the Run; the model was called once."""
+    worker = start_worker(env, workers, faults=AFTER_CHECKPOINT_COMMIT, lease_seconds=2)
+    code, report, _ = worker.finish()
+    assert code == -signal.SIGKILL and report is None
+    env.monkeypatch.delenv("RUNLEDGER_FAULTS")
+    killed = env.the_run("acme", PERIOD)
+    wait_until(lambda: lease_expired(env.ledger, killed.run_id), 30, "the dead worker's lease")
+    state, report = env.run(SUMMARY, ["acme"], PERIOD)
+    assert state.name == "Completed" and outcomes(report) == {"acme": "new"}
+    [call] = env.calls()
+    assert (call["outcome"], call["reuses"]) == ("answered", 1)
+    completed = env.the_run("acme", PERIOD)
+    assert completed.status == "completed" and completed.output is not None
+    assert [a.outcome for a in env.ledger.attempts(killed.run_id)] == ["expired", "completed"]
+    assert outbox_recipients(env.ledger, killed.run_id) == ACME
+
+
+def test_a_worker_killed_during_the_call_leaves_it_lost_and_the_next_attempt_pays_again(
+        env: Env, workers: list[Worker], model_server: ModelServer) -> None:
+    """SIGKILL while the OpenAI-compatible server holds the answer: the call is recorded in
+    flight; the next attempt marks it lost and calls again: 2 paid, 1 lost, with usage."""
+    model_server.script.append(Reply(delay=60))
+    worker = start_worker(env, workers, lease_seconds=3)
+    # Recorded before it leaves, and held by the server: the call is under way.
+    wait_until(lambda: in_transform(env, worker) and len(model_server.requests) == 1, 90,
+               "the server to hold the worker's model call")
+    worker.signal(signal.SIGKILL)
+    worker.finish()
+    run_id = env.the_run("acme", PERIOD).run_id
+    wait_until(lambda: lease_expired(env.ledger, run_id), 30, "the dead worker's lease")
+    env.set(lease_seconds=900)
+    state, report = env.run(SUMMARY, ["acme"], PERIOD)
+    assert state.name == "Completed" and outcomes(report) == {"acme": "new"}
+    calls = env.ledger.calls.of_run(run_id)
+    # The first call is lost; the next attempt pays again (a call the stage retried, if the
+    # loaded machine timed one out, is recorded failed between them).
+    assert calls[0].outcome == "lost" and calls[-1].outcome == "answered", calls
+    assert all(c.outcome == "failed" for c in calls[1:-1]), calls
+    assert (calls[-1].prompt_tokens, calls[-1].completion_tokens) == (120, 30)
+    assert len(model_server.requests) == len(calls)
+
+
 def test_a_worker_killed_while_holding_the_lease_is_replaced_once_the_lease_expires(
         env: Env, workers: list[Worker]) -> None:
     """While the dead worker's lease lasts nobody calls the model, and the flow run says who
@@ -101,7 +151,7 @@ def test_a_worker_killed_while_holding_the_lease_is_replaced_once_the_lease_expi
     worker.finish()
     env.set(offline_model_delay_seconds=0, lease_seconds=900)
     state, report = env.run(SUMMARY, ["acme"], PERIOD)
-    assert state.name == "InProgressElsewhere"
+    assert outcome_name(state) == "InProgressElsewhere"
     assert outcomes(report) == {"acme": "in-progress-elsewhere"}
     assert env.model_calls() == 1
     held = env.the_run("acme", PERIOD)
@@ -154,7 +204,7 @@ def test_a_subject_whose_lease_was_taken_while_it_waited_for_a_pool_slot_ends_wi
     workers.append(worker)
     wait_until(lambda: in_transform(env, worker), 90, "the first subject's model call")
     worker.signal(signal.SIGSTOP)
-    first = CallLog(env.calls).entries()[0]["subject"]
+    first = env.calls()[0]["subject"]
     (second,) = {"acme", "globex"} - {first}
     waiting = env.the_run(second, PERIOD)
     assert waiting.status == "running" and waiting.raw_input is None
@@ -166,7 +216,7 @@ def test_a_subject_whose_lease_was_taken_while_it_waited_for_a_pool_slot_ends_wi
     assert report is not None and report["state"] == "LeaseLost"
     assert {s["subject"]: s["outcome"] for s in report["subjects"]} == {
         first: "new", second: "lease-lost"}
-    assert [e["subject"] for e in CallLog(env.calls).entries()] == [first]
+    assert [e["subject"] for e in env.calls()] == [first]
     assert env.ledger.get(waiting.run_id).owner == "other-worker"
     assert env.the_run(first, PERIOD).status == "completed"
 
@@ -179,7 +229,7 @@ def test_a_persist_retried_after_its_reply_was_lost_finds_its_own_completion(env
     env.ledger.register(identity, probe.job.run_params("acme", period))
     claim = env.ledger.claim(identity.run_id, "test-worker", 60)
     assert claim is not None
-    tick = Tick(probe.job, period, env.ledger, OfflineModel(), None, RunledgerSettings(),
+    tick = Tick(probe.job, period, env.ledger, OfflineModel(), NO_PRICES, None, RunledgerSettings(),
                 "flow-run")
     keeper = LeaseKeeper(env.ledger, 60)
     keeper.hold([claim])

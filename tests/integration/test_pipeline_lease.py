@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from flows.lease_keeper import LeaseKeeper
+from flows.run_job.lease_keeper import LeaseKeeper
 from store import Claim, Ledger, RunIdentity
-from tests.integration.pipeline_support import lease_expired, wait_until
+from tests.support.pipeline import lease_expired, wait_until
 
 
 def claimed(ledger: Ledger, subject: str, owner: str, lease: float) -> Claim:

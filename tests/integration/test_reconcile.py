@@ -16,15 +16,17 @@ from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
+from flows.events import emit_decisions
 from flows.jobs import Job, TransientError
-from flows.outcomes import TickReport, emit_decisions
-from flows.pipeline import run_ledgered_tick
 from flows.reconcile.flow import JobReconciled, reconcile_jobs
 from flows.reconcile.flow import reconcile as reconcile_flow
+from flows.run_job.flow import run_ledgered_tick
+from flows.run_job.outcomes import TickReport
+from flows.run_job.stop import Stop
 from flows.settings import RunledgerSettings
-from flows.stop import Stop
 from store import RunIdentity, unemitted
-from tests.integration.pipeline_support import (
+from tests.support.ledger import register_and_claim
+from tests.support.pipeline import (
     Env,
     outcomes,
     pipeline_env,
@@ -166,8 +168,8 @@ def test_a_stranded_run_is_re_driven_and_finished_once(env: Env) -> None:
     probe = probe_job(["acme"], ["ops@example.com"], missed_runs="skip")
     today = probe.job.period_at(env.ledger.now())
     identity = probe.job.identity("acme", today)
-    claim = env.ledger.register_and_claim(identity, probe.job.run_params("acme", today),
-                                          owner="dead:1", lease=0.001).claim
+    claim = register_and_claim(env.ledger, identity, probe.job.run_params("acme", today),
+                               owner="dead:1", lease=0.001).claim
     assert claim is not None
     env.ledger.save_input(claim, {"subject": "acme", "text": "News about acme."})
     wait_until(lambda: env.ledger.run_states(probe.job.name, today.start)[0].stranded, 10,

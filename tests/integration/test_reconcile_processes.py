@@ -20,10 +20,9 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 
+from flows.events import OCCURRENCE_EVENTS
 from flows.jobs import Job, MissedRunPolicy
 from flows.jobs.competitor_summary import job as competitor_summary
-from flows.model import CallLog
-from flows.outcomes import OCCURRENCE_EVENTS
 from flows.reconcile.flow import reconcile_jobs
 from store import Ledger
 from store.faults import (
@@ -33,8 +32,9 @@ from store.faults import (
     AFTER_SKIP_COMMIT,
     ENV,
 )
-from tests.integration import reconcile_support
-from tests.integration.pipeline_support import (
+from tests.support import reconcile_probe
+from tests.support.ledger import register_and_claim
+from tests.support.pipeline import (
     SUMMARY,
     Env,
     Worker,
@@ -66,8 +66,8 @@ def test_two_reconcile_processes_at_once_start_each_missing_run_once(env: Env) -
     """Both passes see the same four missed days of two subjects; together they complete each
     Run once (one model call each) and report each occurrence overdue once."""
     name = f"reconcile-probe-{uuid.uuid4().hex[:8]}"
-    env.monkeypatch.setenv(reconcile_support.ENV, name)
-    command = [sys.executable, "-c", reconcile_support.LOAD, "reconcile", name, "--json"]
+    env.monkeypatch.setenv(reconcile_probe.ENV, name)
+    command = [sys.executable, "-c", reconcile_probe.LOAD, "reconcile", name, "--json"]
     passes = [subprocess.Popen(command, env=dict(os.environ), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, cwd=Path.cwd())
               for _ in range(2)]
@@ -76,7 +76,7 @@ def test_two_reconcile_processes_at_once_start_each_missing_run_once(env: Env) -
         assert running.returncode in (0, 1), err[-2000:]
     runs = env.ledger.runs(job=name, limit=100)
     assert len(runs) == 8 and {r.status for r in runs} == {"completed"}
-    calls = Counter(e["run_id"] for e in CallLog(env.calls).entries())
+    calls = Counter(e["run_id"] for e in env.calls())
     assert set(calls.values()) == {1} and set(calls) == {r.run_id for r in runs}
     run_ids = [r.run_id for r in runs]
     wait_until(lambda: overdue_events(run_ids) >= 8, 30, "the overdue events")
@@ -92,7 +92,7 @@ def test_a_worker_killed_mid_transform_is_finished_once_by_reconcile(env: Env) -
     period = competitor_summary.latest_due_period(env.ledger.now())
     worker = Worker.start([SUMMARY, "--subject", "acme", "--period", period.label])
     try:
-        wait_until(lambda: any(e["pid"] == worker.pid for e in CallLog(env.calls).entries()),
+        wait_until(lambda: any(e["pid"] == worker.pid for e in env.calls()),
                    90, "the worker's model call")
         worker.signal(signal.SIGKILL)
         worker.finish()
@@ -105,7 +105,7 @@ def test_a_worker_killed_mid_transform_is_finished_once_by_reconcile(env: Env) -
     [step] = [s for s in done.plan.steps if s.owed.identity.run_id == run_id]
     assert step.action == "redrive"
     assert env.ledger.get(run_id).status == "completed"
-    acme_calls = [e for e in CallLog(env.calls).entries() if e["run_id"] == run_id]
+    acme_calls = [e for e in env.calls() if e["run_id"] == run_id]
     assert len(acme_calls) == 2  # the killed one, and the one that completed
     assert [a.outcome for a in env.ledger.attempts(run_id)] == ["expired", "completed"]
 
@@ -146,9 +146,9 @@ def strand_past_its_cap(ledger: Ledger, job: Job) -> None:
     """acme's Run of two days ago: released by dead workers as many times as the job allows."""
     period = job.period_at(ledger.now() - timedelta(days=2))
     for attempt in range(job.max_attempts):
-        claim = ledger.register_and_claim(job.identity("acme", period),
-                                          job.run_params("acme", period),
-                                          owner=f"dead:{attempt}", lease=60).claim
+        claim = register_and_claim(ledger, job.identity("acme", period),
+                                   job.run_params("acme", period),
+                                   owner=f"dead:{attempt}", lease=60).claim
         assert claim is not None
         ledger.fail(claim, "TimeoutError: model", retryable=True)
 
@@ -158,15 +158,15 @@ def test_a_pass_killed_after_any_decisions_commit_leaves_its_event_to_the_next_p
     """A `runledger reconcile` process SIGKILLed right after committing skips, a give-up,
     overdue reports or recoveries (one job each, all at once); the next pass emits every
     decision's event: the Prefect server holds exactly one per decision."""
-    jobs = {point: reconcile_support.probe(f"killed-{uuid.uuid4().hex[:8]}", policy)
+    jobs = {point: reconcile_probe.probe(f"killed-{uuid.uuid4().hex[:8]}", policy)
             for point, policy in KILLED_AT.items()}
     strand_past_its_cap(env.ledger, jobs[AFTER_GIVE_UP_COMMIT])
     killed = {}
     for point, job in jobs.items():
-        command = [sys.executable, "-c", reconcile_support.LOAD, "reconcile", job.name]
+        command = [sys.executable, "-c", reconcile_probe.LOAD, "reconcile", job.name]
         killed[point] = subprocess.Popen(command, env={
-            **os.environ, ENV: point, reconcile_support.ENV: job.name,
-            reconcile_support.POLICY: job.missed_runs}, stdout=subprocess.DEVNULL,
+            **os.environ, ENV: point, reconcile_probe.ENV: job.name,
+            reconcile_probe.POLICY: job.missed_runs}, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, cwd=Path.cwd())
     for point, running in killed.items():
         _, err = running.communicate(timeout=300)

@@ -11,28 +11,21 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from typer.testing import CliRunner
+from typer.testing import Result
 
-from flows.cli.app import app
+from bench.seeding import DEAD_EVERY, UNSENT_EVERY, old, seed
 from flows.retention import prune_ledger
+from flows.run_job.outcomes import outcome_name
 from store import Ledger, OutputPruned, Reply
-from tests.integration.pipeline_support import Env, probe_job, wait_until
-from tests.integration.retention_support import (
-    DEAD_EVERY,
-    UNSENT_EVERY,
-    Writer,
-    checksum,
-    old,
-    seed,
-    tombstone_bytes,
-)
+from tests.support.pipeline import Env, probe_job, wait_until
+from tests.support.retention import Writer, checksum, tombstone_bytes
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 RUNS = 100_000 if FULL else 10_000
@@ -52,9 +45,10 @@ def run_count(ledger: Ledger) -> int:
 
 def test_a_pruned_period_rerun_through_the_pipeline_is_a_duplicate_that_calls_no_model(
         env: Env) -> None:
-    """After its Run is pruned to a tombstone, the same period run again ends Duplicate: no
-    collect, no model call, no new Run row; its state message says the output was pruned
-    (date and digest), and a caller that needs the output gets OutputPruned."""
+    """After its Run is pruned to a tombstone (its model calls keep their record, not their
+    answers), the same period run again ends Duplicate: no collect, no model call, no new Run
+    row; its state message says the output was pruned (date and digest), and a caller that
+    needs the output gets OutputPruned."""
     probe = probe_job(["acme", "globex"])
     state, _ = env.run(probe.name, period="2026-11-20")
     assert state.name == "Completed" and env.model_calls() == 2
@@ -64,11 +58,13 @@ def test_a_pruned_period_rerun_through_the_pipeline_is_a_duplicate_that_calls_no
     assert report.total("runs") == 2 and report.total("outbox") == 4
     run = env.the_run("acme", "2026-11-20", probe.job)
     assert run.status == "completed" and run.output is None and run.pruned_at is not None
+    calls = env.calls()
+    assert [(c["outcome"], c["answer"], c["pid"]) for c in calls] == [("answered", None, None)] * 2
     rows, collects = run_count(env.ledger), list(probe.collects)
 
     state, again = env.run(probe.name, period="2026-11-20")
 
-    assert state.name == "Duplicate", state
+    assert outcome_name(state) == "Duplicate", state
     assert env.model_calls() == 2 and probe.collects == collects
     assert run_count(env.ledger) == rows
     message = state.message or ""
@@ -151,41 +147,29 @@ def test_pruning_a_large_ledger_keeps_every_tombstone_and_other_writers_keep_wor
                   f"{row:.0f} bytes, runs table + indexes {per_run:.0f} bytes per Run")
 
 
-@pytest.fixture
-def cli(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
-    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", db_url)
-    yield CliRunner()
-
-
-def invoke(runner: CliRunner, *args: str) -> tuple[int, str, str]:
-    result = runner.invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
-
-
 def test_a_dry_run_changes_nothing_and_counts_what_the_pass_then_prunes(
-        cli: CliRunner, ledger: Ledger) -> None:
+        invoke: Callable[..., Result], ledger: Ledger) -> None:
     """`prune --dry-run --json` leaves every ledger table as it was (row counts and a checksum
     of every row) and reports exactly what the real pass then removes, also as --json."""
     probe = probe_job()
     seeded = seed(ledger, probe.name, 1000, old(ledger))
     before = checksum(ledger)
-    code, out, _ = invoke(cli, "prune", "--older-than", "90d", "--job", probe.name,
-                          "--dry-run", "--json")
-    assert code == 0 and checksum(ledger) == before
-    dry = json.loads(out)
+    shown = invoke("prune", "--older-than", "90d", "--job", probe.name, "--dry-run", "--json")
+    assert shown.exit_code == 0 and checksum(ledger) == before
+    dry = json.loads(shown.stdout)
     assert dry["dry_run"] is True and dry["bytes_reclaimed"] is None
     assert dry["totals"]["runs"] == seeded.completed - seeded.unsent
 
-    code, out, _ = invoke(cli, "prune", "--older-than", "90d", "--job", probe.name,
-                          "--json", "--batch-size", "300")
-    done = json.loads(out)
-    assert code == 0 and done["dry_run"] is False
+    shown = invoke("prune", "--older-than", "90d", "--job", probe.name,
+                   "--json", "--batch-size", "300")
+    done = json.loads(shown.stdout)
+    assert shown.exit_code == 0 and done["dry_run"] is False
     for name in ("runs", "attempts", "outbox", "delivery_attempts"):
         assert done["totals"][name] == dry["totals"][name], name
     assert done["totals"]["batches"] == -(-run_count(ledger) // 300)  # windows of 300 Runs
     assert done["bytes_reclaimed"] > 0
-    code, out, _ = invoke(cli, "prune", "--older-than", "90d", "--job", probe.name)
-    assert code == 0 and "Runs pruned" in out
+    shown = invoke("prune", "--older-than", "90d", "--job", probe.name)
+    assert shown.exit_code == 0 and "Runs pruned" in shown.stdout
 
 
 @pytest.mark.parametrize(("args", "env", "named"), [
@@ -202,7 +186,7 @@ def test_a_dry_run_changes_nothing_and_counts_what_the_pass_then_prunes(
     (["--older-than", "90d", "--batch-size", "20000"], {}, "--batch-size"),
 ], ids=["reconcile-window", "retry-window", "key-retention", "grammar", "zero", "batch"])
 def test_a_refused_retention_names_its_setting_and_writes_nothing(
-        cli: CliRunner, ledger: Ledger, monkeypatch: pytest.MonkeyPatch,
+        invoke: Callable[..., Result], ledger: Ledger, monkeypatch: pytest.MonkeyPatch,
         args: list[str], env: dict[str, str], named: str) -> None:
     """A retention shorter than the job's reconcile window, the delivery retry window or the
     provider's key retention, a malformed DURATION or batch size: exit 1, one line naming the
@@ -212,8 +196,9 @@ def test_a_refused_retention_names_its_setting_and_writes_nothing(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     before = checksum(ledger)
-    code, out, err = invoke(cli, "prune", *args, "--job", probe.name)
-    assert code == 1 and named in " ".join((out + err).split()), out + err
+    refused = invoke("prune", *args, "--job", probe.name)
+    both = refused.stdout + refused.stderr
+    assert refused.exit_code == 1 and named in " ".join(both.split()), both
     assert checksum(ledger) == before
 
 
@@ -274,11 +259,13 @@ def test_a_dead_message_requeued_while_a_batch_picks_its_run_keeps_the_run_whole
         cutoff = ledger.now() - RETENTION
         pruning = ThreadPoolExecutor(1).submit(ledger.prune_batch, cutoff, [probe.name],
                                                limit=1000)
-        with ledger.engine.connect() as conn:  # the batch waits on the requeued row's lock
+        # The batch waits on the requeued row's lock; pg_stat_activity lists the whole server's
+        # sessions, so only this test's database counts (other tests lock their own outboxes).
+        with ledger.engine.connect() as conn:
             wait_until(lambda: conn.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
-                "query LIKE '%FROM outbox%FOR UPDATE%'")).scalar_one() == 1, 60,
-                "the batch to wait for the outbox row")
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                "wait_event_type = 'Lock' AND query LIKE '%FROM outbox%FOR UPDATE%'")
+            ).scalar_one() == 1, 60, "the batch to wait for the outbox row")
         requeue.commit()
         done = pruning.result(60)
     finally:

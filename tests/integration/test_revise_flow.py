@@ -21,9 +21,12 @@ from typer.testing import CliRunner
 
 from flows.board import job_board
 from flows.cli import app
-from flows.revision import RevisionReport, revise
+from flows.errors import PeriodNotDue
+from flows.run_job.flow import run_job
+from flows.run_job.outcomes import outcome_name
+from flows.run_job.revision import RevisionReport, revise
 from store import RevisionInProgress, RunIdentity
-from tests.integration.pipeline_support import (
+from tests.support.pipeline import (
     ACME,
     RUNLEDGER,
     SUMMARY,
@@ -64,7 +67,7 @@ def test_a_revision_of_a_completed_run_calls_the_model_once_and_resends_with_new
     before = env.ledger.messages(run_id=original.run_id)
     state, result = revised(run_id=original.run_id, reason="model fixed")
     report = report_of(result)
-    assert state.name == "Revised" and "revision 1" in (state.message or "")
+    assert outcome_name(state) == "Revised" and "revision 1" in (state.message or "")
     assert "model fixed" in (state.message or "")
     revision = env.ledger.get(report.run.run_id)
     assert (revision.revision, revision.revises_run_id, revision.status) == (
@@ -78,7 +81,7 @@ def test_a_revision_of_a_completed_run_calls_the_model_once_and_resends_with_new
     assert env.ledger.get(original.run_id) == original
     assert env.ledger.messages(run_id=original.run_id) == before
     state, again = env.run(probe.name, period=PERIOD)
-    assert state.name == "Duplicate" and outcomes(again) == {"acme": "duplicate"}
+    assert outcome_name(state) == "Duplicate" and outcomes(again) == {"acme": "duplicate"}
     assert again.subjects[0].run_id == revision.run_id  # type: ignore[union-attr]
     [period] = job_board(env.ledger, probe.job, datetime(2026, 1, 5, 12, tzinfo=UTC),
                          periods=1).periods
@@ -92,7 +95,7 @@ def test_recollect_collects_again_and_no_resend_queues_nothing(env: Env) -> None
     original = env.the_run("acme", PERIOD, probe.job)
     state, result = revised(run_id=original.run_id, reason="source fixed", recollect=True,
                             resend=False)
-    assert state.name == "Revised" and "nothing resent" in (state.message or "")
+    assert outcome_name(state) == "Revised" and "nothing resent" in (state.message or "")
     assert probe.collects == ["acme", "acme"]
     assert env.ledger.messages(run_id=report_of(result).run.run_id) == []
 
@@ -100,9 +103,9 @@ def test_recollect_collects_again_and_no_resend_queues_nothing(env: Env) -> None
 def test_rerunning_the_same_revise_request_does_not_make_a_second_revision(env: Env) -> None:
     """The same request (a retried revise flow run) finds its revision: completed, it ends as
     Duplicate with no model call; another request while none is unfinished makes revision 2."""
-    from flows.revision import run_revision
+    from flows.run_job.revision import run_revision
+    from flows.run_job.stop import Stop
     from flows.settings import RunledgerSettings
-    from flows.stop import Stop
 
     probe = probe_job()
     env.run(probe.name, period=PERIOD)
@@ -146,7 +149,7 @@ def test_a_request_while_a_revision_is_unfinished_fails_the_flow_run_naming_it(
     assert state.is_failed() and isinstance(result, RevisionInProgress)
     assert pending.run_id in str(result)
     state, result = revised(run_id=pending.run_id, reason="resume")
-    assert state.name == "Revised" and report_of(result).run.run_id == pending.run_id
+    assert outcome_name(state) == "Revised" and report_of(result).run.run_id == pending.run_id
     assert [r.status for r in env.ledger.revisions(original.run_id)] == ["completed"] * 2
 
 
@@ -178,11 +181,11 @@ def test_new_params_for_changed_recipients_go_to_the_new_recipients(env: Env) ->
     state, result = revised(run_id=original.run_id, reason="recipients changed",
                             params={"recipients": ["new@example.com"]})
     revision = report_of(result).run
-    assert state.name == "Revised" and revision.params == {"recipients": ["new@example.com"]}
+    assert outcome_name(state) == "Revised" and revision.params == {"recipients": ["new@example.com"]}
     assert outbox_recipients(env.ledger, revision.run_id) == ["new@example.com"]
     assert outbox_recipients(env.ledger, original.run_id) == ["a@example.com"]
     state, _ = env.run(probe.name, period=PERIOD)
-    assert state.name == "Duplicate"
+    assert outcome_name(state) == "Duplicate"
 
 
 def test_a_job_with_a_business_effect_is_not_revised(env: Env) -> None:
@@ -254,7 +257,7 @@ def test_a_worker_killed_mid_revision_leaves_it_claimable_and_the_next_attempt_f
         env.ledger.request_revision(original.run_id, "meanwhile")
     wait_until(lambda: lease_expired(env.ledger, revision.run_id), 30, "the dead lease")
     state, _ = revised(run_id=revision.run_id, reason="resume")
-    assert state.name == "Revised" and env.model_calls() == 3
+    assert outcome_name(state) == "Revised" and env.model_calls() == 3
     assert [a.outcome for a in env.ledger.attempts(revision.run_id)] == ["expired", "completed"]
     assert outbox_recipients(env.ledger, revision.run_id) == ACME
 
@@ -265,3 +268,21 @@ def test_revision_identity_is_the_runs_identity_with_its_number() -> None:
 
     base = RunIdentity("j", "s", datetime(2026, 1, 5, tzinfo=UTC), "1")
     assert base.revised(3).run_id == RunIdentity("j", "s", base.period_start, "1", 3).run_id
+
+
+def test_a_revision_of_a_period_not_yet_due_is_refused_unless_allowed(env: Env) -> None:
+    """A Run completed early on purpose (allow_not_due) cannot be revised by accident: the
+    refusal names the flag and the parameter and writes nothing; allowed, it is revised."""
+    probe = probe_job()
+    future = "2099-01-05"
+    state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", run_job(
+        job=probe.name, subjects=["acme"], period=future, allow_not_due=True,
+        return_state=True)))
+    assert outcome_name(state) == "Completed", state.message
+    original = env.the_run("acme", future, probe.job)
+    state, result = revised(run_id=original.run_id, reason="typo")
+    assert state.is_failed() and isinstance(result, PeriodNotDue)
+    assert "allow_not_due=true (Custom run)" in str(result)
+    assert [r.revision for r in env.ledger.revisions(original.run_id)] in ([], [0])
+    state, result = revised(run_id=original.run_id, reason="typo", allow_not_due=True)
+    assert outcome_name(state) == "Revised", state.message

@@ -223,7 +223,7 @@ def test_the_guarded_insert_alone_refuses_a_revision_after_an_unfinished_one(
         ledger: Ledger) -> None:
     """Without the caller's checks, the statement itself inserts revision 2 only once
     revision 1 is finished, and never revision 1 twice (the identity key)."""
-    from store import runs as rn
+    from store import revisions
 
     original = completed(ledger)
     first = ledger.request_revision(original.run_id, "one").run
@@ -231,7 +231,7 @@ def test_the_guarded_insert_alone_refuses_a_revision_after_an_unfinished_one(
 
     def insert(number: int, follows: str) -> object:
         with ledger.engine.begin() as conn:
-            return rn._REQUEST_REVISION.first(
+            return revisions._REQUEST_REVISION.first(
                 conn, run_id=base.revised(number).run_id, source_run_id=original.run_id,
                 revision=number, revises_run_id=follows, revision_reason="raw", resend=True,
                 requested_by=None, params_fingerprint="f", params={}, recollect=False)

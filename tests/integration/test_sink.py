@@ -16,9 +16,10 @@ import aiosmtplib
 import pytest
 
 from flows.mail.letter import Letter
-from flows.mail.sink import STATS_FILE, Fault, Sink, free_port
+from flows.mail.sink import STATS_FILE, Fault, Sink
+from flows.ports import free_port
 from store import InvalidInput
-from tests.integration.delivery_support import RUNLEDGER, cli_env
+from tests.support.delivery import RUNLEDGER, cli_env
 
 
 def letter(key: str, recipient: str = "ana@example.com") -> bytes:

@@ -13,12 +13,12 @@ import pytest
 import sqlalchemy as sa
 
 from deployments.project import PROJECT_ROOT
-from flows.jobs import upgrade_ledger
 from flows.mail.sink import Sink
+from flows.registry import upgrade_ledger
 from store import Ledger
 from tests.conftest import ADMIN_URL, PostgresDatabases
-from tests.integration.delivery_support import deliver, statuses
-from tests.integration.pipeline_support import SUMMARY, Env, outcomes, pipeline_env
+from tests.support.delivery import deliver, statuses
+from tests.support.pipeline import SUMMARY, Env, outcomes, pipeline_env
 
 
 def _apply_grants_module() -> ModuleType:

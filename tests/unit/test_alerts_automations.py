@@ -12,7 +12,9 @@ import pytest
 from flows.jobs import Candidate, Job
 from flows.stack.automations import (
     ALERTS,
+    BUDGET_ALERT,
     alert_automation,
+    budget_automation,
     cadence_length,
     dead_mans_switch,
     switch_within,
@@ -89,3 +91,16 @@ def test_the_alert_reacts_to_each_overdue_or_given_up_occurrence_once() -> None:
     assert trigger.match.root == {"prefect.resource.id": "runledger.run.*"}
     [action] = alert.actions
     assert action.block_document_id == BLOCK  # type: ignore[union-attr]
+
+
+def test_the_budget_alert_reacts_to_each_exhausted_window_once() -> None:
+    """Reactive, threshold 1, on any job's runledger.budget.exhausted: one notification per
+    window, saying what was spent and how to raise the cap."""
+    alert = budget_automation(BLOCK)
+    assert alert.name == BUDGET_ALERT
+    trigger: Any = alert.trigger
+    assert trigger.expect == {"runledger.budget.exhausted"}
+    assert (trigger.posture, trigger.threshold) == ("Reactive", 1)
+    assert trigger.match.root == {"prefect.resource.id": "runledger.job.*"}
+    [action] = alert.actions
+    assert "event.payload.fix" in action.body  # type: ignore[union-attr]

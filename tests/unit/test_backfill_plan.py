@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from flows.backfill import InvalidBackfill, check, parse_rate, periods_between, plan
-from flows.jobs import UnknownSubject
+from flows.backfill.plan import plan
+from flows.backfill.request import InvalidBackfill, check, parse_rate, periods_between
+from flows.errors import PeriodNotDue, UnknownSubject
 from store import Occurrence, RunState
 from tests.unit.test_job import make
 
@@ -50,7 +51,6 @@ def test_an_hourly_backfill_of_the_autumn_dst_day_has_twenty_five_periods() -> N
 
 @pytest.mark.parametrize(("start", "end", "message"), [
     ("2026-01-04", "2026-01-01", "end 2026-01-01 is before start 2026-01-04"),
-    ("2026-01-01", "2026-12-02", "end 2026-12-02 has not started yet"),
     ("1990-01-01", "2026-01-01", "more than 10000 periods of job probe (daily); split it"),
 ])
 def test_a_range_backwards_in_the_future_or_too_long_is_refused(
@@ -60,12 +60,17 @@ def test_a_range_backwards_in_the_future_or_too_long_is_refused(
         periods_between(make(), start, end, NOW)
 
 
-def test_the_current_period_may_be_backfilled_but_not_the_next() -> None:
-    """"Now" is given: the period containing it has started, the next has not."""
+def test_a_due_period_may_be_backfilled_but_not_one_not_yet_due_unless_allowed() -> None:
+    """"Now" is given: the period containing it is due (due 0), the next is refused naming
+    the flag and the parameter, and runs when the person allows it."""
     assert [p.label for p in periods_between(make(), "2026-12-01", "2026-12-01", NOW)] == [
         "2026-12-01"]
-    with pytest.raises(InvalidBackfill, match=r"up to the current one \(2026-12-01\)"):
+    with pytest.raises(PeriodNotDue, match=r"period 2026-12-02 of job probe is not due until .*"
+                                           r"--allow-not-due \(CLI\) or the parameter "
+                                           r"allow_not_due=true"):
         periods_between(make(), "2026-12-01", "2026-12-02", NOW)
+    allowed = periods_between(make(), "2026-12-01", "2026-12-02", NOW, allow_not_due=True)
+    assert [p.label for p in allowed] == ["2026-12-01", "2026-12-02"]
 
 
 @pytest.mark.parametrize(("options", "error", "message"), [

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from flows.delivery.policy import RetryPolicy, Status, UncertainPolicy
-from flows.mail.errors import MailConfigurationError
+from flows.errors import DeliveryConfigurationError
 from flows.mail.transport import OutcomeKind, SendOutcome
 from store import InvalidInput, MessageClaim, Reply
 
@@ -104,7 +104,7 @@ def test_an_uncertain_message_past_its_limits_stays_uncertain_not_dead() -> None
 
 def test_a_window_longer_than_the_key_retention_is_refused() -> None:
     """A 25 h window over a 24 h provider retention is a configuration error; SMTP has none."""
-    with pytest.raises(MailConfigurationError, match="longer than provider's"):
+    with pytest.raises(DeliveryConfigurationError, match="longer than provider's"):
         replace(POLICY, max_window=25 * 3600).check_retention(24 * 3600, "provider")
     POLICY.check_retention(24 * 3600, "provider")
     replace(POLICY, max_window=99 * 3600).check_retention(None, "smtp")

@@ -4,6 +4,7 @@ that fires once per period, schedules keep their ids (slugs), and serve mirrors 
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
@@ -15,17 +16,19 @@ from prefect.flows import load_flow_from_entrypoint
 
 from deployments.project import (
     PREFECT_FILE,
+    RUN_JOB,
     InvalidDeployment,
     deployment,
     load_deployments,
 )
 from deployments.serve import runner_deployment
-from flows.jobs import registered_jobs
-from flows.jobs.registry import shipped_jobs
+from flows.deployment_check import schedule_problems, with_every_job
+from flows.jobs.schedule import derived_cron
+from flows.registry import registered_jobs, shipped_jobs
 from flows.stack.work_pool import DEFAULT_POOL
 
 SPECS = load_deployments()
-JOB_SPECS = [s for s in SPECS if s.entrypoint == "flows/pipeline.py:run_job"]
+JOB_SPECS = [s for s in SPECS if s.entrypoint == RUN_JOB]
 
 
 def test_every_shipped_job_has_exactly_one_deployment() -> None:
@@ -49,6 +52,36 @@ def test_a_job_schedule_fires_once_per_period_in_the_jobs_timezone(spec) -> None
     periods = [job.period_at(slot) for slot in fired]
     assert all(a.end == b.start for a, b in pairwise(periods))
     assert [job.due_at(p) for p in periods] == fired
+    assert schedule_problems([spec], start) == []
+    assert schedule.cron == derived_cron(job)
+
+
+def test_a_schedule_that_disagrees_with_its_job_is_named_with_the_cron_to_use() -> None:
+    """A cron an hour off the job's due time, or in another timezone, is a problem that names
+    the deployment, both times and the cron the Job derives."""
+    [spec] = [s for s in JOB_SPECS if s.job == "competitor-summary"]
+    start = datetime(2026, 3, 20, tzinfo=UTC)
+    off = replace(spec, schedules=[replace(spec.schedules[0], cron="0 8 * * *")])
+    [problem] = schedule_problems([off], start)
+    assert problem.startswith("deployment competitor-summary: cron '0 8 * * *' fires at")
+    assert "is due at 2026-03-20 07:00 CET; use cron '0 7 * * *'" in problem
+    elsewhere = replace(spec, schedules=[replace(spec.schedules[0], timezone="UTC")])
+    assert "runs in UTC but job competitor-summary counts periods in Europe/Paris" in \
+        schedule_problems([elsewhere], start)[0]
+    unknown = replace(spec, parameters={"job": "nope"})
+    assert "unknown job 'nope'" in schedule_problems([unknown], start)[0]
+
+
+def test_serve_without_a_file_adds_every_registered_job_on_its_derived_schedule() -> None:
+    """Every registered job has a run-job deployment; one the file lacks gets the schedule
+    derived from its Job, which the check accepts."""
+    without_credit = [s for s in SPECS if s.job != "daily-credit"]
+    specs = with_every_job(without_credit)
+    [credit] = [s for s in specs if s.job == "daily-credit"]
+    assert credit.entrypoint == RUN_JOB and credit.schedules[0].cron == "5 0 * * *"
+    assert credit.schedules[0].timezone == "UTC"
+    assert schedule_problems(specs, datetime(2026, 3, 20, tzinfo=UTC)) == []
+    assert sorted(s.job for s in specs if s.job) == sorted(registered_jobs())
 
 
 def test_every_schedule_has_a_unique_slug_and_a_timezone() -> None:
@@ -72,9 +105,9 @@ def test_the_backfill_deployment_has_no_schedule_and_asks_for_job_start_and_end(
     """A person starts a backfill from the UI's Custom run: nothing scheduled, nothing pinned,
     and the flow's required parameters are exactly what they must give."""
     spec = deployment("backfill")
-    assert spec.entrypoint == "flows/backfill.py:backfill" and spec.schedules == []
+    assert spec.entrypoint == "flows.entrypoints.backfill" and spec.schedules == []
     assert spec.parameters == {} and set(spec.tags) == {"runledger", "backfill"}
-    flow = load_flow_from_entrypoint(f"{spec.flow_path}:backfill")
+    flow = load_flow_from_entrypoint(spec.entrypoint)
     required = [name for name, p in inspect.signature(flow.fn).parameters.items()
                 if p.default is inspect.Parameter.empty]
     assert flow.name == "backfill" and required == ["job", "start", "end"]
@@ -85,21 +118,23 @@ def test_the_revise_deployment_has_no_schedule_and_asks_for_the_run_and_a_reason
     """A person revises a Run from the UI's Custom run: nothing scheduled, nothing pinned, the
     flow's required parameters are the Run's id and the reason, and its options are the CLI's."""
     spec = deployment("revise")
-    assert spec.entrypoint == "flows/revision.py:revise" and spec.schedules == []
+    assert spec.entrypoint == "flows.entrypoints.revise" and spec.schedules == []
     assert spec.parameters == {} and set(spec.tags) == {"runledger", "revise"}
-    flow = load_flow_from_entrypoint(f"{spec.flow_path}:revise")
+    flow = load_flow_from_entrypoint(spec.entrypoint)
     parameters = inspect.signature(flow.fn).parameters
     required = [name for name, p in parameters.items() if p.default is inspect.Parameter.empty]
     assert flow.name == "revise" and required == ["run_id", "reason"]
     assert {n: p.default for n, p in parameters.items() if n not in required} == {
-        "recollect": False, "resend": True, "params": None}
+        "recollect": False, "resend": True, "params": None, "allow_not_due": False}
     assert runner_deployment(spec).schedules == []
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_deployment_parameters_are_parameters_of_its_flow(spec) -> None:  # type: ignore[no-untyped-def]
-    """Every entrypoint loads from the project root, and every parameter exists on the flow."""
-    flow = load_flow_from_entrypoint(str(spec.flow_path) + ":" + spec.entrypoint.split(":")[1])
+    """Every entrypoint is a module path (it loads in any folder where runledger is installed),
+    and every parameter exists on the flow."""
+    assert spec.entrypoint.startswith("flows.entrypoints.") and ":" not in spec.entrypoint
+    flow = load_flow_from_entrypoint(spec.entrypoint)
     assert set(spec.parameters) <= set(inspect.signature(flow.fn).parameters)
     assert spec.work_pool == DEFAULT_POOL and "runledger" in spec.tags
 
@@ -132,7 +167,7 @@ def test_an_invalid_schedule_is_rejected_with_a_clear_error(
     """A schedule that would drift or lose its id across deploys is refused by name."""
     path = tmp_path / "prefect.yaml"
     path.write_text(
-        "deployments:\n- name: d\n  entrypoint: flows/pipeline.py:run_job\n"
+        "deployments:\n- name: d\n  entrypoint: flows.entrypoints.run_job\n"
         f"  work_pool: {{name: runledger}}\n  schedules:\n  - {schedule}\n"
     )
     with pytest.raises(InvalidDeployment, match=message) as raised:
@@ -157,7 +192,7 @@ def test_the_prune_deployment_runs_daily_with_a_retention_every_setting_accepts(
 
     spec = deployment("prune")
     [schedule] = spec.schedules
-    assert spec.entrypoint == "flows/retention.py:prune" and schedule.cron is not None
+    assert spec.entrypoint == "flows.entrypoints.prune" and schedule.cron is not None
     slots = croniter(schedule.cron, datetime(2026, 3, 20, tzinfo=UTC))
     first, second = slots.get_next(datetime), slots.get_next(datetime)
     assert second - first == timedelta(days=1)

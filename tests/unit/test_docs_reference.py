@@ -79,10 +79,10 @@ def test_the_cli_reference_has_every_command(pages: dict[str, str]) -> None:
 
 
 def test_the_states_page_names_every_state_event_and_artifact(pages: dict[str, str]) -> None:
-    """The state names and events of flows/outcomes.py, the outbox events and the artifact
+    """The state names and events of flows/run_job/outcomes.py, the outbox events and the artifact
     keys (tick, status board, delivery) are on the states page."""
     from flows.delivery.flow import ARTIFACT_KEY
-    from flows.outcomes import EVENTS, STATE_NAMES
+    from flows.run_job.outcomes import EVENTS, STATE_NAMES
 
     page = pages["reference/states-events.md"]
     for name in [*STATE_NAMES.values(), *EVENTS.values(), "runledger.outbox.uncertain",

@@ -1,5 +1,5 @@
 """The tick's hold on its next subject while Prefect's events worker has too many events unsent
-(flows.outcomes.EventBacklog), against a real queue drained by a thread as the worker drains
+(flows.run_job.outcomes.EventBacklog), against a real queue drained by a thread as the worker drains
 its own."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import queue
 import threading
 import time
 
-from flows.outcomes import EventBacklog
-from flows.stop import Stop
+from flows.run_job.outcomes import EventBacklog
+from flows.run_job.stop import Stop
 
 
 def drained(events: queue.Queue[int], every: float) -> threading.Thread:

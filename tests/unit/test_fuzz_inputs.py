@@ -12,13 +12,13 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from flows.jobs import get_job
-from flows.jobs.errors import UnknownSubject
+from flows.errors import UnknownSubject
+from flows.registry import get_job
 from store import InvalidInput, OutboxMessage, RunIdentity, params_fingerprint
 from store.errors import InvalidIdentity, InvalidMessage
 from store.identity import canonical_json
 from store.message import MAX_MESSAGE_BYTES
-from tests.unit.fuzz_support import FUZZ, any_char, hostile_text, json_like, works_or_refused
+from tests.support.fuzz import FUZZ, any_char, hostile_text, json_like, works_or_refused
 
 NOW = datetime(2026, 1, 5, tzinfo=UTC)
 addresses = (hostile_text | st.emails() | st.sampled_from([

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from flows.jobs import get_job
-from flows.pipeline import nominal_period
+from flows.registry import get_job
+from flows.run_job.flow import nominal_period
 from store import Period
 from store.errors import InvalidPeriod
-from tests.unit.fuzz_support import FUZZ, hostile_text, refused, works_or_refused
+from tests.support.fuzz import FUZZ, hostile_text, refused, works_or_refused
 
 CADENCES = ["hourly", "daily", "weekly", "monthly", "0 7 * * *", "30 2 * * *", "*/15 * * * *",
             "0 0 29 2 *", "0 0 31 2 *", "0 0 1 1 *", "5 4 * * sun"]

@@ -18,7 +18,7 @@ from flows.mail.provider import ProviderTransport
 from flows.mail.settings import ProviderSettings
 from flows.mail.transport import OutcomeKind, SendOutcome
 from flows.retry_after import retry_after_seconds
-from tests.unit.fuzz_support import FUZZ, hostile_text, json_like
+from tests.support.fuzz import FUZZ, hostile_text, json_like
 
 TRANSPORT = ProviderTransport(ProviderSettings(url="http://127.0.0.1:9", api_key="re_x",
                                                mail_from="jobs@example.com"))

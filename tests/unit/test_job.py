@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from flows.jobs import Candidate, Job, UnknownSubject
-from flows.jobs.errors import InvalidJob
+from flows.errors import InvalidJob, UnknownSubject
+from flows.jobs import Candidate, Job
 from store import OutboxMessage, Period
 from store.errors import InvalidPeriod
 
@@ -62,6 +62,13 @@ def test_a_job_with_an_unknown_missed_run_policy_is_refused() -> None:
     """The missed-run policy is one of skip, latest, catch-up."""
     with pytest.raises(InvalidJob, match="missed_runs"):
         make(missed_runs="sometimes")
+
+
+@pytest.mark.parametrize("name", ["", "  ", "x" * 301, 7])
+def test_a_job_needs_an_endpoint_name(name: object) -> None:
+    """An empty, overlong or non-text endpoint name is an InvalidJob."""
+    with pytest.raises(InvalidJob, match="endpoint must name"):
+        make(endpoint=name)
 
 
 def test_a_job_needs_callable_stages() -> None:

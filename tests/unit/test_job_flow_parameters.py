@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flows.pipeline import run_job
+from flows.run_job.flow import run_job
 
 
 def test_the_flow_is_called_run_job() -> None:
@@ -13,7 +13,7 @@ def test_the_flow_is_called_run_job() -> None:
 def test_every_parameter_has_a_description_for_the_custom_run_form() -> None:
     """The Custom run form shows each parameter's description from the docstring."""
     properties = run_job.parameters.properties
-    assert set(properties) == {"job", "subjects", "period"}
+    assert set(properties) == {"job", "subjects", "period", "allow_not_due", "shard_size", "shard"}
     assert all(properties[name].get("description") for name in properties)
 
 

@@ -6,16 +6,15 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from flows.jobs import (
+from flows.errors import InvalidJob, UnknownJob
+from flows.jobs import daily_credit
+from flows.registry import (
     ENTRY_POINT_GROUP,
-    UnknownJob,
-    daily_credit,
     get_job,
+    jobs_from_entry_points,
     register,
     registered_jobs,
 )
-from flows.jobs.errors import InvalidJob
-from flows.jobs.registry import jobs_from_entry_points
 
 
 def test_both_reference_jobs_are_found_by_name() -> None:
@@ -53,4 +52,22 @@ def test_a_broken_entry_point_is_a_clear_error() -> None:
     with pytest.raises(InvalidJob, match=r"entry point broken = 'flows\.jobs\.missing:job'"):
         jobs_from_entry_points([EntryPoint("broken", "flows.jobs.missing:job", ENTRY_POINT_GROUP)])
     with pytest.raises(InvalidJob, match="is a str, not a Job"):
-        jobs_from_entry_points([EntryPoint("odd", "flows.jobs.registry:PACKAGE", ENTRY_POINT_GROUP)])
+        jobs_from_entry_points([EntryPoint("odd", "flows.registry:PACKAGE", ENTRY_POINT_GROUP)])
+
+
+@pytest.mark.parametrize(("value", "expected"), [("true", True), ("false", False)])
+def test_runledger_example_jobs_decides_whether_the_examples_are_registered(
+        monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
+    """The setting wins over the default (examples in a checkout, none in a wheel install)."""
+    from flows.registry import examples_registered
+
+    monkeypatch.setenv("RUNLEDGER_EXAMPLE_JOBS", value)
+    assert examples_registered() is expected
+
+
+def test_a_checkout_registers_the_examples_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This suite runs from an editable install of the checkout: the examples are there."""
+    from flows.registry import examples_registered
+
+    monkeypatch.delenv("RUNLEDGER_EXAMPLE_JOBS", raising=False)
+    assert examples_registered() is True

@@ -12,7 +12,7 @@ import pytest
 
 from flows.jobs import Candidate, Job
 from flows.reconcile.plan import first_owed, owed_occurrences, plan, redrive_delay
-from flows.stale import stale_reason
+from flows.run_job.stale import stale_reason
 from store import RunState
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import store  # noqa: F401  # defines every statement
-from store.statement import DIALECTS, SQL_FILES, STATEMENTS, main, sql_text
+from store.catalogue import SQL_FILES, main, sql_text
+from store.statement import DIALECTS, STATEMENTS
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

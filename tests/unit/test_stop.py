@@ -1,11 +1,13 @@
-"""A flow run's stop (flows.stop.Stop): what waits on it is called once when it is set, and
+"""A flow run's stop (flows.run_job.stop.Stop): what waits on it is called once when it is set, and
 only while it is still waiting."""
 
 from __future__ import annotations
 
 import functools
 
-from flows.stop import Stop
+import pytest
+
+from flows.run_job.stop import FlowRunStopped, Stop
 
 
 def test_a_callback_registered_before_the_stop_is_called_once_when_it_is_set() -> None:
@@ -35,3 +37,13 @@ def test_a_callback_is_forgotten_when_its_waiter_leaves() -> None:
     with stop.on_set(lambda: calls.append("current")):
         stop.set()
     assert calls == ["current"]
+
+
+def test_a_wait_for_the_endpoint_ends_at_once_when_the_flow_run_stops() -> None:
+    """Stop.sleep returns after its time while running, and raises FlowRunStopped (without
+    waiting) once the stop is set."""
+    stop = Stop()
+    stop.sleep(0)
+    stop.set()
+    with pytest.raises(FlowRunStopped, match="endpoint's limits"):
+        stop.sleep(3600)

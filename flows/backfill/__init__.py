@@ -1,0 +1,1 @@
+"""Backfill: run a job's periods from one date to another on purpose (see ``flow.py``)."""

@@ -1,0 +1,46 @@
+"""What a tick does about its job's budget: the estimator each subject's calls reserve with, the
+words a refused subject, its flow run's OverBudget state and the once-per-window
+``runledger.budget.exhausted`` event say (how much was spent of what cap, and how to raise it)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from flows.jobs.budget import Budget, Estimator, spent_text
+from flows.prices import PriceList
+from store import BudgetExhausted, Period
+
+OVER_BUDGET_STATE = "OverBudget"
+
+
+def estimator(job: str, budget: Budget, prices: PriceList, period: Period,
+              now: datetime) -> Estimator:
+    """The estimator of one tick's calls: its period's window, and the UTC day of ``now`` (the
+    database clock when the tick started)."""
+    return Estimator(job, budget, prices, period.start, now)
+
+
+def refusal_text(budget: Budget, refused: BudgetExhausted) -> str:
+    """Why a subject ended over-budget and how to go on."""
+    r = refused.refusal
+    window = f"{r.window.scope} budget from {r.window.start.isoformat()}"
+    spent = spent_text(budget, r.spent + r.reserved, r.window.cap, r.currency)
+    return (f"over budget: the {window} has {spent}, no room for a call of about "
+            f"{budget.shown(r.estimate, r.currency)}; {raise_hint(r.job, r.window.scope)}")
+
+
+def raise_hint(job: str, scope: str) -> str:
+    """How to go on after a refusal: the window resets, or the cap is raised."""
+    when = "next period" if scope == "period" else "next UTC day"
+    return (f"it runs again in the {when}, or raise the cap (the job's Budget(per_{scope}=...)) "
+            f"and run `runledger reconcile {job}`: over-budget occurrences are owed")
+
+
+def exhausted_payload(budget: Budget, refused: BudgetExhausted) -> dict[str, Any]:
+    """The ``runledger.budget.exhausted`` event's payload."""
+    r = refused.refusal
+    return {"scope": r.window.scope, "window_start": r.window.start.isoformat(),
+            "unit": r.unit, "currency": r.currency, "cap": r.window.cap,
+            "spent": spent_text(budget, r.spent + r.reserved, r.window.cap, r.currency),
+            "refused": 1, "fix": raise_hint(r.job, r.window.scope)}

@@ -1,0 +1,62 @@
+"""`runledger costs`: what each job spent on its model from a day on (calls paid, lost in
+flight, reused from a checkpoint, tokens, money per currency; revisions apart) and what the
+duplicates the ledger suppressed would have cost: each duplicate Run's own stored cost,
+measured when the tick suppressed it (reads only)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flows.cli.app import app
+from flows.cli.output import console, open_ledger, print_json
+from flows.cli.stats_commands import checked_window, window_start
+from flows.cli.tables import FOLD, Col, print_table
+from flows.spend import JobCosts, cost_text, job_costs
+from flows.stats import daily_stats
+
+COLUMNS = [Col("job", fold=FOLD), Col("calls paid"), Col("lost", drop=2), Col("reused", drop=2),
+           Col("tokens", drop=3), Col("spent", fold=FOLD), Col("revisions", fold=FOLD, drop=1),
+           Col("duplicates"), Col("saved", fold=FOLD)]
+
+
+def _row(costs: JobCosts) -> list[str]:
+    spent, revised = costs.spent, costs.revisions
+    return [costs.job, str(spent.paid), str(spent.lost), str(spent.reused), str(spent.tokens),
+            spent.money(),
+            f"{revised.paid} calls, {revised.money()}" if revised.paid else "-",
+            str(costs.duplicates),
+            cost_text(costs.saved) if costs.saved else
+            (f"{costs.saved_tokens} tokens" if costs.saved_tokens else "-")]
+
+
+@app.command("costs")
+def costs(
+    job: Annotated[str | None, typer.Option("--job", help="Only this registered job.")] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", help="First UTC day, YYYY-MM-DD; default: six days before today.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Say per job what its model calls cost from a UTC day on, and what the ledger saved.
+
+    Model calls paid (answered, failed, or lost in flight), lost, answers reused from a
+    checkpoint instead of paid again, tokens and cost (a model without a price shows its tokens
+    and "no price"), revisions apart; the duplicate Runs suppressed and what they would have
+    cost had they run again (each one's own stored cost: the money the ledger saved,
+    measured). Reads only."""
+    start = checked_window(job, since)
+    with open_ledger() as ledger:
+        start = window_start(ledger, start)
+        duplicates: dict[str, int] = {}
+        for day in daily_stats(ledger.activity(start, job), start):
+            duplicates[day.job] = duplicates.get(day.job, 0) + day.duplicates
+        found = job_costs(ledger.calls.since(start, job), ledger.calls.saved_since(start.date(), job),
+                          duplicates)
+    if as_json:
+        print_json({"since": start.date().isoformat(), "jobs": [c.as_dict() for c in found]})
+        return
+    if not found:
+        console().print(f"nothing recorded since {start.date().isoformat()} (UTC)")
+        return
+    print_table(console(), COLUMNS, [_row(c) for c in found])

@@ -1,0 +1,65 @@
+"""The limiter a tick's calls to one endpoint go through: before a call leaves it takes the
+call's slot of the endpoint's shared limits in the ledger (the same transaction records the
+call in flight), waiting as long as the ledger says; a provider's refusal pauses the endpoint
+for every worker; an answer settles the tokens the call took to what it used.
+
+One thread of a process asks the ledger at a time, the others queue behind it: each asking is
+one round trip, and a crowd of threads asking together would only contend for the row."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from math import ceil
+
+from store import Acquisition, CallBook, Claim, InFlight, Intent, Usage
+
+CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text and BPE tokenizers
+POLL_SECONDS = 0.05  # how often to ask while only the calls in flight are too many
+JITTER = 0.1  # a share of each wait added at random: workers do not all ask at once
+
+
+def token_estimate(prompt_chars: int) -> int:
+    """What a call is expected to use before it is made: the prompt's size read as tokens,
+    and as many again for the answer (a budget in tokens reserves the same)."""
+    tokens = ceil(prompt_chars / CHARS_PER_TOKEN)
+    return 2 * tokens
+
+
+class EndpointLimiter:
+    """The shared limits of endpoint ``name`` as this process meets them; a refusal's pause
+    lasts what the provider asked, at most ``max_pause_seconds``. ``sleep`` waits (a flow
+    run's stop makes it raise, so that a cancelled tick waits no longer)."""
+
+    def __init__(self, calls: CallBook, name: str, *, in_flight_seconds: float,
+                 max_pause_seconds: float,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.calls = calls
+        self.sleep = sleep
+        self.name = name
+        self.in_flight_seconds = in_flight_seconds
+        self.max_pause_seconds = max_pause_seconds
+        self._turn = threading.Lock()
+
+    def record(self, claim: Claim, intent: Intent, prompt_chars: int) -> InFlight:
+        """Record the call in flight once the endpoint's limits allow it (sleeping meanwhile);
+        ``LeaseLost`` and ``BudgetExhausted`` as ``CallBook.record_intent``."""
+        taken = Acquisition(self.name, token_estimate(prompt_chars), self.in_flight_seconds)
+        with self._turn:
+            while True:
+                found = self.calls.record_intent_when_allowed(claim, intent, taken)
+                if isinstance(found, InFlight):
+                    return found
+                wait = found.wait_seconds(POLL_SECONDS)
+                self.sleep(wait * (1 + random.uniform(0, JITTER)))
+
+    def refused(self, call: InFlight, retry_after: float | None) -> None:
+        """The provider refused the call: pause the endpoint for every worker."""
+        pause = None if retry_after is None else min(retry_after, self.max_pause_seconds)
+        self.calls.endpoint_refused(call, pause, self.max_pause_seconds)
+
+    def answered(self, call: InFlight, usage: Usage) -> None:
+        """Settle the call's tokens and let the endpoint's rate grow back."""
+        self.calls.endpoint_answered(call, usage)

@@ -1,0 +1,3 @@
+"""The object-storage channel: a job's report written once to an S3-compatible bucket through a
+``prefect-aws`` S3Bucket block, with a conditional write (``If-None-Match: *``) so that the store
+itself refuses a second object under the same key."""

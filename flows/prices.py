@@ -1,0 +1,81 @@
+"""What a model's tokens cost: a price per million input (prompt) and output (completion)
+tokens per model name, in one currency the user names (an ISO 4217 code). Prices come from
+settings (RUNLEDGER_MODEL_PRICES, RUNLEDGER_MODEL_CURRENCY) or a Prefect block
+(``ModelPrices``, editable in the UI); a model without a price costs "no price", never a guess."""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Annotated
+
+import pycountry
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+NANOS = Decimal(10) ** 9  # costs are stored in billionths of the currency's unit
+MILLION = Decimal(10) ** 6
+
+
+def iso_currency(code: str) -> str:
+    """An ISO 4217 currency code such as EUR or USD (upper-cased); anything else is refused."""
+    if not isinstance(code, str) or pycountry.currencies.get(alpha_3=code.strip().upper()) is None:
+        raise ValueError(f"currency must be an ISO 4217 code such as EUR, USD or JPY, got {code!r}")
+    return code.strip().upper()
+
+
+Currency = Annotated[str, AfterValidator(iso_currency)]
+
+
+class ModelPrice(BaseModel):
+    """A model's price per million tokens, read and written (numbers or decimal strings)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: Decimal = Field(ge=0, description="Price per million prompt (input) tokens.")
+    output: Decimal = Field(ge=0, description="Price per million completion (output) tokens.")
+
+
+def nanos(amount: Decimal) -> int:
+    """An amount of money in billionths of its unit, rounded half to even."""
+    return int((amount * NANOS).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+
+def money(amount_nanos: int) -> Decimal:
+    """Billionths of a currency's unit as a Decimal amount."""
+    return Decimal(amount_nanos) / NANOS
+
+
+class PriceList(BaseModel):
+    """Prices per model name in one currency; a model not listed has no price."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    currency: Currency | None = None
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+
+    def model_post_init(self, context: object) -> None:
+        if self.prices and self.currency is None:
+            raise ValueError("prices need their currency: set RUNLEDGER_MODEL_CURRENCY (or the "
+                             "block's currency) to an ISO 4217 code such as USD")
+
+    def price(self, model: str) -> ModelPrice | None:
+        """The price of ``model``, if it has one."""
+        return self.prices.get(model)
+
+    def cost_nanos(self, model: str, prompt_tokens: int | None,
+                   completion_tokens: int | None) -> int | None:
+        """What the tokens cost in billionths of the currency; None without a price or without
+        reported usage (an unknown cost is never shown as zero)."""
+        price = self.price(model)
+        if price is None or prompt_tokens is None or completion_tokens is None:
+            return None
+        return nanos((prompt_tokens * price.input + completion_tokens * price.output) / MILLION)
+
+
+NO_PRICES = PriceList()
+
+
+def format_money(amount_nanos: int | None, currency: str | None, digits: int = 6) -> str:
+    """An amount for people: ``0.004500 EUR``; ``no price`` when unknown."""
+    if amount_nanos is None or currency is None:
+        return "no price"
+    return f"{money(amount_nanos):.{digits}f} {currency}"

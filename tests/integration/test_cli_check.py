@@ -1,0 +1,79 @@
+"""`runledger check` on a healthy setup and on broken ones, on both ledgers: one line per
+finding, exit status 1 when anything failed, the fix named in the line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.mail.sink import Sink
+
+RUNNER = CliRunner()
+
+
+@pytest.fixture
+def healthy(db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """A migrated ledger, an SMTP server that greets, the offline model, no Prefect server
+    (neither in the environment nor in the settings the session's test server set)."""
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("RUNLEDGER_MODEL", "offline")
+    monkeypatch.setenv("RUNLEDGER_SMTP_TLS", "none")
+    monkeypatch.setenv("RUNLEDGER_MAIL_FROM", "runledger@example.org")
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        yield tmp_path
+
+
+def check(folder: Path) -> tuple[int, list[str]]:
+    result = RUNNER.invoke(app, ["check", "--folder", str(folder)])
+    return result.exit_code, result.output.splitlines()
+
+
+def line(lines: list[str], topic: str) -> str:
+    [found] = [x for x in lines if x.split()[1:2] == [topic]]
+    return " ".join(found.split())
+
+
+def test_a_healthy_setup_passes_every_check_it_can_make(
+        healthy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ledger migrated, both shipped jobs with their package, mail greeting, offline model;
+    the server's deployments are skipped without PREFECT_API_URL; exit 0."""
+    with Sink() as sink:
+        monkeypatch.setenv("RUNLEDGER_SMTP_PORT", str(sink.port))
+        status, lines = check(healthy)
+    assert status == 0, lines
+    assert line(lines, "ledger").startswith("ok ledger")
+    jobs = [x for x in lines if x.split()[1:2] == ["job"]]
+    assert any("competitor-summary v1, daily in Europe/Paris: runledger (shipped)" in " ".join(
+        x.split()) for x in jobs)
+    assert line(lines, "mail").startswith(f"ok mail smtp 127.0.0.1:{sink.port} (none) answered 220")
+    assert line(lines, "deployments").startswith("skip deployments PREFECT_API_URL is not set")
+    assert lines[-1].startswith("0 failed")
+
+
+def test_a_missing_ledger_a_dead_mail_server_and_a_drifting_schedule_fail_with_their_fix(
+        healthy: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No ledger file (nothing created), nobody on the SMTP port, and a prefect.yaml whose cron
+    is an hour off its job's due time: three failures, exit 1."""
+    missing = tmp_path / "nowhere" / "runledger.db"
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", f"sqlite:///{missing}")
+    with Sink() as sink:
+        port = sink.port  # a port nobody listens on once the sink stopped
+    monkeypatch.setenv("RUNLEDGER_SMTP_PORT", str(port))
+    (healthy / "prefect.yaml").write_text(
+        "deployments:\n- name: competitor-summary\n  entrypoint: flows.entrypoints.run_job\n"
+        "  parameters: {job: competitor-summary}\n  work_pool: {name: runledger}\n"
+        "  schedules:\n  - {cron: '0 8 * * *', timezone: Europe/Paris, slug: daily}\n")
+    status, lines = check(healthy)
+    assert status == 1, lines
+    assert line(lines, "ledger").startswith(f"FAIL ledger no ledger at sqlite:///{missing}")
+    assert "RUNLEDGER_DATABASE_URL" in line(lines, "ledger") and not missing.exists()
+    assert line(lines, "mail").startswith(f"FAIL mail smtp 127.0.0.1:{port}: ConnectionRefused")
+    assert "use cron '0 7 * * *'" in line(lines, "prefect.yaml")
+    assert lines[-1].startswith("3 failed")

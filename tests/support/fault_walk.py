@@ -1,0 +1,263 @@
+"""One subject's whole life through the real ledger, model wrapper and dispatcher, passing every
+named fault point: the job owes it, a neighbouring period is skipped and unskipped, its
+occurrence is reported overdue, its Run is registered and claimed, renewed, given its input and
+the model's answer (its call recorded before it left, its answer checkpointed), completed with
+four outbox rows and a business effect, a revision of it requested (left pending), reported
+recovered, and counted as a duplicate with its cost; a side Run spends (a call answered, one
+refused, its answers rejected, one refused by the budget, released over budget, claimed again:
+its calls in flight marked lost, its checkpoint looked up, completed); another side Run is
+claimed, failed, requeued and given up; a Run of another job is completed and
+pruned to its tombstone; the decisions' events are claimed and recorded emitted; the mail is delivered to a sink that
+answers 451 once, drops the connection once and refuses one recipient (550), and the refused
+message is requeued once.
+
+``walk`` can run again after a crash anywhere: each step starts from what the ledger holds (a
+dead walker's lease is waited out). As a process, ``python -m tests.support.fault_walk URL
+SUBJECT HOST PORT`` walks once; with $RUNLEDGER_FAULTS set it dies at that point."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from contextlib import suppress
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlmodel import Session
+
+from flows.delivery.dispatcher import Dispatcher
+from flows.delivery.policy import RetryPolicy
+from flows.mail.settings import SmtpSettings, TlsMode
+from flows.mail.sink import Fault
+from flows.mail.smtp import SmtpTransport
+from flows.model import CallCount, Generation, ModelRejected, OfflineModel, RecordedModel
+from flows.prices import NO_PRICES
+from store import (
+    BudgetExhausted,
+    Charge,
+    Claim,
+    Intent,
+    Ledger,
+    OutboxMessage,
+    QueuedMessage,
+    Run,
+    RunIdentity,
+    Window,
+    unemitted,
+)
+from tests.support.ledger import register_and_claim, wait_for_db_clock
+
+JOB = "fault-walk"
+PRUNED_JOB = "fault-walk-retention"  # its own job: pruning it never touches the walked Run
+PERIOD = datetime(2026, 3, 2, tzinfo=UTC)
+PARAMS = {"units": 10}
+RUN_LEASE = 1.0  # a dead walker's Run lease is waited out by the rerun
+SMTP_TIMEOUT = 0.2
+# A dead dispatcher's leases are waited out by the rerun; a dispatcher gives a claim back when
+# less than 3 x SMTP_TIMEOUT + 1 s of its lease is left.
+DELIVERY_LEASE = 2.5
+POLICY = RetryPolicy(max_attempts=5, base_delay=0.01, max_delay=0.02, max_window=3600)
+KINDS = ("ok", "retry", "uncertain", "dead")
+WALK_SECONDS = 60.0
+
+EFFECTS = sa.MetaData()
+# Append-only, so that a second application of the effect would show as a second row.
+EFFECT = sa.Table(
+    "walk_effects", EFFECTS,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("subject", sa.String(200), nullable=False),
+)
+
+
+def identity(subject: str, days: int = 0) -> RunIdentity:
+    """The walked Run (``days`` 0), the skipped neighbour (1) and the side Run (2)."""
+    return RunIdentity(JOB, subject, PERIOD + timedelta(days=days), "1")
+
+
+def recipient(subject: str, kind: str) -> str:
+    return f"{kind}-{subject}@example.com"
+
+
+def sink_faults(subjects: list[str]) -> list[Fault]:
+    """What the sink answers each subject's retry, uncertain and dead recipients."""
+    faults: list[Fault] = []
+    for s in subjects:
+        faults += [Fault("rcpt", "451", 1, recipient(s, "retry")),
+                   Fault("data", "drop", 1, recipient(s, "uncertain")),
+                   Fault("rcpt", "550", None, recipient(s, "dead"))]
+    return faults
+
+
+def walk(ledger: Ledger, subject: str, host: str, port: int) -> None:
+    """The whole life of ``subject``, from wherever an earlier walk left it."""
+    owner = f"walker:{os.getpid()}"
+    main = identity(subject)
+    ledger.owe(JOB, {subject: PERIOD})
+    skipped = identity(subject, 1)
+    ledger.skip([(skipped, "walked past")])
+    ledger.unskip([skipped.run_id])
+    ledger.mark_overdue([main])
+    _tick(ledger, main, owner)
+    ledger.request_revision(main.run_id, "walk: revised", requested_by=f"walk:{subject}")
+    ledger.count_suppressed(JOB, PERIOD.date(), duplicates=1, in_progress_elsewhere=0)
+    ledger.calls.count_saved(JOB, PERIOD.date(), [main.run_id])
+    _spend(ledger, identity(subject, 3), owner)
+    ledger.mark_recovered(JOB)
+    _operate(ledger, identity(subject, 2), owner)
+    _prune(ledger, RunIdentity(PRUNED_JOB, subject, PERIOD, "1"), owner)
+    _emit(ledger)
+    _deliver(ledger, main.run_id, host, port)
+
+
+def _tick(ledger: Ledger, main: RunIdentity, owner: str) -> None:
+    """Register+claim, renew, collect, transform, complete, as a tick's stages do."""
+    while True:
+        found = register_and_claim(ledger, main, PARAMS, owner=owner, lease=RUN_LEASE)
+        if found.run.status == "completed":
+            return
+        if found.claim is not None:
+            break
+        assert found.run.lease_expires_at is not None, found.run
+        wait_for_db_clock(ledger, found.run.lease_expires_at)
+    claim = found.claim
+    ledger.renew_many([claim], RUN_LEASE)
+    raw = ledger.save_input(claim, {"text": f"News about {main.subject}. Prices went up."})
+    model = RecordedModel(OfflineModel(), ledger.calls, claim, NO_PRICES, CallCount())
+    answer = model.generate(raw["text"], system="Summarize.")
+    messages = [OutboxMessage(recipient(main.subject, k), f"walk {k}", answer.text)
+                for k in KINDS]
+
+    def effect(session: Session, output: dict[str, Any]) -> None:
+        session.execute(EFFECT.insert().values(subject=main.subject))
+
+    ledger.complete(claim, {"text": answer.text}, messages, effect)
+
+
+def given_up(run: Run) -> bool:
+    return run.status == "failed" and (run.error or "").startswith("gave up")
+
+
+def _operate(ledger: Ledger, side: RunIdentity, owner: str) -> None:
+    """A side Run: claimed, failed for good, requeued by an operator, given up by reconcile."""
+    run = ledger.register(side)
+    if run.status in ("pending", "running") and not (run.status == "pending" and run.attempts):
+        run = ledger.fail(_claim_when_free(ledger, run, owner), "walk: refused", retryable=False)
+    if run.status == "failed" and not given_up(run):
+        run = ledger.requeue_run(run.run_id)
+    if run.status == "pending":
+        (state,) = [s for s in ledger.run_states(JOB, side.period_start) if s.run_id == run.run_id]
+        ledger.give_up(state, max_attempts=1)
+
+
+def _prune(ledger: Ledger, old: RunIdentity, owner: str) -> None:
+    """A Run of another job, completed and then pruned to its tombstone (a cutoff a day
+    ahead of the database clock makes it old enough)."""
+    found = register_and_claim(ledger, old, PARAMS, owner=owner, lease=RUN_LEASE)
+    if found.run.status != "completed":
+        claim = found.claim or _claim_when_free(ledger, found.run, owner)
+        ledger.complete(claim, {"text": "to be pruned"})
+    cutoff, cursor = ledger.now() + timedelta(days=1), ""
+    while (cursor := ledger.prune_batch(cutoff, [PRUNED_JOB], limit=10, after=cursor).cursor):
+        pass
+
+
+def _emit(ledger: Ledger) -> None:
+    """What reconcile does after its decisions: lease those whose events are not known emitted
+    (a dead walker's lease is waited out), then record them emitted (no Prefect here)."""
+    while not (claimed := ledger.claim_events(JOB, RUN_LEASE)):
+        if not any(unemitted(o) for o in ledger.occurrences(JOB, PERIOD)):
+            return
+        time.sleep(0.1)
+    ledger.mark_emitted(claimed)
+
+
+SIDE_TEXT = "Side news. Prices went down."
+
+
+class Refusing:
+    """A model whose provider refuses every request (HTTP 400)."""
+
+    name = "refusing"
+    endpoint = "loopback"
+
+    def generate(self, prompt: str, *, system: str | None = None) -> Generation:
+        refused = ModelRejected("model refusing refused the request with HTTP 400")
+        refused.status = 400
+        raise refused
+
+    def close(self) -> None:
+        return None
+
+
+def _spend(ledger: Ledger, side: RunIdentity, owner: str) -> None:
+    """A side Run's model calls: one answered and checkpointed, one refused, its answers
+    rejected by validation, one refused by an exhausted budget and the Run released over
+    budget; claimed again, its calls in flight are marked lost, its checkpoint looked up (none:
+    rejected), one call answered, and it completes."""
+    run = ledger.register(side)
+    if run.status == "completed":
+        return
+    claim = _claim_when_free(ledger, run, owner)
+    RecordedModel(OfflineModel(), ledger.calls, claim, NO_PRICES, CallCount()).generate(SIDE_TEXT)
+    with suppress(ModelRejected):
+        RecordedModel(Refusing(), ledger.calls, claim, NO_PRICES, CallCount()).generate("no")
+    ledger.calls.reject_answers(claim)
+    empty = Charge(JOB, "tokens", None, 1, (Window("period", side.period_start, 0),))
+    with suppress(BudgetExhausted):
+        ledger.calls.record_intent(claim, Intent("offline", "m", 2, "0" * 64, empty))
+    ledger.calls.release_over_budget(claim, "walk: over budget")
+    again = _claim_when_free(ledger, ledger.get(side.run_id), owner)
+    RecordedModel(OfflineModel(), ledger.calls, again, NO_PRICES, CallCount()).generate(SIDE_TEXT)
+    ledger.complete(again, {"text": "side"})
+
+
+def _claim_when_free(ledger: Ledger, run: Run, owner: str) -> Claim:
+    while (claim := ledger.claim(run.run_id, owner, RUN_LEASE)) is None:
+        run = ledger.get(run.run_id)
+        assert run.lease_expires_at is not None, run
+        wait_for_db_clock(ledger, run.lease_expires_at)
+    return claim
+
+
+def unsettled(messages: list[QueuedMessage]) -> list[QueuedMessage]:
+    """Messages a dispatcher still has to try (or that a dead one still holds)."""
+    return [m for m in messages if m.status in ("pending", "retry", "sending")
+            or (m.status == "uncertain" and m.next_attempt_at is not None)]
+
+
+def delivery_pass(ledger: Ledger, host: str, port: int, *, timeout: float, lease: float,
+                  policy: RetryPolicy, mark_batch: int = 20, batch_size: int = 100) -> None:
+    """One dispatcher pass to the SMTP sink at ``host``:``port`` (plain SMTP on loopback)."""
+    settings = SmtpSettings(host=host, port=port, tls=TlsMode.NONE, mail_from="jobs@example.com",
+                            timeout=timeout)
+    dispatcher = Dispatcher(ledger, SmtpTransport(settings), policy, lease_seconds=lease,
+                            mark_batch=mark_batch)
+    asyncio.run(dispatcher.run_pass(batch_size=batch_size, max_seconds=10))
+
+
+def _deliver(ledger: Ledger, run_id: str, host: str, port: int) -> None:
+    """Delivery passes until every message is settled; the refused one is requeued once."""
+    deadline = time.monotonic() + WALK_SECONDS
+    while True:
+        while unsettled(ledger.messages(run_id=run_id)):
+            assert time.monotonic() < deadline, ledger.messages(run_id=run_id)
+            delivery_pass(ledger, host, port, timeout=SMTP_TIMEOUT, lease=DELIVERY_LEASE,
+                          policy=POLICY)
+            time.sleep(0.05)
+        (dead,) = [m for m in ledger.messages(run_id=run_id) if m.status == "dead"]
+        refusals = [a for a in ledger.delivery_attempts(dead.message_id) if a.outcome == "dead"]
+        if len(refusals) >= 2:
+            return
+        ledger.requeue_message(dead.message_id)
+
+
+def main(url: str, subject: str, host: str, port: str) -> None:
+    with Ledger.connect(url) as ledger:
+        walk(ledger, subject, host, int(port))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

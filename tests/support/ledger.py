@@ -1,0 +1,56 @@
+"""Helpers for the ledger tests: one Run registered and claimed, a snapshot of every Run table,
+and a wait on the database clock."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from store import Ledger, Registration, RunIdentity
+from store.models import attempts_table, model_calls_table, outbox_table, runs_table
+
+
+def register_and_claim(ledger: Ledger, identity: RunIdentity, params: dict[str, Any] | None = None,
+                       *, owner: str, lease: timedelta | float) -> Registration:
+    """Register one Run and take its lease, as a tick does for all of its Runs at once
+    (``Ledger.register_and_claim_many``); ``RunConflict`` if it exists with other parameters."""
+    found = ledger.register_and_claim_many([(identity, params)], owner=owner, lease=lease)
+    registration = found[identity.run_id]
+    if registration.conflict is not None:
+        raise registration.conflict
+    return registration
+
+
+def snapshot(ledger: Ledger) -> dict[str, list[dict[str, Any]]]:
+    """Every row of the ledger's Run tables, to prove a refused call wrote nothing."""
+    with ledger.engine.connect() as conn:
+        return {
+            table.name: [dict(r._mapping) for r in conn.execute(sa.select(table).order_by(*table.primary_key))]
+            for table in (runs_table, attempts_table, outbox_table)
+        }
+
+
+def wait_for_db_clock(ledger: Ledger, instant: datetime) -> None:
+    """Sleep until the DATABASE clock has passed ``instant`` (lease expiry is judged by it)."""
+    deadline = time.monotonic() + 30
+    while ledger.database.now() <= instant:
+        assert time.monotonic() < deadline, "the database clock did not advance"
+        time.sleep(0.05)
+
+
+def model_calls(ledger: Ledger) -> list[dict[str, Any]]:
+    """Every model call the ledger recorded (each one that left a process), oldest first, with
+    its Run's subject and the pid of the worker whose Attempt made it (owner host:pid:...;
+    None once retention deleted the Attempt, the call's record stays)."""
+    calls, attempts, runs = model_calls_table, attempts_table, runs_table
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(calls, attempts.c.owner, runs.c.subject)
+            .outerjoin(attempts, attempts.c.attempt_id == calls.c.attempt_id)
+            .join(runs, runs.c.run_id == calls.c.run_id)
+            .order_by(calls.c.started_at, calls.c.call_id)).all()
+    return [{**row._mapping, "pid": int(row.owner.split(":")[1]) if row.owner else None}
+            for row in rows]

@@ -1,29 +1,34 @@
-"""A model-bound tick against a rate-limited provider: runledger (one worker process) against a
-Prefect-native flow, on the same rate-limited OpenAI-compatible server on loopback.
+"""A model-bound tick against a rate-limited provider: runledger in one worker process,
+runledger's tick sharded over a work pool of several worker processes, and a Prefect-native
+flow, on the same rate-limited OpenAI-compatible server on loopback.
 
     uv run python bench/throughput.py [--subjects 400] [--rate 20] [--latencies 0.2 1 5]
+                                      [--workers 3] [--contenders one pool native]
                                       [--database-url URL]
 
 The server (bench/limited_provider.py) answers each call after L seconds, accepts R calls a
 second (a token bucket of one second's worth) and refuses the rest with 429 and Retry-After: 1;
 it counts accepted calls, 429s and the peak in flight. For each latency L, in this order:
 
-- runledger: one tick of N subjects (bench/volume_tick.py: a job whose transform makes
-  one call) in a worker process of its own, the default endpoint configured at R*60 requests
-  per minute and max_concurrent ceil(1.5 R L) + 1 (the threads it sizes);
+- runledger, 1 process: one tick of N subjects (bench/volume_tick.py: a job whose transform
+  makes one call) in a worker process of its own, the default endpoint configured at R*60
+  requests per minute and max_concurrent ceil(1.5 R L) + 1 (the threads it sizes);
+- runledger, W processes: the same tick as a flow run of a deployment (bench/volume_flow.py)
+  with ``shard_size`` ceil(N / W), on a process work pool served by W ``prefect worker``
+  processes: the tick's flow run starts W shard flow runs, which the workers take; the
+  endpoint's limits are shared through the ledger;
 - Prefect-native: a flow of N tasks ``.map``ped on a ThreadPoolTaskRunner of as many threads,
   each taking ``rate_limit`` of a global concurrency limit of R slots decaying at R a second,
   then making the call with the openai SDK (6 task retries, 1 s apart), in a process of its own.
 
-Printed per contender: the wall time from the first call the server received to the process's
+Printed per contender: the wall time from the first call the server received to the tick's
 end, its ratio to the floor N / R, the calls accepted and refused (429), the peak in flight,
-failed subjects, CPU milliseconds per subject of the worker process and of the server (this
-process's own CPU over the contender's run), and runledger's peak RSS. ``--threads 8 256`` runs
-runledger alone once per thread count (RUNLEDGER_SUBJECT_CONCURRENCY), for memory per thread. Prefect: PREFECT_API_URL if set, else a temporary
-local server (bench/pipeline_bench.py's). Ledger: a new SQLite file, or --database-url.
-
-A 3-worker-process runledger contender (issue 36, part 3: a tick spread over workers) is not
-built yet."""
+failed subjects, CPU milliseconds per subject of the worker processes (with the flow-run
+processes they start) and of the server (this process's own CPU over the contender's run),
+and runledger's peak RSS in one process. ``--threads 8 256`` runs runledger alone once per
+thread count (RUNLEDGER_SUBJECT_CONCURRENCY), for memory per thread. Prefect: PREFECT_API_URL
+if set, else a temporary local server (bench/pipeline_bench.py's). Ledger: a new SQLite file
+per latency, or --database-url."""
 
 from __future__ import annotations
 

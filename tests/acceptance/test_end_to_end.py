@@ -106,12 +106,13 @@ def scheduled_tick(stack: AcceptanceStack) -> Tick:
 
 def test_a_scheduled_run_completes_and_delivery_sends_one_email_per_recipient(
         stack: AcceptanceStack, scheduled_tick: Tick) -> None:
-    """The slot's flow run ends Completed, one Run per workspace, one model call per Run,
-    and the deliver-outbox deployment sends each subscriber exactly one email."""
+    """The slot's flow run ends Completed for the latest period due at the slot, one Run per
+    workspace, one model call per Run, and the deliver-outbox deployment sends each subscriber
+    exactly one email."""
     run = scheduled_tick.final
     assert run.state is not None and run.state.name == "Completed", run.state
     assert run.auto_scheduled and run.idempotency_key.startswith("scheduled ")
-    assert run.name == f"{SUMMARY}/{JOB.period_at(run.expected_start_time).label}"
+    assert run.name == f"{SUMMARY}/{JOB.latest_due_period(run.expected_start_time).label}"
     runs = ledger_runs(stack, scheduled_tick.label)
     assert sorted(r.run_id for r in runs) == sorted(scheduled_tick.run_ids)
     assert {r.status for r in runs} == {"completed"}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
 from flows.run_job.flow import run_job
 from flows.run_job.outcomes import TickReport
@@ -46,6 +47,7 @@ def test_a_flow_run_of_no_deployment_runs_every_subject_itself_whatever_its_shar
     assert isinstance(report, TickReport)
     assert dict(report.counts()) == {"new": 2}
     assert env.model_calls() == 2
+    parent = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(
+        any_=[state.state_details.flow_run_id]))
     with get_client(sync_client=True) as client:
-        children = client.read_flow_runs()
-    assert [r for r in children if r.parent_task_run_id is not None] == []
+        assert client.read_flow_runs(flow_run_filter=parent) == []

@@ -189,12 +189,20 @@ def runledger_pool(n: int, rate: float, latency: float, api: str, database_url: 
                                     stderr=subprocess.DEVNULL) for i in range(workers)]
         try:
             server_before = cpu_seconds()
+            deadline = time.monotonic() + max(600.0, 20 * n / rate)
             with get_client(sync_client=True) as client:
                 flow_run = client.create_flow_run_from_deployment(deployment)
                 while True:
                     found = client.read_flow_run(flow_run.id)
                     if found.state is not None and found.state.is_final():
                         break
+                    if time.monotonic() > deadline:
+                        raise SystemExit(
+                            f"the tick's flow run {flow_run.id} has not ended in "
+                            f"{max(600.0, 20 * n / rate):.0f} s (state "
+                            f"{found.state.name if found.state else None}): the work-pool "
+                            f"contender needs a PostgreSQL-backed Prefect server in "
+                            f"PREFECT_API_URL (a SQLite-backed one locks under its workers)")
                     time.sleep(0.5)
             ended = found.state.timestamp.timestamp()
             server_cpu = cpu_seconds() - server_before

@@ -151,6 +151,21 @@ def test_the_behaviour_table_shows_a_kill_after_the_model_blocking_prefect_nativ
     assert blocked["runs"] == "killed / blocked, stopped after 20 s", blocked
 
 
+def test_the_throughput_bench_completes_every_subject_in_one_process_and_prefect_native(
+        run_bench: RunBench, prefect_api: str) -> None:
+    """A reduced run (100 subjects, 50 calls a second, 0.2 s answers): each contender's row
+    says every call was accepted once and no subject failed (the figures are not asserted)."""
+    out = run_bench("throughput.py", "--subjects", "100", "--rate", "50", "--latencies", "0.2",
+                    "--contenders", "one", "native", env={"PREFECT_API_URL": prefect_api},
+                    timeout=600)
+    table = out[out.index("| contender |"):].splitlines()[2:]
+    rows = {cells[0]: cells for cells in
+            ([c.strip() for c in line.strip("|").split("|")] for line in table)}
+    assert set(rows) == {"runledger, 1 process", "Prefect-native, rate_limit"}, out
+    for cells in rows.values():
+        assert (cells[4], cells[7]) == ("100", "0"), out  # accepted, failed
+
+
 @pytest.mark.parametrize(("script", "args", "message"), [
     ("pipeline_bench.py", ["--sizes", "0"], "--sizes and --repeat must be positive"),
     ("outbox_claim_bench.py", ["--small", "30", "--claims", "3"],

@@ -288,7 +288,7 @@ class Worker:
         assert claim is not None
         self.finish(key, claim, ledger)
         cycle = list(recorded)
-        [message] = ledger.messages(run_id=claim.run_id)
+        [message] = ledger.outbox.messages(run_id=claim.run_id)
         ledger.close()
         self.placeholders = (claim.run_id, claim.attempt_id, message.message_id, key)
         return cycle

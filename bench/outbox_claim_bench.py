@@ -80,11 +80,11 @@ def _sqlite(directory: Path) -> Iterator[str]:
 def median_claim(opened: Ledger, claims: int, limit: int) -> float:
     """Median seconds of ``claims`` claims of ``limit`` messages (after two warm-up claims)."""
     for _ in range(2):
-        opened.claim_messages("bench:warm-up", limit, 600)
+        opened.outbox.claim_messages("bench:warm-up", limit, 600)
     seconds = []
     for _ in range(claims):
         started = time.perf_counter()
-        claimed = opened.claim_messages(f"bench:{os.getpid()}", limit, 600)
+        claimed = opened.outbox.claim_messages(f"bench:{os.getpid()}", limit, 600)
         seconds.append(time.perf_counter() - started)
         assert len(claimed) == limit, f"claimed {len(claimed)} of {limit}"
     return statistics.median(seconds)

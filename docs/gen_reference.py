@@ -616,7 +616,8 @@ API_GROUPS = ("The ledger", "Values and records", "Errors", "Functions", "Consta
 
 
 def _api_group(value: object, name: str) -> int:
-    if name == "Ledger":
+    # The Ledger and its books (ledger.calls, .outbox, .occurrences, .retention) come first.
+    if name == "Ledger" or name.endswith("Book"):
         return 0
     if isinstance(value, type):
         return 2 if issubclass(value, BaseException) else 1
@@ -630,7 +631,7 @@ def api_page() -> str:
            _rst_to_md(inspect.cleandoc(store.__doc__ or "")), "",
            "Every name below is importable from `store`; the modules behind them are private.", ""]
     grouped: dict[int, list[str]] = {}
-    for name in sorted(store.__all__, key=str.lower):
+    for name in sorted(store.__all__, key=lambda n: (n != "Ledger", n.lower())):
         grouped.setdefault(_api_group(getattr(store, name), name), []).append(name)
     for group, names in sorted(grouped.items()):
         out += [f"## {API_GROUPS[group]}", ""]

@@ -97,7 +97,7 @@ def emit_decisions(ledger: Ledger, job: Job, steps: Mapping[str, Step]) -> None:
     """Emit the events of the job's decisions not known to be emitted (this pass's, and any a
     killed pass left), each under its decision's own id, then record them emitted. ``steps``:
     this pass's plan, by run id (none for a stale tick)."""
-    claimed = ledger.claim_events(job.name, EMIT_LEASE_SECONDS)
+    claimed = ledger.occurrences.claim_events(job.name, EMIT_LEASE_SECONDS)
     if not claimed:
         return
     events = []
@@ -119,7 +119,7 @@ def emit_decisions(ledger: Ledger, job: Job, steps: Mapping[str, Step]) -> None:
         log.warning("could not emit %d decision events of %s; a later pass will", len(events),
                     job.name, exc_info=True)
         return
-    ledger.mark_emitted(claimed)
+    ledger.occurrences.mark_emitted(claimed)
 
 
 def _job_resource(job: Job) -> dict[str, str]:

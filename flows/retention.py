@@ -226,22 +226,22 @@ def prune_ledger(ledger: Ledger, older_than: timedelta, jobs: Sequence[Job], *,
     if not names:
         return report
     done = report.counts
-    found = ledger.prunable(cutoff, names)
+    found = ledger.retention.prunable(cutoff, names)
     if dry_run:
         done.add(found)
         done.left(found)
         return report
     cursor: str | None = ""
     while cursor is not None:
-        batch = ledger.prune_batch(cutoff, names, limit=batch_size, after=cursor)
+        batch = ledger.retention.prune_batch(cutoff, names, limit=batch_size, after=cursor)
         cursor = batch.cursor
         if cursor is not None:
             done.add(batch)
             done.batches += 1
             if progress is not None:
                 progress(done.runs, found.runs)
-    done.left(ledger.prunable(cutoff, names))
-    ledger.vacuum()
+    done.left(ledger.retention.prunable(cutoff, names))
+    ledger.retention.vacuum()
     report.after = ledger.storage()
     return report
 

@@ -52,9 +52,12 @@ from store.models import (
     QueuedMessage,
     Run,
 )
+from store.occurrence_book import OccurrenceBook
 from store.occurrences import RunState, unemitted
 from store.outbox import MessageClaim, Reply
+from store.outbox_book import OutboxBook
 from store.period import Period
+from store.retention_book import RetentionBook
 from store.revisions import Revision, latest_completed
 from store.runs import FinishedRun
 from store.settings import LedgerSettings
@@ -66,13 +69,12 @@ __all__ = [
     "RUN_STATUSES", "Acquisition", "Activity", "Attempt", "BudgetExhausted", "CallBook", "Charge",
     "Checkpoint", "Claim", "CompletedBy", "Completion", "DeliveryLeaseLost", "Effect",
     "EndpointLimit", "FinishedRun", "InFlight", "Intent", "InvalidInput", "LeaseLost", "Ledger",
-    "LedgerBusy",
-    "LedgerError", "LedgerNotReady", "LedgerSettings", "LedgerUnavailable", "Limits", "MessageClaim",
-    "ModelCall", "Occurrence", "OutboxMessage", "OutputPruned", "Period", "Prunable", "Pruned",
-    "QueuedMessage", "Refusal", "Registration", "Reply", "Revision", "RevisionInProgress",
-    "RevisionRefused", "Run", "RunConflict", "RunIdentity", "RunState", "RunledgerError",
-    "Storage", "Throttle", "Usage", "Window", "canonical_json", "check_object_key",
-    "create_database_if_missing", "document_digest", "fault_point", "latest_completed",
-    "normalize_address", "object_target", "params_fingerprint", "revised_target",
-    "split_object_target", "unemitted",
+    "LedgerBusy", "LedgerError", "LedgerNotReady", "LedgerSettings", "LedgerUnavailable", "Limits",
+    "MessageClaim", "ModelCall", "Occurrence", "OccurrenceBook", "OutboxBook", "OutboxMessage",
+    "OutputPruned", "Period", "Prunable", "Pruned", "QueuedMessage", "Refusal", "Registration",
+    "Reply", "RetentionBook", "Revision", "RevisionInProgress", "RevisionRefused", "Run",
+    "RunConflict", "RunIdentity", "RunState", "RunledgerError", "Storage", "Throttle", "Usage",
+    "Window", "canonical_json", "check_object_key", "create_database_if_missing",
+    "document_digest", "fault_point", "latest_completed", "normalize_address", "object_target",
+    "params_fingerprint", "revised_target", "split_object_target", "unemitted",
 ]

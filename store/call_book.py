@@ -4,9 +4,9 @@ point."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import date, datetime
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any
 
 from store import budgets, faults
 from store import endpoint_limits as el
@@ -14,22 +14,8 @@ from store import model_calls as mc
 from store.errors import LeaseLost
 from store.lease import Claim
 from store.models import BudgetWindow, EndpointLimit, ModelCall
-from store.statement import Transition
+from store.units_of_work import UnitsOfWork
 from store.validators import error_text, json_document
-
-P = ParamSpec("P")
-T = TypeVar("T")
-
-
-class UnitsOfWork(Protocol):
-    """What the ledger lends its CallBook: its units of work and its documents' size limit."""
-
-    max_output_bytes: int
-
-    def _write(self, point: str, txn: Transition[P, T], *args: P.args,
-               **kwargs: P.kwargs) -> T: ...
-
-    def _read(self, read: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
 
 
 class CallBook:

@@ -13,7 +13,8 @@ from store.errors import InvalidInput
 
 ENV = "RUNLEDGER_FAULTS"
 
-# After the commit of one ledger transition (store/ledger.py: the Ledger method of that name).
+# After the commit of one ledger transition (store/ledger.py, or a book of it such as
+# store/outbox_book.py: the method of that name).
 AFTER_REGISTER_COMMIT = "after_register_commit"
 AFTER_CLAIM_COMMIT = "after_claim_commit"
 AFTER_REGISTER_AND_CLAIM_COMMIT = "after_register_and_claim_commit"  # a tick's register+claim

@@ -1,13 +1,16 @@
-"""The Ledger: the durable authority for Runs and their outbox. Each public method is one unit
-of work (one transaction, or one statement in autocommit where its transition says so) around
-one transition or read of the module named after its noun (``store.runs``, ``store.revisions``,
-``store.outbox``, ``store.occurrences``, ``store.stats``, ``store.tombstones``)."""
+"""The Ledger: the durable authority for Runs and their outbox. Each public method, of the
+Ledger or of one of its books (``ledger.calls``, ``ledger.outbox``, ``ledger.occurrences``,
+``ledger.retention``), is one unit of work (one transaction, or one statement in autocommit where
+its transition says so) around one transition or read of the module named after its noun
+(``store.runs``, ``store.revisions``, ``store.stats`` here; ``store.model_calls``,
+``store.budgets``, ``store.outbox``, ``store.occurrences``, ``store.tombstones`` in the books:
+``store.call_book``, ``store.outbox_book``, ``store.occurrence_book``, ``store.retention_book``)."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from datetime import date, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -19,7 +22,7 @@ from store import faults
 from store.call_book import CallBook
 from store.completion import UNRECORDED, CompletedBy, Completion, Effect
 from store.database import Busy, Database, SQLiteSynchronous
-from store.dialect import Storage, ledger_storage, vacuum
+from store.dialect import Storage, ledger_storage
 from store.driver_errors import domain_errors
 from store.errors import (
     IdentityRace,
@@ -29,41 +32,13 @@ from store.errors import (
     LedgerUnavailable,
 )
 from store.identity import RunIdentity, params_fingerprint
-from store.ids import resolve_message_id, resolve_run_id
+from store.ids import resolve_run_id
 from store.lease import Claim, Registration
 from store.message import OutboxMessage
-from store.models import Attempt, DeliveryAttempt, Occurrence, QueuedMessage, Run
-from store.occurrences import (
-    RunState,
-    claim_events_txn,
-    give_up_txn,
-    list_occurrences,
-    mark_emitted_txn,
-    mark_overdue_txn,
-    mark_recovered_txn,
-    owe_txn,
-    read_obligations,
-    run_states,
-    skip_txn,
-    unskip_txn,
-)
-from store.outbox import (
-    NO_REPLY,
-    MessageClaim,
-    Reply,
-    claim_messages_txn,
-    count_messages,
-    get_message,
-    list_delivery_attempts,
-    list_messages,
-    list_recent_messages,
-    mark_dead_txn,
-    mark_sent_txn,
-    mark_uncertain_txn,
-    release_message_txn,
-    requeue_message_txn,
-    schedule_retry_txn,
-)
+from store.models import Attempt, Run
+from store.occurrence_book import OccurrenceBook
+from store.outbox_book import OutboxBook
+from store.retention_book import RetentionBook
 from store.revisions import Revision, list_revisions, request_revision_txn
 from store.runs import (
     FinishedRun,
@@ -85,8 +60,7 @@ from store.runs import (
 )
 from store.settings import LedgerSettings
 from store.statement import Transition
-from store.stats import Activity, count_suppressed_txn, read_activity
-from store.tombstones import Prunable, Pruned, count_prunable, prune_batch_txn
+from store.stats import Activity, read_activity
 from store.validators import error_text, json_document, lease_seconds, revision_reason
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -114,7 +88,13 @@ T = TypeVar("T")
 
 
 class Ledger:
-    """Runs, attempts and outbox messages on PostgreSQL (many hosts) or SQLite (one host)."""
+    """Runs, attempts and outbox messages on PostgreSQL (many hosts) or SQLite (one host).
+
+    Runs, their attempts and revisions are the Ledger's own methods; the rest is grouped by
+    noun, one book each: ``ledger.calls`` (model calls and budgets, ``CallBook``),
+    ``ledger.outbox`` (outbox messages and their delivery, ``OutboxBook``),
+    ``ledger.occurrences`` (what jobs owe and the decisions about it, ``OccurrenceBook``) and
+    ``ledger.retention`` (pruning to tombstones, ``RetentionBook``)."""
 
     def __init__(self, database: Database, *, max_output_bytes: int = 1_000_000) -> None:
         if max_output_bytes < 1:
@@ -122,6 +102,9 @@ class Ledger:
         self.database = database
         self.max_output_bytes = max_output_bytes
         self.calls = CallBook(self)
+        self.outbox = OutboxBook(self)
+        self.occurrences = OccurrenceBook(self)
+        self.retention = RetentionBook(self)
 
     @classmethod
     def connect(
@@ -365,65 +348,7 @@ class Ledger:
         """The Attempts of each of ``run_ids``, oldest first, in one read."""
         return self._read(list_attempts_of, run_ids)
 
-    # --- What a job owes -----------------------------------------------------------------
-
-    def owe(self, job: str, owed_from: dict[str, datetime]) -> dict[str, datetime]:
-        """Record from which period ``job`` owes each subject not recorded yet; every recorded
-        subject of the job with its period (see ``owe_txn``)."""
-        return self._write(faults.AFTER_OWE_COMMIT, owe_txn, job, owed_from)
-
-    def obligations(self, job: str) -> dict[str, datetime]:
-        """Every subject ``job`` owes, with the period it is owed from."""
-        return self._read(read_obligations, job)
-
-    def skip(self, skipped: Sequence[tuple[RunIdentity, str]]) -> list[str]:
-        """Record occurrences skipped by the missed-run policy, with their reasons (never one
-        that has a Run); the run ids newly skipped."""
-        return self._write(faults.AFTER_SKIP_COMMIT, skip_txn, skipped)
-
-    def unskip(self, run_ids: Sequence[str]) -> list[str]:
-        """Clear the skip of occurrences an operator runs on purpose; the run ids cleared."""
-        return self._write(faults.AFTER_UNSKIP_COMMIT, unskip_txn, run_ids)
-
-    def mark_overdue(self, identities: Sequence[RunIdentity]) -> list[str]:
-        """Report occurrences overdue once each; the run ids reported by this call."""
-        return self._write(faults.AFTER_MARK_OVERDUE_COMMIT, mark_overdue_txn, identities)
-
-    def mark_recovered(self, job: str) -> list[Occurrence]:
-        """Report once each overdue occurrence of ``job`` whose Run completed since."""
-        return self._write(faults.AFTER_MARK_RECOVERED_COMMIT, mark_recovered_txn, job)
-
-    def give_up(self, run: RunState, max_attempts: int) -> bool:
-        """Fail a stranded Run past ``max_attempts`` for good, recorded on its occurrence (see
-        ``give_up_txn``)."""
-        return self._write(faults.AFTER_GIVE_UP_COMMIT, give_up_txn, run, max_attempts)
-
-    def claim_events(self, job: str, lease: timedelta | float) -> list[Occurrence]:
-        """Lease the occurrences of ``job`` whose decisions' events are not known to be emitted
-        (see ``claim_events_txn``); emit them, then ``mark_emitted``."""
-        return self._write(faults.AFTER_CLAIM_EVENTS_COMMIT, claim_events_txn,
-                           job, lease_seconds(lease))
-
-    def mark_emitted(self, claimed: Sequence[Occurrence]) -> None:
-        """Record the claimed occurrences' unemitted decisions' events as emitted."""
-        self._write(faults.AFTER_MARK_EMITTED_COMMIT, mark_emitted_txn, claimed)
-
-    def run_states(self, job: str, since: datetime) -> list[RunState]:
-        """Where each Run of ``job`` from period ``since`` on stands, oldest first."""
-        return self._read(run_states, job, since)
-
-    def occurrences(self, job: str, since: datetime) -> list[Occurrence]:
-        """The recorded occurrences (skips, alerts) of ``job`` from period ``since`` on."""
-        return self._read(list_occurrences, job, since)
-
     # --- Statistics -----------------------------------------------------------------------
-
-    def count_suppressed(self, job: str, day: date, duplicates: int,
-                         in_progress_elsewhere: int) -> None:
-        """Add one tick's Runs asked for again (completed, or leased elsewhere) to the job's
-        counts for the UTC ``day`` (see ``count_suppressed_txn``)."""
-        self._write(faults.AFTER_COUNT_SUPPRESSED_COMMIT, count_suppressed_txn,
-                    job, day, duplicates, in_progress_elsewhere)
 
     def activity(self, since: datetime, job: str | None = None) -> Activity:
         """What ``runledger stats`` counts from ``since`` on, optionally of one job."""
@@ -433,103 +358,8 @@ class Ledger:
         """The database clock, which leases and due times are judged by."""
         return self.database.now()
 
-    # --- Retention ------------------------------------------------------------------------
-
-    def prune_batch(self, cutoff: datetime, jobs: Sequence[str], *, limit: int = 1000,
-                    after: str = "") -> Pruned:
-        """Make tombstones of the Runs of ``jobs`` completed before ``cutoff`` among the next
-        ``limit`` after ``after``, in one short transaction (see ``prune_batch_txn``); pass
-        the returned cursor as ``after`` to the next batch, until it is None."""
-        return self._write(faults.AFTER_PRUNE_BATCH_COMMIT, prune_batch_txn,
-                           cutoff, jobs, limit, after)
-
-    def prunable(self, cutoff: datetime, jobs: Sequence[str]) -> Prunable:
-        """What pruning ``jobs`` with ``cutoff`` would do and leave alone, without writing."""
-        return self._read(count_prunable, cutoff, jobs)
+    # --- Storage --------------------------------------------------------------------------
 
     def storage(self) -> Storage:
         """The space the ledger's tables take, as the database reports it."""
         return self._read(ledger_storage)
-
-    def vacuum(self) -> None:
-        """Make the space freed by pruning reusable (PostgreSQL: a plain VACUUM; see
-        ``store.dialect.vacuum``)."""
-        with domain_errors(self.database.busy.postgres_lock_timeout_ms), \
-                self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            vacuum(conn)
-
-    # --- Outbox ---------------------------------------------------------------------------
-
-    def claim_messages(
-        self, owner: str, limit: int, lease: timedelta | float, channel: str | None = None
-    ) -> list[MessageClaim]:
-        """Lease up to ``limit`` due messages (see ``claim_messages_txn``)."""
-        return self._write(faults.AFTER_CLAIM_MESSAGES_COMMIT, claim_messages_txn,
-                           owner, limit, lease_seconds(lease), channel)
-
-    def mark_sent(
-        self, sent: Sequence[tuple[MessageClaim, Reply]]
-    ) -> list[MessageClaim]:
-        """Mark the messages sent in one statement or transaction (a message the same claim
-        marked already counts as marked); returns the claims whose lease was lost (their rows
-        are unchanged)."""
-        return self._write(faults.AFTER_MARK_SENT_COMMIT, mark_sent_txn, sent)
-
-    def schedule_retry(
-        self, claim: MessageClaim, delay: float, error: str, reply: Reply = NO_REPLY
-    ) -> None:
-        """sending -> retry, due again after ``delay`` seconds (database clock)."""
-        self._write(faults.AFTER_SCHEDULE_RETRY_COMMIT, schedule_retry_txn,
-                    claim, delay, error, reply)
-
-    def mark_uncertain(
-        self, claim: MessageClaim, error: str, retry_in: float | None,
-        reply: Reply = NO_REPLY,
-    ) -> None:
-        """sending -> uncertain: the receiver may have it (see ``mark_uncertain_txn``)."""
-        self._write(faults.AFTER_MARK_UNCERTAIN_COMMIT, mark_uncertain_txn,
-                    claim, error, retry_in, reply)
-
-    def mark_dead(self, claim: MessageClaim, error: str, reply: Reply = NO_REPLY) -> None:
-        """sending -> dead: only an operator requeues it."""
-        self._write(faults.AFTER_MARK_DEAD_COMMIT, mark_dead_txn, claim, error, reply)
-
-    def release_message(self, claim: MessageClaim) -> None:
-        """Give back a claimed message never handed to a transport (see ``release_message_txn``)."""
-        self._write(faults.AFTER_RELEASE_MESSAGE_COMMIT, release_message_txn, claim)
-
-    def requeue_message(self, message_id: str) -> QueuedMessage:
-        """Operator action: a retry, uncertain or dead message is due now, with the same key."""
-        return self._write(faults.AFTER_REQUEUE_MESSAGE_COMMIT, requeue_message_txn, message_id)
-
-    def message(self, message_id: str) -> QueuedMessage | None:
-        """The outbox message with this id, if any."""
-        return self._read(get_message, message_id)
-
-    def resolve_message_id(self, prefix: str) -> str:
-        """The id of the one outbox message whose id starts with ``prefix``."""
-        return self._read(resolve_message_id, prefix)
-
-    def messages(
-        self, *, status: str | None = None, run_id: str | None = None,
-        channel: str | None = None, limit: int = 100,
-    ) -> list[QueuedMessage]:
-        """Outbox messages, oldest first."""
-        return self._read(list_messages, status=status, run_id=run_id, channel=channel,
-                          limit=limit)
-
-    def recent_messages(
-        self, *, status: str | None = None, run_id: str | None = None,
-        channel: str | None = None, limit: int = 100,
-    ) -> list[QueuedMessage]:
-        """The newest ``limit`` outbox messages, newest first."""
-        return self._read(list_recent_messages, status=status, run_id=run_id, channel=channel,
-                          limit=limit)
-
-    def delivery_attempts(self, message_id: str) -> list[DeliveryAttempt]:
-        """A message's delivery attempts, first try first."""
-        return self._read(list_delivery_attempts, message_id)
-
-    def message_counts(self) -> dict[str, int]:
-        """Outbox messages per status."""
-        return self._read(count_messages)

@@ -87,7 +87,7 @@ async def run_period(ledger: Ledger, job: Job, planned: PeriodPlan,
         if planned.requeue:
             await asyncio.to_thread(_requeue, ledger, planned.requeue)
         if planned.unskip:
-            await asyncio.to_thread(ledger.unskip, planned.unskip)
+            await asyncio.to_thread(ledger.occurrences.unskip, planned.unskip)
         state = await run_job(job=job.name, subjects=planned.run, period=planned.period.label,
                               allow_not_due=allow_not_due, return_state=True)
     result.flow_run_id = str(state.state_details.flow_run_id)

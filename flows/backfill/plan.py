@@ -115,8 +115,8 @@ def read_plan(ledger: Ledger, request: Request) -> Plan:
     since = request.periods[0].start
     wanted = {run_id for period in request.periods for run_id in
               (request.job.identity(s, period).run_id for s in request.subjects)}
-    runs = {r.run_id: r for r in ledger.run_states(request.job.name, since)
+    runs = {r.run_id: r for r in ledger.occurrences.run_states(request.job.name, since)
             if r.run_id in wanted}
-    occurrences = {o.run_id: o for o in ledger.occurrences(request.job.name, since)
+    occurrences = {o.run_id: o for o in ledger.occurrences.list(request.job.name, since)
                    if o.run_id in wanted}
     return plan(request, runs, occurrences)

@@ -89,9 +89,9 @@ def outbox_requeue(message_id: str = typer.Argument(
     """Make a retry, uncertain or dead message due now; it is resent with the same key."""
     ledger = open_ledger()
     try:
-        message_id = ledger.resolve_message_id(message_id)
-        before = ledger.message(message_id)
-        message = ledger.requeue_message(message_id)
+        message_id = ledger.outbox.resolve_message_id(message_id)
+        before = ledger.outbox.message(message_id)
+        message = ledger.outbox.requeue_message(message_id)
     except RunledgerError as exc:
         raise fail(exc) from exc
     finally:
@@ -119,9 +119,9 @@ def outbox_show(
     """Show one outbox message and every delivery attempt."""
     ledger = open_ledger()
     try:
-        message_id = ledger.resolve_message_id(message_id)
-        message = ledger.message(message_id)
-        attempts = ledger.delivery_attempts(message_id)
+        message_id = ledger.outbox.resolve_message_id(message_id)
+        message = ledger.outbox.message(message_id)
+        attempts = ledger.outbox.delivery_attempts(message_id)
     except RunledgerError as exc:
         raise fail(exc) from exc
     finally:

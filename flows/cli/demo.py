@@ -54,7 +54,7 @@ def _demo(ledger: Ledger) -> None:
         out.print(f"3. save_input: stored raw input {raw}")
         done = ledger.complete(claim, {"summary": f"{len(raw['items'])} items"}, [message])
         out.print(f"4. complete: new={done.new}, output {done.run.output}, "
-                      f"{len(ledger.messages(run_id=run.run_id))} outbox row queued")
+                      f"{len(ledger.outbox.messages(run_id=run.run_id))} outbox row queued")
 
     out.print("[bold]repeat the same logical run[/] (a retry, an overlap or a manual rerun):")
     again = ledger.register(identity, params={"recipients": [message.recipient]})
@@ -66,5 +66,5 @@ def _demo(ledger: Ledger) -> None:
         replay = ledger.complete(claim, {"summary": "a different answer"}, [message])
         out.print(f"7. complete again: new={replay.new}, the stored output {replay.run.output} "
                       "is returned (the different answer is dropped)")
-    out.print(f"outbox rows for this run: {len(ledger.messages(run_id=again.run_id))} "
+    out.print(f"outbox rows for this run: {len(ledger.outbox.messages(run_id=again.run_id))} "
                   "(one per recipient, whatever the retries)")

@@ -116,7 +116,7 @@ def runs_show(
             raise fail(exc) from exc
         attempts = ledger.attempts(run.run_id)
         calls = ledger.calls.of_run(run.run_id)
-        messages = ledger.messages(run_id=run.run_id, limit=10_000)
+        messages = ledger.outbox.messages(run_id=run.run_id, limit=10_000)
         revisions = ledger.revisions(run.run_id)
     record = run_fields(run, attempts, prefect_ui_url())
     current = latest_completed(revisions)
@@ -259,8 +259,8 @@ def outbox_list(
             run = None if run_id is None else ledger.resolve_run_id(run_id)
         except RunledgerError as exc:
             raise fail(exc) from exc
-        messages = ledger.recent_messages(status=status, run_id=run, channel=channel,
-                                          limit=limit)
+        messages = ledger.outbox.recent_messages(status=status, run_id=run, channel=channel,
+                                                 limit=limit)
     if as_json:
         print_json([m.model_dump(mode="json", exclude={"body", "payload"}) for m in messages])
         return

@@ -161,8 +161,8 @@ class Dispatcher:
         """Start claiming a batch; the lease is counted from now (it starts no earlier)."""
         assert self._marker is not None
         claiming = asyncio.get_running_loop().run_in_executor(
-            self._marker, self.ledger.claim_messages, self.owner, batch_size, self.lease_seconds,
-            self.channel)
+            self._marker, self.ledger.outbox.claim_messages, self.owner, batch_size,
+            self.lease_seconds, self.channel)
         return time.monotonic(), claiming
 
     async def _deliver_batch(self, claims: Sequence[MessageClaim], leased_at: float,
@@ -262,12 +262,12 @@ class Dispatcher:
         have dropped after the commit, and a mark recognises its own (unmarked, these accepted
         messages would be sent again once their leases expire)."""
         try:
-            return self.ledger.mark_sent(sent)
+            return self.ledger.outbox.mark_sent(sent)
         except RunledgerError as exc:
             if not exc.retryable:
                 raise
             log.warning("sent marks of %d messages failed (%s); trying once more", len(sent), exc)
-            return self.ledger.mark_sent(sent)
+            return self.ledger.outbox.mark_sent(sent)
 
     async def _settle(self, report: DeliveryReport) -> None:
         if self._marking is None:
@@ -297,13 +297,13 @@ class Dispatcher:
     def _write(self, claim: MessageClaim, decision: Decision, outcome: SendOutcome) -> None:
         reply, error = outcome.reply, decision.error or outcome.summary
         if decision.status is Status.RETRY:
-            self.ledger.schedule_retry(claim, decision.delay or 0.0, error, reply)
+            self.ledger.outbox.schedule_retry(claim, decision.delay or 0.0, error, reply)
         elif decision.status is Status.UNCERTAIN:
-            self.ledger.mark_uncertain(claim, error, decision.delay, reply)
+            self.ledger.outbox.mark_uncertain(claim, error, decision.delay, reply)
         else:
-            self.ledger.mark_dead(claim, error, reply)
+            self.ledger.outbox.mark_dead(claim, error, reply)
 
     def _release(self, claims: Sequence[MessageClaim], report: DeliveryReport) -> None:
         for claim in claims:
-            self.ledger.release_message(claim)
+            self.ledger.outbox.release_message(claim)
             report.released.add(claim.message_id)

@@ -89,14 +89,14 @@ def decide(ledger: Ledger, planned: Plan) -> JobReconciled:
     done = JobReconciled(planned)
     job = planned.job
     skips = planned.acting("skip")
-    done.skipped = ledger.skip([(s.owed.identity, s.reason) for s in skips])
+    done.skipped = ledger.occurrences.skip([(s.owed.identity, s.reason) for s in skips])
     newly = set(done.skipped)
     for step in planned.acting("give-up"):
         assert step.run is not None
-        if ledger.give_up(step.run, job.max_attempts):
+        if ledger.occurrences.give_up(step.run, job.max_attempts):
             done.gave_up.append(step.owed.identity.run_id)
     late = [s for s in planned.overdue() if s.owed.identity.run_id not in newly]
-    done.overdue = ledger.mark_overdue([s.owed.identity for s in late])
+    done.overdue = ledger.occurrences.mark_overdue([s.owed.identity for s in late])
     emit_decisions(ledger, job, _steps(planned))
     if planned.capped:
         emit_job_event("reconcile.capped", job, left=planned.capped,
@@ -107,7 +107,7 @@ def decide(ledger: Ledger, planned: Plan) -> JobReconciled:
 def report_recovered(ledger: Ledger, done: JobReconciled) -> None:
     """Report the job's overdue occurrences that completed since, once each, and emit their
     events (and any other decision's not known emitted)."""
-    done.recovered.extend(ledger.mark_recovered(done.job.name))
+    done.recovered.extend(ledger.occurrences.mark_recovered(done.job.name))
     emit_decisions(ledger, done.job, _steps(done.plan))
 
 

@@ -18,16 +18,16 @@ def prepare(ledger: Ledger, job: Job, now: datetime | None = None, *, dry_run: b
     the period each subject seen for the first time is owed from."""
     now = ledger.now() if now is None else now
     since = window_start(job, now) if since is None else since
-    runs = {r.run_id: r for r in ledger.run_states(job.name, since)}
-    known = ledger.obligations(job.name)
+    runs = {r.run_id: r for r in ledger.occurrences.run_states(job.name, since)}
+    known = ledger.occurrences.obligations(job.name)
     first_run: dict[str, datetime] = {}
     for run in runs.values():
         if run.version == job.version and run.subject not in known:
             first_run[run.subject] = min(run.period_start, first_run.get(run.subject, now))
     new = {s: first_owed(job, now, known, first_run.get(s))
            for s in job.subject_names() if s not in known}
-    owed_from = ledger.owe(job.name, new) if new and not dry_run else {**new, **known}
+    owed_from = ledger.occurrences.owe(job.name, new) if new and not dry_run else {**new, **known}
     owed = owed_occurrences(job, owed_from, now, since)
-    occurrences = {o.run_id: o for o in ledger.occurrences(job.name, since)}
+    occurrences = {o.run_id: o for o in ledger.occurrences.list(job.name, since)}
     return plan(job, owed, runs, occurrences, now, cap=cap, backoff=backoff,
                 max_backoff=max_backoff)

@@ -41,8 +41,8 @@ def skip_tick(tick: Tick, identities: dict[str, RunIdentity], reason: str) -> Ti
     the skip's event as reconcile emits it; one already completed is a duplicate; one started
     is left to its holder or to reconcile."""
     finished = tick.ledger.finished([i.run_id for i in identities.values()])
-    recorded = set(tick.ledger.skip([(i, reason) for s, i in identities.items()
-                                     if i.run_id not in finished]))
+    recorded = set(tick.ledger.occurrences.skip([(i, reason) for s, i in identities.items()
+                                                 if i.run_id not in finished]))
     emit_decisions(tick.ledger, tick.job, {})
     outcomes = []
     for subject, identity in identities.items():

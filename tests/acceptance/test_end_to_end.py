@@ -64,7 +64,7 @@ def ledger_runs(stack: AcceptanceStack, label: str) -> list[Run]:
 def outbox_rows(stack: AcceptanceStack, run_ids: list[str]) -> list[str]:
     ledger = stack.ledger()
     try:
-        return sorted(m.recipient for r in run_ids for m in ledger.messages(run_id=r))
+        return sorted(m.recipient for r in run_ids for m in ledger.outbox.messages(run_id=r))
     finally:
         ledger.close()
 

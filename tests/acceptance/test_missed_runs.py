@@ -138,7 +138,7 @@ class Drill:
     def skipped(self, job: Job) -> set[tuple[str, datetime]]:
         with self.ledger() as ledger:
             return {(o.subject, o.period_start)
-                    for o in ledger.occurrences(job.name, datetime(2000, 1, 1, tzinfo=UTC))
+                    for o in ledger.occurrences.list(job.name, datetime(2000, 1, 1, tzinfo=UTC))
                     if o.skipped_at is not None}
 
     def model_calls(self) -> Counter[str]:

@@ -101,5 +101,5 @@ def test_a_shard_killed_mid_transform_fails_the_tick_and_its_retry_completes_the
     calls = Counter(c["run_id"] for c in stack.model_calls({acme, globex}))
     assert calls == {acme: 2, globex: 1}
     with stack.ledger() as ledger:
-        queued = sorted(m.recipient for m in ledger.messages(run_id=acme))
+        queued = sorted(m.recipient for m in ledger.outbox.messages(run_id=acme))
     assert queued == sorted(subscribers("acme"))  # one outbox row per recipient, once

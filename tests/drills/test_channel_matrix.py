@@ -93,14 +93,14 @@ def settled(message: QueuedMessage) -> bool:
 
 
 def statuses(ledger: Ledger) -> dict[str, int]:
-    return {k: v for k, v in sorted(ledger.message_counts().items()) if v}
+    return {k: v for k, v in sorted(ledger.outbox.message_counts().items()) if v}
 
 
 def deliver_until_settled(ledger: Ledger, dispatcher: Dispatcher, count: int) -> int:
     """Dispatcher passes until no message is due now or later; the number of passes."""
     passes = 0
     deadline = time.monotonic() + DEADLINE_SECONDS
-    while not all(settled(m) for m in ledger.messages(limit=count + 1)):
+    while not all(settled(m) for m in ledger.outbox.messages(limit=count + 1)):
         assert time.monotonic() < deadline, statuses(ledger)
         report = asyncio.run(dispatcher.run_pass(batch_size=100, max_seconds=DEADLINE_SECONDS))
         passes += 1
@@ -139,7 +139,7 @@ def test_webhooks_through_random_faults_end_final_and_unduplicated(
                                 rng=random.Random(SEED))
         passes = deliver_until_settled(ledger, dispatcher, EFFECTS)
     seconds = time.monotonic() - started
-    messages = ledger.messages(limit=EFFECTS + 1)
+    messages = ledger.outbox.messages(limit=EFFECTS + 1)
     keys = {m.message_id for m in rows}
     sent = {m.message_id for m in messages if m.status == "sent"}
     print(f"\nwebhook, receiver {kind}, {ledger.dialect}: {len(messages)} effects, "
@@ -158,7 +158,7 @@ def test_webhooks_through_random_faults_end_final_and_unduplicated(
         # A copy only follows an attempt that may have arrived (uncertain, or an error after
         # processing), and it carries the same key.
         again = {k for k, n in receiver.processed.items() if n > 1}
-        assert all(any(a.outcome in ("uncertain", "retry") for a in ledger.delivery_attempts(k))
+        assert all(any(a.outcome in ("uncertain", "retry") for a in ledger.outbox.delivery_attempts(k))
                    for k in again)
 
 
@@ -201,7 +201,7 @@ def test_objects_through_random_faults_end_final_and_never_overwritten(
                                 rng=random.Random(SEED))
         passes = deliver_until_settled(ledger, dispatcher, EFFECTS)
     seconds = time.monotonic() - started
-    messages = {m.message_id: m for m in ledger.messages(limit=EFFECTS + 1)}
+    messages = {m.message_id: m for m in ledger.outbox.messages(limit=EFFECTS + 1)}
     stored = {k: v for k, v in s3.objects().items() if k.startswith(prefix + "/")}
     print(f"\nobject storage, {ledger.dialect}: {len(messages)} effects, "
           f"{sum(m.attempts for m in messages.values())} attempts in {passes} passes "
@@ -266,7 +266,7 @@ def test_dispatchers_killed_between_acceptance_and_the_sent_mark_leave_no_duplic
             start(index)
         with Ledger.connect(db_url) as ledger:
             deadline = time.monotonic() + DEADLINE_SECONDS
-            while not all(settled(m) for m in ledger.messages(limit=EFFECTS + 1)):
+            while not all(settled(m) for m in ledger.outbox.messages(limit=EFFECTS + 1)):
                 assert time.monotonic() < deadline, (statuses(ledger), kills)
                 for index, (process, point) in list(running.items()):
                     if process.exitcode is not None:
@@ -281,11 +281,11 @@ def test_dispatchers_killed_between_acceptance_and_the_sent_mark_leave_no_duplic
                 if process.exitcode is None:  # armed and never reached its point: still stopped
                     process.kill()
                     process.join()
-            messages = ledger.messages(limit=EFFECTS + 1)
+            messages = ledger.outbox.messages(limit=EFFECTS + 1)
             counts = statuses(ledger)
             taken_over = sum(1 for m in messages
                              if any(a.outcome == "sent" and a.attempt > 1
-                                    for a in ledger.delivery_attempts(m.message_id)))
+                                    for a in ledger.outbox.delivery_attempts(m.message_id)))
     seconds = time.monotonic() - started
     print(f"\nwebhook kill drill, receiver {kind}, {ledger.dialect}: {len(messages)} effects, "
           f"{len(kills)} SIGKILLs between acceptance and the sent mark, {taken_over} sent on a "

@@ -158,12 +158,12 @@ def progress(ledger: Ledger, crew: Crew, began: float) -> None:
     completed = len(ledger.runs(job=competitor_summary.name, status="completed",
                                 limit=crew.owed()))
     print(f"progress after {time.monotonic() - began:.0f} s: Runs completed {completed} of "
-          f"{crew.owed()}, outbox {ledger.message_counts()}, {len(crew.kills)} kills "
+          f"{crew.owed()}, outbox {ledger.outbox.message_counts()}, {len(crew.kills)} kills "
           f"{dict(Counter(p.split('@')[0] for *_, p in crew.kills))}", flush=True)
 
 
 def unsettled(ledger: Ledger) -> bool:
-    counts = {k: v for k, v in ledger.message_counts().items() if v}
+    counts = {k: v for k, v in ledger.outbox.message_counts().items() if v}
     return set(counts) != {"sent"}
 
 
@@ -190,7 +190,7 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
             began = shown = time.monotonic()
             deadline = began + DEADLINE_SECONDS
             while crew.ticking() or unsettled(ledger) or crew.armed():
-                assert time.monotonic() < deadline, (crew.kills, ledger.message_counts())
+                assert time.monotonic() < deadline, (crew.kills, ledger.outbox.message_counts())
                 if time.monotonic() - shown > PROGRESS_SECONDS:
                     progress(ledger, crew, began)
                     shown = time.monotonic()
@@ -237,14 +237,14 @@ def report(ledger: Ledger, sink: Sink, crew: Crew) -> None:
     per_run = {run_id: len(pids) for run_id, pids in callers.items()}
     again = {run_id: pids for run_id, pids in callers.items() if len(pids) > 1}
     expected_rows = sum(len(subscribers(r.subject)) for r in runs)
-    messages = ledger.messages(limit=expected_rows + 1)
+    messages = ledger.outbox.messages(limit=expected_rows + 1)
     copies = Counter(m.message_id for m in sink.messages)
     resent = {}
     for m in messages:
         n = copies[message_id_for(m.message_id)]
         if n > 1:
             resent[m.message_id] = n
-            lost = m.attempts - len(ledger.delivery_attempts(m.message_id))
+            lost = m.attempts - len(ledger.outbox.delivery_attempts(m.message_id))
             assert n - 1 <= lost, (m.message_id, n, lost)
     print(f"\n{ledger.dialect}: {len(crew.kills)} kills "
           f"({Counter(kind for kind, *_ in crew.kills)}): "
@@ -261,7 +261,7 @@ def report(ledger: Ledger, sink: Sink, crew: Crew) -> None:
         print(f"  Run {run_id[:12]}: {len(pids)} model calls; completed by pid "
               f"{completers.get(run_id)}; the others' answers lost: {', '.join(others)}")
     print(f"outbox rows {len(messages)} (expected {expected_rows}), statuses "
-          f"{ledger.message_counts()}, sink: {sum(copies.values())} received, {len(copies)} "
+          f"{ledger.outbox.message_counts()}, sink: {sum(copies.values())} received, {len(copies)} "
           f"unique Message-IDs")
     for key, n in sorted(resent.items()):
         print(f"  resent after a kill: {message_id_for(key)} x{n}")

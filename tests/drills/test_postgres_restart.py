@@ -232,8 +232,8 @@ def test_postgresql_restarts_during_ticks_and_deliveries_lose_and_duplicate_noth
             for thread in workers:
                 thread.join(max(1.0, deadline - time.monotonic()))
             with Ledger.connect(cluster.url) as ledger:
-                while not all(m.status == "sent" for m in ledger.messages(limit=RUNS * 10)):
-                    assert time.monotonic() < deadline, ledger.message_counts()
+                while not all(m.status == "sent" for m in ledger.outbox.messages(limit=RUNS * 10)):
+                    assert time.monotonic() < deadline, ledger.outbox.message_counts()
                     time.sleep(0.2)
         finally:
             stop.set()
@@ -287,14 +287,14 @@ def report(ledger: Ledger, sink: Sink, tally: Tally, states: Counter[str],
     completions = Counter(r.run_id for r in runs for a in ledger.attempts(r.run_id)
                           if a.outcome == "completed")
     expected_rows = sum(len(subscribers(r.subject)) for r in runs)
-    messages = ledger.messages(limit=expected_rows + 1)
+    messages = ledger.outbox.messages(limit=expected_rows + 1)
     copies = Counter(m.message_id for m in sink.messages)
     print(f"\n{RESTARTS} restarts in {time.monotonic() - tally.began:.0f} s; ticks by outcome {dict(tally.ticks)}; delivery passes "
           f"{dict(tally.passes)}; run-job flow runs by final state {dict(states)}; stage task "
           f"runs retried {dict(retried)}")
     print(f"Runs {len(runs)} of {RUNS}, completed {sum(r.status == 'completed' for r in runs)}, "
           f"duplicate completions {sum(n - 1 for n in completions.values())}; outbox rows "
-          f"{len(messages)} (expected {expected_rows}), statuses {ledger.message_counts()}; sink "
+          f"{len(messages)} (expected {expected_rows}), statuses {ledger.outbox.message_counts()}; sink "
           f"{sum(copies.values())} received, {len(copies)} unique Message-IDs")
     print(f"errors met: {len(tally.errors)}, permanent {len(tally.permanent)}")
     for text, n in Counter(e[:160] for e in tally.errors if e not in tally.permanent).items():

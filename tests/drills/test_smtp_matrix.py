@@ -72,7 +72,7 @@ def deliver_until_settled(ledger: Ledger, sink: Sink) -> tuple[list[Delivery], i
     deliveries: list[Delivery] = []
     passes = 0
     deadline = time.monotonic() + DEADLINE_SECONDS
-    while not all(settled(m) for m in ledger.messages(limit=MESSAGES)):
+    while not all(settled(m) for m in ledger.outbox.messages(limit=MESSAGES)):
         assert time.monotonic() < deadline, statuses(ledger)
         report = asyncio.run(dispatcher.run_pass(batch_size=100, max_seconds=DEADLINE_SECONDS))
         passes += 1
@@ -85,7 +85,7 @@ def deliver_until_settled(ledger: Ledger, sink: Sink) -> tuple[list[Delivery], i
 
 
 def statuses(ledger: Ledger) -> dict[str, int]:
-    return {k: v for k, v in sorted(ledger.message_counts().items()) if v}
+    return {k: v for k, v in sorted(ledger.outbox.message_counts().items()) if v}
 
 
 def test_a_random_mix_of_smtp_faults_ends_every_message_sent_dead_or_uncertain(
@@ -97,8 +97,8 @@ def test_a_random_mix_of_smtp_faults_ends_every_message_sent_dead_or_uncertain(
     with Sink(faults=FAULTS, seed=SEED) as sink:  # faults of every message: never used up
         deliveries, passes = deliver_until_settled(ledger, sink)
     seconds = time.monotonic() - started
-    messages = ledger.messages(limit=MESSAGES + 1)
-    attempts = {m.message_id: ledger.delivery_attempts(m.message_id) for m in messages}
+    messages = ledger.outbox.messages(limit=MESSAGES + 1)
+    attempts = {m.message_id: ledger.outbox.delivery_attempts(m.message_id) for m in messages}
     tries: defaultdict[str, list[str]] = defaultdict(list)
     for recipient, what in sink.trace:
         tries[recipient.lower()].append(what)

@@ -96,7 +96,7 @@ def check(scenario: str, ledger: Ledger, job: str, size: int, periods: list[str]
         assert mine <= 1, (run_id, paid, "the completing Attempt called the model twice")
         assert len(paid) <= 1 + lost, (run_id, recorded[run_id], "a call paid twice, none lost")
 
-    messages = [m for r in runs for m in ledger.messages(run_id=r.run_id, limit=10)]
+    messages = [m for r in runs for m in ledger.outbox.messages(run_id=r.run_id, limit=10)]
     keys = Counter((m.run_id, m.recipient) for m in messages)
     copies = sink_copies(maildir)
     resent = 0
@@ -106,8 +106,8 @@ def check(scenario: str, ledger: Ledger, job: str, size: int, periods: list[str]
         assert m.status in ("sent", "uncertain") and n >= 1, (m.message_id, m.status, n)
         if n > 1:
             resent += n - 1
-            unclean = [a for a in ledger.delivery_attempts(m.message_id) if a.outcome != "sent"]
-            lost = m.attempts - len(ledger.delivery_attempts(m.message_id))
+            unclean = [a for a in ledger.outbox.delivery_attempts(m.message_id) if a.outcome != "sent"]
+            lost = m.attempts - len(ledger.outbox.delivery_attempts(m.message_id))
             assert n - 1 <= len(unclean) + lost, (m.message_id, n, unclean, lost)
     states = Counter(r.state.name if r.state else "none" for r in flow_runs)
     summary = Summary(

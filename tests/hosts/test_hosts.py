@@ -100,7 +100,7 @@ def drain(hosts: Cluster, ledger: Ledger, job: str, on: str, timeout: float = 24
 
     def settled() -> bool:
         statuses = {m.status for r in ledger.runs(job=job, limit=1000)
-                    for m in ledger.messages(run_id=r.run_id, limit=10)}
+                    for m in ledger.outbox.messages(run_id=r.run_id, limit=10)}
         return statuses <= {"sent", "uncertain"}
 
     deadline = time.monotonic() + timeout
@@ -347,7 +347,7 @@ def test_a_dispatcher_cut_off_from_the_mail_host_after_acceptance_loses_no_messa
     with hosts.ledger() as ledger:
         hosts.wait_final([tick(hosts, job, "w1")], 240)
         held = [message_id_for(m.message_id) for r in ledger.runs(job=job, limit=100)
-                for m in ledger.messages(run_id=r.run_id, limit=10)
+                for m in ledger.outbox.messages(run_id=r.run_id, limit=10)
                 if m.recipient in {recipient(job, s) for s in HELD}]
         dispatch = hosts.run(DELIVER, {"batch_size": 50, "max_seconds": 20}, on="w2")
         wait_until(lambda: set(held) <= set(sink_copies(hosts.maildir)), 120,
@@ -355,13 +355,13 @@ def test_a_dispatcher_cut_off_from_the_mail_host_after_acceptance_loses_no_messa
         hosts.network.cut("w2", "mail")
         try:
             hosts.wait_final([dispatch], 180)
-            statuses = dict(ledger.message_counts())
+            statuses = dict(ledger.outbox.message_counts())
         finally:
             hosts.network.heal("w2", "mail")
         passes = drain(hosts, ledger, job, "w2")
         uncertain = sum(1 for r in ledger.runs(job=job, limit=100)
-                        for m in ledger.messages(run_id=r.run_id, limit=10)
-                        for a in ledger.delivery_attempts(m.message_id)
+                        for m in ledger.outbox.messages(run_id=r.run_id, limit=10)
+                        for a in ledger.outbox.delivery_attempts(m.message_id)
                         if a.outcome == "uncertain")
     assert uncertain >= len(held), (uncertain, statuses)
     finish(hosts, "6 dispatcher cut from mail", job, [dispatch], {

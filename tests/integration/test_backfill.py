@@ -84,7 +84,7 @@ def acquired_at(limit_id: UUID, count: int) -> list[datetime]:
 def snapshot(ledger: Ledger, job: str) -> tuple[list[Any], list[Any]]:
     since = ledger.now().replace(year=2000)
     return ([r.model_dump() for r in ledger.runs(job=job, limit=10_000)],
-            [o.model_dump() for o in ledger.occurrences(job, since)])
+            [o.model_dump() for o in ledger.occurrences.list(job, since)])
 
 
 def statuses(ledger: Ledger, job: str) -> dict[tuple[str, str], str]:
@@ -160,14 +160,14 @@ def test_a_skipped_occurrence_is_left_by_reprocess_none_and_run_by_reprocess_ski
     probe = two_subjects()
     period = probe.job.parse_period("2026-01-02")
     identity = probe.job.identity("globex", period)
-    assert env.ledger.skip([(identity, "missed: policy skip")]) == [identity.run_id]
+    assert env.ledger.occurrences.skip([(identity, "missed: policy skip")]) == [identity.run_id]
     name, plain = run_backfill(probe.name)
     assert name == "Completed" and report_of(plain).counts() == {"new": 7, "skipped": 1}
     assert ("globex", "2026-01-02") not in statuses(env.ledger, probe.name)
     name, redone = run_backfill(probe.name, reprocess="skipped")
     assert name == "Completed" and report_of(redone).counts() == {"duplicate": 7, "new": 1}
     assert statuses(env.ledger, probe.name)[("globex", "2026-01-02")] == "completed"
-    [occurrence] = env.ledger.occurrences(probe.name, period.start)
+    [occurrence] = env.ledger.occurrences.list(probe.name, period.start)
     assert occurrence.skipped_at is None
 
 
@@ -176,7 +176,7 @@ def test_a_dry_run_writes_nothing_and_lists_what_would_run(env: Env) -> None:
     runs and the Prefect limits are as before."""
     probe = two_subjects()
     report_of(run_backfill(probe.name, DAYS[0], DAYS[0])[1])
-    env.ledger.skip([(probe.job.identity("acme", probe.job.parse_period("2026-01-03")), "x")])
+    env.ledger.occurrences.skip([(probe.job.identity("acme", probe.job.parse_period("2026-01-03")), "x")])
     before = snapshot(env.ledger, probe.name)
     name, value = run_backfill(probe.name, reprocess="none", dry_run=True, max_active=3)
     report = report_of(value)

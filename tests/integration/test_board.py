@@ -52,7 +52,7 @@ def owing_job(ledger: Ledger) -> Job:
                                 lease=600).claim
     assert failed is not None
     ledger.fail(failed, "the model refused the input", retryable=False, model_calls=1)
-    ledger.skip([(job.identity("skipped", third), "missed while nothing ran (policy skip)")])
+    ledger.occurrences.skip([(job.identity("skipped", third), "missed while nothing ran (policy skip)")])
     ledger.register(job.identity("pending", third))
     register_and_claim(ledger, job.identity("running", third), owner="w:2", lease=600)
     return job
@@ -90,7 +90,7 @@ def test_an_occurrence_reconcile_reported_overdue_is_overdue_on_the_board_within
     """The ledger's occurrences decide too: one reported overdue (say with a shorter grace
     then) counts as overdue, not pending, until its Run completes."""
     job = owing_job(ledger)
-    ledger.mark_overdue([job.identity("never", job.period_at(NOW))])
+    ledger.occurrences.mark_overdue([job.identity("never", job.period_at(NOW))])
     third = job_board(ledger, job, NOW).rows()[0]
     assert (third["pending"], third["overdue"]) == (1, 1)
 

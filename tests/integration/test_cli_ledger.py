@@ -108,7 +108,7 @@ def test_demo_completes_a_run_once_and_returns_the_duplicate(invoke: Callable[..
     ledger = Ledger.connect(db_url)
     try:
         [run] = ledger.runs(job="demo")
-        assert run.status == "completed" and len(ledger.messages(run_id=run.run_id)) == 1
+        assert run.status == "completed" and len(ledger.outbox.messages(run_id=run.run_id)) == 1
     finally:
         ledger.close()
 
@@ -194,7 +194,7 @@ def test_outbox_list_at_80_columns_and_outbox_show_by_a_short_id(
     """`outbox list` fits 80 columns with the short id and the whole recipient; `--run` and
     `outbox show` take the short ids it prints."""
     run_id = completed_run(ledger)
-    [message] = ledger.messages(run_id=run_id)
+    [message] = ledger.outbox.messages(run_id=run_id)
     listed = at_80_columns(invoke, "outbox", "list", "--run", run_id[:12])
     assert listed.exit_code == 0, listed.output
     row = next(line for line in listed.output.splitlines() if message.message_id[:12] in line)
@@ -216,7 +216,7 @@ def test_outbox_list_shows_the_newest_first_with_a_limit_and_whole_long_addresse
         assert claim is not None
         ledger.complete(claim, {"summary": "ok"},
                         [OutboxMessage(long_address, f"Digest for {subject}", "b")])
-    newest = ledger.recent_messages(limit=3)
+    newest = ledger.outbox.recent_messages(limit=3)
     assert [m.created_at for m in newest] == sorted((m.created_at for m in newest), reverse=True)
     listed = at_80_columns(invoke, "outbox", "list", "--limit", "2")
     lines = listed.output.splitlines()

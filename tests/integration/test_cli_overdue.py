@@ -36,7 +36,7 @@ def owing_job(ledger: Ledger, subjects: tuple[str, ...] = SUBJECTS) -> Job:
         assert claim is not None
         ledger.fail(claim, "the model refused the input", retryable=False)
     if "skipped" in subjects:
-        ledger.skip([(job.identity("skipped", period), "missed while nothing ran (policy skip)")])
+        ledger.occurrences.skip([(job.identity("skipped", period), "missed while nothing ran (policy skip)")])
     if "done" in subjects:
         claim = register_and_claim(ledger, job.identity("done", period), owner="w:1",
                                    lease=60).claim

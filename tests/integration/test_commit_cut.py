@@ -87,7 +87,7 @@ def credits(ledger: Ledger) -> list[int]:
 def figures(ledger: Ledger, run_id: str) -> dict[str, Any]:
     run = ledger.get(run_id)
     return {"status": run.status, "runs": len(ledger.runs(job=daily_credit.job.name)),
-            "outbox rows": len(ledger.messages(run_id=run_id)), "credits": credits(ledger)}
+            "outbox rows": len(ledger.outbox.messages(run_id=run_id)), "credits": credits(ledger)}
 
 
 @pytest.mark.parametrize("when", WHEN)
@@ -158,11 +158,11 @@ def test_a_sent_mark_whose_commit_was_cut_is_retried_and_the_message_sent_once(
         report = asyncio.run(dispatcher.run_pass(max_seconds=10))
         assert armed.done.is_set()
         assert (report.counts["sent"], report.lost) == (1, 0)
-        final = direct.message(message.message_id)
+        final = direct.outbox.message(message.message_id)
         assert final is not None and final.status == "sent"
         copies = [m.message_id for m in sink.messages]
         assert len(copies) == 1
-        attempts = [(a.attempt, a.outcome) for a in direct.delivery_attempts(message.message_id)]
+        attempts = [(a.attempt, a.outcome) for a in direct.outbox.delivery_attempts(message.message_id)]
         assert attempts == [(1, "sent")]
     print(f"\nmark_sent cut {when} commit: the dispatcher's retry "
           f"{'found its own mark' if when == 'after' else 'marked it'}; status sent, sink "

@@ -68,7 +68,7 @@ def test_an_uncertain_webhook_is_settled_by_the_lookup_without_a_second_post(
         assert receiver.posts[row.message_id] == 1
         assert receiver.lookups[row.message_id] == 1
         assert receiver.duplicates == 0
-    attempts = ledger.delivery_attempts(row.message_id)
+    attempts = ledger.outbox.delivery_attempts(row.message_id)
     assert [a.outcome for a in attempts] == ["uncertain", "sent"]
     assert attempts[-1].reply_text == "delivered (status lookup)"
 
@@ -107,7 +107,7 @@ def test_an_uncertain_webhook_can_be_held_for_an_operator(ledger: Ledger) -> Non
         receiver.script.append(Fault(drop=True))
         deliver_with(ledger, webhook_transport(receiver.url), policy=hold)
         assert deliver_with(ledger, webhook_transport(receiver.url), policy=hold).deliveries == []
-        ledger.requeue_message(row.message_id)
+        ledger.outbox.requeue_message(row.message_id)
         assert deliver_with(ledger, webhook_transport(receiver.url), policy=hold).counts["sent"] == 1
         assert receiver.processed[row.message_id] == 1
 
@@ -132,7 +132,7 @@ def test_a_missing_endpoint_block_stops_the_pass_and_counts_no_attempt(
     [row] = complete_with(ledger, [OutboxMessage.webhook("unknown-endpoint", {"x": 1})])
     with pytest.raises(DeliveryConfigurationError, match="unknown-endpoint"):
         deliver_with(ledger, webhook_transport(receiver.url))
-    message = ledger.message(row.message_id)
+    message = ledger.outbox.message(row.message_id)
     assert message is not None and (message.status, message.attempts) == ("pending", 0)
 
 
@@ -144,7 +144,7 @@ def test_a_report_is_written_to_the_bucket_once(ledger: Ledger, s3: MotoS3) -> N
     assert deliver_with(ledger, object_transport(s3)).counts["sent"] == 1
     assert s3.objects()[key] == b"# Report\n"
     assert deliver_with(ledger, object_transport(s3)).deliveries == []
-    assert ledger.message(row.message_id).status == "sent"  # type: ignore[union-attr]
+    assert ledger.outbox.message(row.message_id).status == "sent"  # type: ignore[union-attr]
 
 
 def test_an_earlier_write_that_landed_is_settled_by_head(ledger: Ledger, s3: MotoS3) -> None:
@@ -159,7 +159,7 @@ def test_an_earlier_write_that_landed_is_settled_by_head(ledger: Ledger, s3: Mot
     s3.client().put_object(Bucket=BUCKET, Key=key, Body=b"landed\n",
                            Metadata={DIGEST_META: digest})
     deliver_with(ledger, object_transport(s3))
-    attempts = ledger.delivery_attempts(row.message_id)
+    attempts = ledger.outbox.delivery_attempts(row.message_id)
     assert [a.outcome for a in attempts] == ["retry", "sent"]
     assert "already stored with the same content" in (attempts[-1].reply_text or "")
 
@@ -219,7 +219,7 @@ def test_an_email_queued_before_the_channels_migration_is_delivered_after_it(
                 "0, 0, :now, :now, :now)"),
                 {"id": "e" * 64, "run": identity.run_id, "now": datetime.now(UTC)})
         old.migrate()
-        [row] = old.messages()
+        [row] = old.outbox.messages()
         assert (row.channel, row.payload) == ("email", None)
         with Sink() as sink:
             assert deliver(old, sink).counts["sent"] == 1

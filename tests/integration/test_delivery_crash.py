@@ -47,6 +47,6 @@ def test_a_message_accepted_before_the_crash_is_resent_with_the_same_message_id(
         assert len(copies) == 2
     resent_key = email.message_from_bytes(first.data)["X-Idempotency-Key"]
     assert first.message_id == message_id_for(resent_key)
-    attempts = ledger.delivery_attempts(resent_key)
+    attempts = ledger.outbox.delivery_attempts(resent_key)
     # The killed attempt left no row (it never recorded an outcome); the resend is attempt 2.
     assert [(a.attempt, a.outcome) for a in attempts] == [(2, "sent")]

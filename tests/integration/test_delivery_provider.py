@@ -88,9 +88,9 @@ def test_provider_gets_the_stable_key_and_returns_its_message_id(ledger: Ledger,
     assert request["auth"] == f"Bearer {API_KEY}"
     assert request["payload"]["headers"]["Message-ID"] == message_id_for(message.message_id)
     assert request["payload"]["to"] == [message.recipient]
-    stored = ledger.message(message.message_id)
+    stored = ledger.outbox.message(message.message_id)
     assert stored is not None and stored.provider_message_id == provider.emails[message.message_id][1]
-    [attempt] = ledger.delivery_attempts(message.message_id)
+    [attempt] = ledger.outbox.delivery_attempts(message.message_id)
     assert attempt.provider_message_id == stored.provider_message_id
 
 
@@ -104,7 +104,7 @@ def test_a_5xx_is_retried_with_the_same_key_and_payload(ledger: Ledger, provider
     first, second = provider.requests
     assert first["key"] == second["key"] == message.message_id
     assert first["payload"] == second["payload"]
-    assert [a.outcome for a in ledger.delivery_attempts(message.message_id)] == ["retry", "sent"]
+    assert [a.outcome for a in ledger.outbox.delivery_attempts(message.message_id)] == ["retry", "sent"]
 
 
 def test_a_timeout_after_the_request_is_uncertain_and_the_retry_is_deduplicated(
@@ -119,7 +119,7 @@ def test_a_timeout_after_the_request_is_uncertain_and_the_retry_is_deduplicated(
     time.sleep(0.05)
     assert send(ledger, provider).counts["sent"] == 1
     assert len(provider.emails) == 1 and len(provider.requests) == 2
-    stored = ledger.message(message.message_id)
+    stored = ledger.outbox.message(message.message_id)
     assert stored is not None and stored.provider_message_id == provider.emails[message.message_id][1]
 
 
@@ -128,7 +128,7 @@ def test_409_payload_mismatch_is_permanent(ledger: Ledger, provider: FakeProvide
     [message] = queue(ledger, 1)
     provider.script.append(Scripted(409, {"name": "invalid_idempotent_request", "message": "x"}))
     assert send(ledger, provider).counts["dead"] == 1
-    [attempt] = ledger.delivery_attempts(message.message_id)
+    [attempt] = ledger.outbox.delivery_attempts(message.message_id)
     assert attempt.reply_code == 409 and "invalid_idempotent_request" in (attempt.reply_text or "")
 
 

@@ -40,7 +40,7 @@ def test_second_pass_sends_nothing(ledger: Ledger) -> None:
         assert sum(second.counts.values()) == 0
         assert sink.stats["received"] == 5
     assert statuses(ledger) == {"sent": 5}
-    assert all(len(ledger.delivery_attempts(m.message_id)) == 1 for m in queued)
+    assert all(len(ledger.outbox.delivery_attempts(m.message_id)) == 1 for m in queued)
 
 
 def test_every_message_carries_a_message_id_derived_from_its_key(ledger: Ledger) -> None:
@@ -61,7 +61,7 @@ def test_a_retried_message_keeps_its_message_id(ledger: Ledger) -> None:
         second = deliver(ledger, sink)
         assert (first.counts["retry"], second.counts["sent"]) == (1, 1)
         assert headers_of(sink) == [(message_id_for(message.message_id), message.message_id)]
-    attempts = ledger.delivery_attempts(message.message_id)
+    attempts = ledger.outbox.delivery_attempts(message.message_id)
     assert [(a.attempt, a.outcome, a.reply_code) for a in attempts] == [(1, "retry", 451),
                                                                        (2, "sent", 250)]
 
@@ -89,8 +89,8 @@ def test_each_fault_lands_in_its_state(
         report = deliver(ledger, sink, timeout=0.5)
         assert sink.stats["received"] == (2 if sink_has_it else 1)
     assert statuses(ledger) == {"sent": 1, status: 1}
-    [faulted] = ledger.messages(status=status)
-    [attempt] = ledger.delivery_attempts(faulted.message_id)
+    [faulted] = ledger.outbox.messages(status=status)
+    [attempt] = ledger.outbox.delivery_attempts(faulted.message_id)
     assert (attempt.outcome, attempt.reply_code) == (status, code)
     assert faulted.last_error
     assert report.counts[status] == 1
@@ -105,7 +105,7 @@ def test_a_permanent_rejection_is_never_retried(ledger: Ledger) -> None:
         again = deliver(ledger, sink)
         assert sum(again.counts.values()) == 0
         assert sink.stats["rejected"] == 1
-    stored = ledger.message(message.message_id)
+    stored = ledger.outbox.message(message.message_id)
     assert stored is not None and stored.status == "dead" and stored.attempts == 1
     assert "550" in (stored.last_error or "")
 
@@ -118,9 +118,9 @@ def test_transient_failures_stop_at_the_attempt_limit(ledger: Ledger) -> None:
             deliver(ledger, sink)
             time.sleep(0.05)
         assert sink.stats["received"] == 0
-    outcomes = [a.outcome for a in ledger.delivery_attempts(message.message_id)]
+    outcomes = [a.outcome for a in ledger.outbox.delivery_attempts(message.message_id)]
     assert outcomes == ["retry", "retry", "dead"]
-    stored = ledger.message(message.message_id)
+    stored = ledger.outbox.message(message.message_id)
     assert stored is not None and "gave up after 3 attempts" in (stored.last_error or "")
 
 
@@ -130,11 +130,11 @@ def test_transient_failures_stop_at_the_retry_window(ledger: Ledger) -> None:
     narrow = RetryPolicy(max_attempts=10, base_delay=0.01, max_delay=0.01, max_window=0.5)
     with Sink(faults=[Fault("rcpt", "451", times=None)]) as sink:
         deadline = time.monotonic() + 10
-        while ledger.message(message.message_id).status != "dead":  # type: ignore[union-attr]
+        while ledger.outbox.message(message.message_id).status != "dead":  # type: ignore[union-attr]
             assert time.monotonic() < deadline
             deliver(ledger, sink, policy=narrow)
             time.sleep(0.1)
-    stored = ledger.message(message.message_id)
+    stored = ledger.outbox.message(message.message_id)
     assert stored is not None and "retry window" in (stored.last_error or "")
     assert 1 < stored.attempts < 10
 
@@ -145,13 +145,13 @@ def test_an_uncertain_message_is_resent_with_the_same_message_id(ledger: Ledger)
     [message] = queue(ledger, 1)
     with Sink(faults=[Fault("data", "drop")]) as sink:
         deliver(ledger, sink)
-        assert ledger.message(message.message_id).status == "uncertain"  # type: ignore[union-attr]
+        assert ledger.outbox.message(message.message_id).status == "uncertain"  # type: ignore[union-attr]
         time.sleep(0.05)
         deliver(ledger, sink)
         assert sink.stats["received"] == 2 and sink.stats["unique"] == 1
         assert {h for h in headers_of(sink)} == {(message_id_for(message.message_id),
                                                   message.message_id)}
-    assert ledger.message(message.message_id).status == "sent"  # type: ignore[union-attr]
+    assert ledger.outbox.message(message.message_id).status == "sent"  # type: ignore[union-attr]
 
 
 def test_held_uncertain_messages_wait_for_an_operator_requeue(ledger: Ledger) -> None:
@@ -163,10 +163,10 @@ def test_held_uncertain_messages_wait_for_an_operator_requeue(ledger: Ledger) ->
         deliver(ledger, sink, policy=hold)
         time.sleep(0.05)
         assert sum(deliver(ledger, sink, policy=hold).counts.values()) == 0
-        held = ledger.messages(status="uncertain")
+        held = ledger.outbox.messages(status="uncertain")
         assert [m.message_id for m in held] == [message.message_id]
         assert held[0].next_attempt_at is None
-        ledger.requeue_message(message.message_id)
+        ledger.outbox.requeue_message(message.message_id)
         assert deliver(ledger, sink, policy=hold).counts["sent"] == 1
         assert sink.stats["unique"] == 1
 
@@ -182,9 +182,9 @@ def test_authentication_failure_stops_the_run_and_burns_no_attempt(ledger: Ledge
     assert "wrong-password" not in str(failure.value)
     assert statuses(ledger) == {"pending": 3}
     for m in queued:
-        stored = ledger.message(m.message_id)
+        stored = ledger.outbox.message(m.message_id)
         assert stored is not None and stored.attempts == 0
-        assert ledger.delivery_attempts(m.message_id) == []
+        assert ledger.outbox.delivery_attempts(m.message_id) == []
 
 
 def test_correct_credentials_deliver(ledger: Ledger) -> None:

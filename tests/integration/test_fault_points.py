@@ -85,7 +85,7 @@ def assert_consistent(ledger: Ledger, subject: str) -> None:
     run_id = fw.identity(subject).run_id
     run = ledger.get_many([run_id]).get(run_id)
     completed = run is not None and run.status == "completed"
-    rows = len(ledger.messages(run_id=run_id))
+    rows = len(ledger.outbox.messages(run_id=run_id))
     assert (rows, effects(ledger, subject)) == ((4, 1) if completed else (0, 0)), subject
     if completed:
         assert run is not None and run.output is not None
@@ -115,31 +115,31 @@ def assert_finished_once(ledger: Ledger, c: Crash, sink: Sink) -> str:
     side_calls = [r for r in model_calls(ledger) if r["run_id"] == side.run_id]
     answered = [r for r in side_calls if r["outcome"] == "answered" and r["rejected_at"] is None]
     assert len(answered) <= 1, side_calls  # one transform's call
-    messages = {m.recipient: m for m in ledger.messages(run_id=run.run_id)}
+    messages = {m.recipient: m for m in ledger.outbox.messages(run_id=run.run_id)}
     status = {kind: messages[fw.recipient(c.subject, kind)].status for kind in fw.KINDS}
     assert status == {"ok": "sent", "retry": "sent", "uncertain": "sent", "dead": "dead"}
     dead = messages[fw.recipient(c.subject, "dead")].message_id
-    assert [a.outcome for a in ledger.delivery_attempts(dead)].count("dead") == 2
+    assert [a.outcome for a in ledger.outbox.delivery_attempts(dead)].count("dead") == 2
     side = ledger.get(fw.identity(c.subject, 2).run_id)
     assert fw.given_up(side), side
     pruned = ledger.get(RunIdentity(fw.PRUNED_JOB, c.subject, fw.PERIOD, "1").run_id)
     assert pruned.status == "completed" and pruned.pruned_at is not None, pruned
     assert pruned.output is None and pruned.output_digest is not None
     assert ledger.attempts(pruned.run_id) == []
-    [occurrence] = [o for o in ledger.occurrences(fw.JOB, fw.PERIOD)
+    [occurrence] = [o for o in ledger.occurrences.list(fw.JOB, fw.PERIOD)
                     if o.run_id == run.run_id]
     assert occurrence.overdue_at is not None and occurrence.recovered_at is not None
-    [neighbour] = [o for o in ledger.occurrences(fw.JOB, fw.PERIOD)
+    [neighbour] = [o for o in ledger.occurrences.list(fw.JOB, fw.PERIOD)
                    if o.run_id == fw.identity(c.subject, 1).run_id]
     assert neighbour.skipped_at is None
-    assert not any(unemitted(o) for o in ledger.occurrences(fw.JOB, fw.PERIOD))
-    assert ledger.obligations(fw.JOB) == {c.subject: fw.PERIOD}
+    assert not any(unemitted(o) for o in ledger.occurrences.list(fw.JOB, fw.PERIOD))
+    assert ledger.occurrences.obligations(fw.JOB) == {c.subject: fw.PERIOD}
     mine = [m for m in sink.messages if m.rcpt_tos[0].endswith(f"-{c.subject}@example.com")]
     copies = Counter(m.message_id for m in mine)
     assert len(copies) == 3, copies  # ok, retry and uncertain; the refused one never arrived
     explained = 0
     for m in messages.values():
-        rows = ledger.delivery_attempts(m.message_id)
+        rows = ledger.outbox.delivery_attempts(m.message_id)
         # A second copy only where an attempt's outcome was lost to the kill (the receiver
         # may have accepted it) or recorded uncertain (the connection dropped after DATA).
         lost = m.attempts - len(rows)

@@ -59,10 +59,10 @@ def test_any_provider_answer_is_recorded_in_the_ledger(
     provider.answer_with = Answer(status, body, headers)
     [message] = queue(ledger, 1)
     deliver(ledger, transport=transport(provider))
-    stored = ledger.message(message.message_id)
+    stored = ledger.outbox.message(message.message_id)
     assert stored is not None and stored.status in EXPECTED
     assert (stored.status == "sent") == (200 <= status < 300)
-    [attempt] = ledger.delivery_attempts(message.message_id)
+    [attempt] = ledger.outbox.delivery_attempts(message.message_id)
     assert attempt.reply_code == status
 
 
@@ -75,5 +75,5 @@ def test_a_refused_api_key_sends_nothing_and_gives_the_message_back(
     [message] = queue(ledger, 1)
     with pytest.raises(MailConfigurationError, match="RUNLEDGER_PROVIDER_API_KEY"):
         deliver(ledger, transport=transport(provider))
-    stored = ledger.message(message.message_id)
+    stored = ledger.outbox.message(message.message_id)
     assert stored is not None and stored.status in ("pending", "retry")

@@ -44,7 +44,7 @@ def test_a_summary_is_emailed_posted_and_written_once_each(
                 smtp_port=sink.port, smtp_tls="none", mail_from=SENDER)
         state, _ = env.run("competitor-summary", period=PERIOD)
         assert state.is_completed(), state.message
-        rows = env.ledger.messages(limit=100)
+        rows = env.ledger.outbox.messages(limit=100)
         by_channel = {c: sum(1 for m in rows if m.channel == c) for c in ("email", "webhook", "object")}
         assert by_channel == {"email": 3, "webhook": 2, "object": 2}  # acme has 2 subscribers
 
@@ -57,7 +57,7 @@ def test_a_summary_is_emailed_posted_and_written_once_each(
         assert sorted(p["workspace"] for p in receiver.payloads.values()) == ["acme", "globex"]
         assert receiver.duplicates == 0
         again, _ = env.run("competitor-summary", period=PERIOD)
-        assert again.is_completed() and len(env.ledger.messages(limit=100)) == 7
+        assert again.is_completed() and len(env.ledger.outbox.messages(limit=100)) == 7
     objects = s3.objects(BUCKET)
     for workspace in ("acme", "globex"):
         report = objects[f"runledger/competitor-summary/{workspace}/{PERIOD}.md"].decode()
@@ -69,6 +69,6 @@ def test_a_missing_webhook_block_refuses_the_completion_and_queues_nothing(env: 
     outbox row, and the error names the block."""
     env.set(competitor_summary_webhook=f"absent-{uuid.uuid4().hex[:8]}")
     state, error = env.run("competitor-summary", period=PERIOD)
-    assert env.ledger.messages(limit=10) == []
+    assert env.ledger.outbox.messages(limit=10) == []
     assert all(r.status != "completed" for r in env.ledger.runs())
     assert "absent-" in (state.message or "") + str(error)

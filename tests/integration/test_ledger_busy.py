@@ -126,7 +126,7 @@ def test_threads_of_one_process_writing_at_once_never_find_the_ledger_locked(db_
             thread.join()
         assert errors == []
         done = ledger.runs(status="completed", limit=1000)
-        assert len(done) == 200 and len(ledger.messages(limit=1000)) == 200
+        assert len(done) == 200 and len(ledger.outbox.messages(limit=1000)) == 200
     finally:
         ledger.close()
 
@@ -210,7 +210,7 @@ def test_a_postgres_run_row_held_by_an_open_transaction_makes_writes_ledger_busy
                 assert busy.value.retryable
             stored = ledger.get(run.run_id)
             assert (stored.status, stored.fence, stored.raw_input, stored.output) == ("running", 1, None, None)
-            assert len(ledger.attempts(run.run_id)) == 1 and ledger.messages(run_id=run.run_id) == []
+            assert len(ledger.attempts(run.run_id)) == 1 and ledger.outbox.messages(run_id=run.run_id) == []
         finally:
             holder.rollback()
             holder.close()

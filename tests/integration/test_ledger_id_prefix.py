@@ -91,9 +91,9 @@ def test_a_message_is_found_by_a_unique_prefix_of_its_id(ledger: Ledger) -> None
     claim = ledger.claim(run.run_id, "worker-1:101", 60)
     assert claim is not None
     ledger.complete(claim, {"summary": "ok"}, [OutboxMessage(r, "Digest", "b") for r in found])
-    ids = sorted(m.message_id for m in ledger.messages(run_id=run.run_id))
+    ids = sorted(m.message_id for m in ledger.outbox.messages(run_id=run.run_id))
     with pytest.raises(AmbiguousId, match="2 outbox messages start with it"):
-        ledger.resolve_message_id(ids[0][:4])
-    assert ledger.resolve_message_id(ids[1][:12]) == ids[1]
+        ledger.outbox.resolve_message_id(ids[0][:4])
+    assert ledger.outbox.resolve_message_id(ids[1][:12]) == ids[1]
     with pytest.raises(MessageNotFound, match="no outbox message with id"):
-        ledger.resolve_message_id("0" * 64)
+        ledger.outbox.resolve_message_id("0" * 64)

@@ -246,7 +246,7 @@ def test_a_failure_before_commit_leaves_no_output_no_completion_and_no_effect(db
             ledger.complete(claim, {"summary": "lost"}, credit_notice(), effect=credit_then_fail)
         run = ledger.get(claim.run_id)
         assert (run.status, run.output, run.fence) == ("running", None, claim.fence)
-        assert (balance(ledger), ledger.messages()) == (0, [])
+        assert (balance(ledger), ledger.outbox.messages()) == (0, [])
         assert ledger.complete(claim, {"summary": "ok"}, credit_notice(), effect=credit).new
         assert balance(ledger) == 10
     finally:
@@ -269,12 +269,12 @@ def test_a_process_killed_before_commit_leaves_no_output_no_completion_and_no_ef
         assert process.exitcode == -signal.SIGKILL
         stored = ledger.get(run.run_id)
         assert (stored.status, stored.output) == ("running", None)
-        assert (balance(ledger), ledger.messages()) == (0, [])
+        assert (balance(ledger), ledger.outbox.messages()) == (0, [])
         wait_for_db_clock(ledger, claim.lease_expires_at)
         retry = ledger.claim(run.run_id, owner(), LONG)
         assert retry is not None
         assert ledger.complete(retry, {"summary": "ok"}, credit_notice(), effect=credit).new
-        assert (balance(ledger), len(ledger.messages())) == (10, 1)
+        assert (balance(ledger), len(ledger.outbox.messages())) == (10, 1)
     finally:
         ledger.close()
 
@@ -293,7 +293,7 @@ def test_eight_concurrent_completions_apply_the_effect_once_and_another_period_a
         assert len(winners) == 1
         assert all(output == winners[0] for _, output in results)
         assert ledger.get(claim.run_id).output == winners[0]
-        assert (balance(ledger), len(ledger.messages())) == (10, 1)
+        assert (balance(ledger), len(ledger.outbox.messages())) == (10, 1)
 
         replay = ledger.complete(claim, {"applied_by": "replay"}, credit_notice(), effect=credit)
         assert replay == Completion(ledger.get(claim.run_id), new=False)
@@ -304,7 +304,7 @@ def test_eight_concurrent_completions_apply_the_effect_once_and_another_period_a
         assert next_day is not None
         assert ledger.complete(next_day, {"applied_by": "next day"}, credit_notice(),
                                    effect=credit).new
-        assert (balance(ledger), len(ledger.runs(status="completed")), len(ledger.messages())) == (
+        assert (balance(ledger), len(ledger.runs(status="completed")), len(ledger.outbox.messages())) == (
             20, 2, 2
         )
     finally:
@@ -354,13 +354,13 @@ def test_a_crash_right_after_the_completion_commit_is_retried_without_new_outbox
             conn.recv()
         stored = ledger.get(run.run_id)
         assert (stored.status, stored.output) == ("completed", {"summary": "first"})
-        assert len(ledger.messages()) == 2
+        assert len(ledger.outbox.messages()) == 2
 
         assert ledger.register(daily()).status == "completed"
         assert ledger.claim(run.run_id, owner(), LONG) is None
         retry = ledger.complete(claim, {"summary": "second"}, two_recipients())
         assert (retry.new, retry.run.output) == (False, {"summary": "first"})
-        assert len(ledger.messages()) == 2
+        assert len(ledger.outbox.messages()) == 2
         assert [a.outcome for a in ledger.attempts(run.run_id)] == ["completed"]
     finally:
         ledger.close()

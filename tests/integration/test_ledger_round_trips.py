@@ -40,12 +40,12 @@ def _stranded(ledger: Ledger) -> oc.RunState:
     """A Run released once by its worker (pending again): past a cap of one attempt."""
     claim = _claimed(ledger)
     ledger.fail(claim, "TimeoutError", retryable=True)
-    [state] = [s for s in ledger.run_states("trips", PERIOD) if s.run_id == claim.run_id]
+    [state] = [s for s in ledger.occurrences.run_states("trips", PERIOD) if s.run_id == claim.run_id]
     return state
 
 
 def _overdue(ledger: Ledger) -> str:
-    ledger.mark_overdue([_identity()])
+    ledger.occurrences.mark_overdue([_identity()])
     return "trips"
 
 
@@ -85,32 +85,32 @@ CASES: dict[str, Case] = {
                          lambda led: (c := _claimed(led), led.complete(c, {"s": 1}))[0].run_id,
                          lambda led, run_id: led.request_revision(run_id, "why"),
                          {"postgresql": 2, "sqlite": 2}),
-    "give_up": (oc.give_up_txn, _stranded, lambda led, state: led.give_up(state, 1),
+    "give_up": (oc.give_up_txn, _stranded, lambda led, state: led.occurrences.give_up(state, 1),
                 {"postgresql": 2, "sqlite": 2}),
-    "claim_events": (oc.claim_events_txn, _overdue, lambda led, job: led.claim_events(job, 60), {}),
-    "mark_emitted": (oc.mark_emitted_txn, lambda led: led.claim_events(_overdue(led), 60),
-                     lambda led, claimed: led.mark_emitted(claimed), {}),
+    "claim_events": (oc.claim_events_txn, _overdue, lambda led, job: led.occurrences.claim_events(job, 60), {}),
+    "mark_emitted": (oc.mark_emitted_txn, lambda led: led.occurrences.claim_events(_overdue(led), 60),
+                     lambda led, claimed: led.occurrences.mark_emitted(claimed), {}),
     "claim_messages": (ob.claim_messages_txn, lambda led: queue(led, 2),
-                       lambda led, _: led.claim_messages("d:1", 10, 60), {"sqlite": 2}),
-    "mark_sent": (ob.mark_sent_txn, lambda led: (queue(led, 2), led.claim_messages("d:1", 10, 60))[1],
-                  lambda led, claims: led.mark_sent([(c, Reply(250)) for c in claims]),
+                       lambda led, _: led.outbox.claim_messages("d:1", 10, 60), {"sqlite": 2}),
+    "mark_sent": (ob.mark_sent_txn, lambda led: (queue(led, 2), led.outbox.claim_messages("d:1", 10, 60))[1],
+                  lambda led, claims: led.outbox.mark_sent([(c, Reply(250)) for c in claims]),
                   {"sqlite": 2}),
     "schedule_retry": (ob.schedule_retry_txn,
-                       lambda led: (queue(led, 1), led.claim_messages("d:1", 1, 60)[0])[1],
-                       lambda led, c: led.schedule_retry(c, 60, "451 later"), {"sqlite": 2}),
+                       lambda led: (queue(led, 1), led.outbox.claim_messages("d:1", 1, 60)[0])[1],
+                       lambda led, c: led.outbox.schedule_retry(c, 60, "451 later"), {"sqlite": 2}),
     "mark_uncertain": (ob.mark_uncertain_txn,
-                       lambda led: (queue(led, 1), led.claim_messages("d:1", 1, 60)[0])[1],
-                       lambda led, c: led.mark_uncertain(c, "lost", None), {"sqlite": 2}),
+                       lambda led: (queue(led, 1), led.outbox.claim_messages("d:1", 1, 60)[0])[1],
+                       lambda led, c: led.outbox.mark_uncertain(c, "lost", None), {"sqlite": 2}),
     "mark_dead": (ob.mark_dead_txn,
-                  lambda led: (queue(led, 1), led.claim_messages("d:1", 1, 60)[0])[1],
-                  lambda led, c: led.mark_dead(c, "550 no"), {"sqlite": 2}),
+                  lambda led: (queue(led, 1), led.outbox.claim_messages("d:1", 1, 60)[0])[1],
+                  lambda led, c: led.outbox.mark_dead(c, "550 no"), {"sqlite": 2}),
     "release_message": (ob.release_message_txn,
-                        lambda led: (queue(led, 1), led.claim_messages("d:1", 1, 60)[0])[1],
-                        lambda led, c: led.release_message(c), {"sqlite": 1}),
+                        lambda led: (queue(led, 1), led.outbox.claim_messages("d:1", 1, 60)[0])[1],
+                        lambda led, c: led.outbox.release_message(c), {"sqlite": 1}),
     "requeue_message": (ob.requeue_message_txn,
-                        lambda led: (queue(led, 1), c := led.claim_messages("d:1", 1, 60)[0],
-                                     led.mark_dead(c, "550 no"))[1].message_id,
-                        lambda led, message_id: led.requeue_message(message_id), {"sqlite": 1}),
+                        lambda led: (queue(led, 1), c := led.outbox.claim_messages("d:1", 1, 60)[0],
+                                     led.outbox.mark_dead(c, "550 no"))[1].message_id,
+                        lambda led, message_id: led.outbox.requeue_message(message_id), {"sqlite": 1}),
 }
 
 
@@ -157,10 +157,10 @@ def test_a_sent_mark_retried_after_its_commit_costs_one_read_more_and_no_transac
             traced.get_many(["warm-up"])
             traced.database.write(lambda conn: None)
             queue(traced, 2)
-            claims = traced.claim_messages("d:1", 10, 60)
-            assert traced.mark_sent([(c, Reply(250)) for c in claims]) == []
+            claims = traced.outbox.claim_messages("d:1", 10, 60)
+            assert traced.outbox.mark_sent([(c, Reply(250)) for c in claims]) == []
             sent.clear()
-            assert traced.mark_sent([(c, Reply(250)) for c in claims]) == []
+            assert traced.outbox.mark_sent([(c, Reply(250)) for c in claims]) == []
             trips = list(sent)
         finally:
             traced.close()

@@ -203,7 +203,7 @@ def test_complete_clears_the_lease_and_queues_one_outbox_row_per_recipient(ledge
     assert done.run.completed_attempt_id == claim.attempt_id and done.run.completed_at is not None
     [attempt] = ledger.attempts(run.run_id)
     assert attempt.outcome == "completed" and attempt.finished_at is not None
-    queued = ledger.messages(run_id=run.run_id)
+    queued = ledger.outbox.messages(run_id=run.run_id)
     assert sorted(m.recipient for m in queued) == RECIPIENTS
     assert {m.subject for m in queued} == {"Daily digest"}
     assert all(m.status == "pending" and m.next_attempt_at is not None for m in queued)

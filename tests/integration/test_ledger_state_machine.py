@@ -199,7 +199,7 @@ def machine_for(ledger: Ledger) -> type[RuleBasedStateMachine]:
                 assert (run.lease_expires_at > ledger.database.now()) == m.lease_live
             else:
                 assert run.lease_expires_at is None
-            assert len(ledger.messages(run_id=self.run_id)) == m.messages
+            assert len(ledger.outbox.messages(run_id=self.run_id)) == m.messages
             assert [a.outcome for a in ledger.attempts(self.run_id)] == m.outcomes
 
     return RunMachine

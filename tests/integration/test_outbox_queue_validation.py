@@ -26,4 +26,4 @@ def test_an_injection_attempt_refuses_the_completion_and_writes_nothing(ledger: 
         ]
         ledger.complete(claim, {"summary": "ok"}, messages)
     assert ledger.get(identity.run_id).status == "running"
-    assert ledger.message_counts() == {}
+    assert ledger.outbox.message_counts() == {}

@@ -166,7 +166,7 @@ def test_a_failed_run_is_retried_without_duplicating_outbox_rows(
     assert first.is_failed() and "HTTP 500" in (first.message or "")
     assert outcomes(report) == {"acme": "failed"}
     run = env.the_run("acme", "2026-01-05")
-    assert run.status == "pending" and env.ledger.messages(run_id=run.run_id) == []
+    assert run.status == "pending" and env.ledger.outbox.messages(run_id=run.run_id) == []
     second, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     third, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     assert (outcome_name(second), outcome_name(third)) == ("Completed", "Duplicate")
@@ -212,7 +212,7 @@ def test_an_invalid_candidate_fails_the_run_without_retry(
     state, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     assert state.is_failed() and "empty summary" in (state.message or "")
     run = env.the_run("acme", "2026-01-05")
-    assert run.status == "failed" and env.ledger.messages(run_id=run.run_id) == []
+    assert run.status == "failed" and env.ledger.outbox.messages(run_id=run.run_id) == []
     assert len(model_server.requests) == 1
 
 
@@ -470,7 +470,7 @@ def test_sixteen_subject_threads_writing_at_once_take_turns_for_the_ledgers_conn
     assert outcomes(report) == dict.fromkeys(subjects, "new")
     assert sorted(probe.transforms) == subjects
     assert isinstance(report, TickReport)
-    assert all(len(env.ledger.messages(run_id=s.run_id)) == 1 for s in report.subjects)
+    assert all(len(env.ledger.outbox.messages(run_id=s.run_id)) == 1 for s in report.subjects)
 
 
 def cancelled_in_first_collect(subjects: list[str],
@@ -637,7 +637,7 @@ def test_a_failing_effect_leaves_no_completion_no_outbox_rows_and_no_business_ro
     assert state.is_failed() and "refused the credit" in (state.message or "")
     run_id = outcomes_run_id(report)
     assert env.ledger.get(run_id).status == "failed"
-    assert env.ledger.messages(run_id=run_id) == []
+    assert env.ledger.outbox.messages(run_id=run_id) == []
     with Session(env.ledger.engine) as session:
         assert session.exec(select(Credit)).all() == []
 

@@ -238,4 +238,4 @@ def test_a_persist_retried_after_its_reply_was_lost_finds_its_own_completion(env
     again = persist_output.fn("acme", Held(tick, claim, keeper), candidate)
     assert (first.name, again.name) == ("Completed", "Completed")
     assert again.data.outbox_rows == 2
-    assert len(env.ledger.messages(run_id=identity.run_id)) == 2
+    assert len(env.ledger.outbox.messages(run_id=identity.run_id)) == 2

@@ -102,7 +102,7 @@ def test_a_job_that_ran_before_reconcile_first_looked_is_owed_from_its_first_run
     friday = reconcile(probe.job, at(4))
     assert sorted(t.period.label for t in friday.ticks) == [
         "2026-01-06", "2026-01-07", "2026-01-08", "2026-01-09"]
-    assert env.ledger.obligations(probe.job.name) == {"acme": MONDAY}
+    assert env.ledger.occurrences.obligations(probe.job.name) == {"acme": MONDAY}
     assert env.model_calls() == 5
 
 
@@ -116,7 +116,7 @@ def test_skip_records_the_missed_days_skipped_and_a_custom_run_still_runs_one(en
     skipped = [probe.job.identity("acme", probe.job.period_at(at(d))) for d in range(1, 4)]
     assert sorted(friday.skipped) == sorted(i.run_id for i in skipped)
     assert friday.ticks == [] and env.model_calls() == 1
-    reasons = {o.skip_reason for o in env.ledger.occurrences(probe.job.name, MONDAY)}
+    reasons = {o.skip_reason for o in env.ledger.occurrences.list(probe.job.name, MONDAY)}
     assert reasons == {"missed while nothing ran; policy skip"}
     assert [s.state for s in friday.plan.steps][-1] == "upcoming"  # Friday's slot is not late
     _, report = env.run(probe.name, period="2026-01-07")
@@ -132,7 +132,7 @@ def test_latest_runs_only_the_most_recent_day_and_skips_the_older_as_superseded(
     friday = reconcile(probe.job, at(4))
     assert [t.period.label for t in friday.ticks] == ["2026-01-09"]
     assert len(friday.skipped) == 3
-    reasons = {o.skip_reason for o in env.ledger.occurrences(probe.job.name, MONDAY)
+    reasons = {o.skip_reason for o in env.ledger.occurrences.list(probe.job.name, MONDAY)
                if o.skipped_at is not None}
     assert reasons == {"superseded by 2026-01-09"}
     assert completed_periods(env, probe.job) == ["2026-01-05", "2026-01-09"]
@@ -172,7 +172,7 @@ def test_a_stranded_run_is_re_driven_and_finished_once(env: Env) -> None:
                                owner="dead:1", lease=0.001).claim
     assert claim is not None
     env.ledger.save_input(claim, {"subject": "acme", "text": "News about acme."})
-    wait_until(lambda: env.ledger.run_states(probe.job.name, today.start)[0].stranded, 10,
+    wait_until(lambda: env.ledger.occurrences.run_states(probe.job.name, today.start)[0].stranded, 10,
                "the lease to expire")
     done = reconcile(probe.job, env.ledger.now())
     assert [s.action for s in done.plan.steps] == ["redrive"]
@@ -214,10 +214,10 @@ def test_a_stale_scheduled_tick_of_a_skip_job_runs_nothing_and_ends_skipped(env:
     assert set(outcomes(report).values()) == {"skipped"}
     assert "period=2026-01-05" in (report.subjects[0].error or "")
     assert env.model_calls() == 0 and probe.collects == []
-    assert {o.run_id for o in env.ledger.occurrences(probe.job.name, MONDAY)} == {
+    assert {o.run_id for o in env.ledger.occurrences.list(probe.job.name, MONDAY)} == {
         i.run_id for i in identities.values()}
     # Each skip's event went out as the decision's (recorded emitted: reconcile will not again).
-    assert not any(unemitted(o) for o in env.ledger.occurrences(probe.job.name, MONDAY))
+    assert not any(unemitted(o) for o in env.ledger.occurrences.list(probe.job.name, MONDAY))
     wait_until(lambda: events("runledger.run.skipped", list(identities.values())) == 2, 30,
                "the skipped events")
     _, rerun = env.run(probe.name, period="2026-01-05")
@@ -243,11 +243,11 @@ def test_decisions_whose_events_the_prefect_api_did_not_take_stay_to_be_emitted(
     pass warns and goes on, and the decision stays leased for a later pass to emit."""
     probe = probe_job(["acme"], ["ops@example.com"], missed_runs="catch-up", start=MONDAY)
     late = probe.job.identity("acme", probe.job.period_at(at(0)))
-    env.ledger.mark_overdue([late])
+    env.ledger.occurrences.mark_overdue([late])
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api",
                              PREFECT_CLIENT_MAX_RETRIES: 0}):
         emit_decisions(env.ledger, probe.job, {})
-    [occurrence] = env.ledger.occurrences(probe.job.name, MONDAY)
+    [occurrence] = env.ledger.occurrences.list(probe.job.name, MONDAY)
     assert [kind for kind, _ in unemitted(occurrence)] == ["overdue"]
     assert occurrence.emitting_until is not None
     assert f"could not emit 1 decision events of {probe.job.name}" in caplog.text

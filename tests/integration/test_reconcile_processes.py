@@ -119,7 +119,7 @@ KILLED_AT: dict[str, MissedRunPolicy] = {
 def decisions(ledger: Ledger, job: Job) -> Counter[tuple[str, str]]:
     """One (event, resource id) per decision the ledger holds about the job's occurrences."""
     made: Counter[tuple[str, str]] = Counter()
-    for o in ledger.occurrences(job.name, ledger.now() - timedelta(days=30)):
+    for o in ledger.occurrences.list(job.name, ledger.now() - timedelta(days=30)):
         for kind, at in (("skipped", o.skipped_at), ("overdue", o.overdue_at),
                          ("recovered", o.recovered_at)):
             if at is not None:

@@ -34,8 +34,8 @@ RETENTION = timedelta(days=90)
 
 def deliver_all(ledger: Ledger) -> None:
     """Mark every due message sent, as a dispatcher that got 250 for each would."""
-    while claims := ledger.claim_messages("test-dispatcher", 100, 30):
-        ledger.mark_sent([(c, Reply(250, "ok")) for c in claims])
+    while claims := ledger.outbox.claim_messages("test-dispatcher", 100, 30):
+        ledger.outbox.mark_sent([(c, Reply(250, "ok")) for c in claims])
 
 
 def run_count(ledger: Ledger) -> int:
@@ -209,20 +209,20 @@ def test_a_run_with_a_message_still_to_deliver_is_never_pruned_until_it_is_deliv
     prunes it."""
     probe = probe_job()
     seed(ledger, probe.name, UNSENT_EVERY * 4, old(ledger))
-    unsent = [m for m in ledger.messages(limit=10_000)
+    unsent = [m for m in ledger.outbox.messages(limit=10_000)
               if m.status in ("pending", "sending", "retry", "uncertain")]
     assert sorted(m.status for m in unsent) == ["pending", "retry", "sending", "uncertain"]
     prune_ledger(ledger, RETENTION, [probe.job])
     for message in unsent:
         run = ledger.get(message.run_id)
         assert run.pruned_at is None and run.output is not None and run.raw_input is not None
-        assert ledger.attempts(run.run_id) and ledger.message(message.message_id) == message
+        assert ledger.attempts(run.run_id) and ledger.outbox.message(message.message_id) == message
     with ledger.engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox SET status = 'sent' WHERE run_id = :r"),
                      {"r": unsent[0].run_id})
     assert prune_ledger(ledger, RETENTION, [probe.job]).total("runs") == 1
     assert ledger.get(unsent[0].run_id).pruned_at is not None
-    assert ledger.message(unsent[0].message_id) is None
+    assert ledger.outbox.message(unsent[0].message_id) is None
 
 
 def test_the_prune_flow_prunes_and_publishes_its_summary_as_an_artifact(env: Env) -> None:
@@ -252,12 +252,12 @@ def test_a_dead_message_requeued_while_a_batch_picks_its_run_keeps_the_run_whole
     out, documents, attempts and message intact; the other Runs of the batch are pruned."""
     probe = probe_job()
     seed(ledger, probe.name, DEAD_EVERY, old(ledger))
-    [dead] = [m for m in ledger.messages(limit=1000) if m.status == "dead"]
+    [dead] = [m for m in ledger.outbox.messages(limit=1000) if m.status == "dead"]
     requeue = postgres_databases.hold(
         db_url, f"UPDATE outbox SET status = 'pending' WHERE message_id = '{dead.message_id}'")
     try:
         cutoff = ledger.now() - RETENTION
-        pruning = ThreadPoolExecutor(1).submit(ledger.prune_batch, cutoff, [probe.name],
+        pruning = ThreadPoolExecutor(1).submit(ledger.retention.prune_batch, cutoff, [probe.name],
                                                limit=1000)
         # The batch waits on the requeued row's lock; pg_stat_activity lists the whole server's
         # sessions, so only this test's database counts (other tests lock their own outboxes).
@@ -273,6 +273,6 @@ def test_a_dead_message_requeued_while_a_batch_picks_its_run_keeps_the_run_whole
     assert done.runs == DEAD_EVERY - 1  # every seeded Run but the requeued one's
     run = ledger.get(dead.run_id)
     assert run.pruned_at is None and run.output is not None and ledger.attempts(run.run_id)
-    message = ledger.message(dead.message_id)
+    message = ledger.outbox.message(dead.message_id)
     assert message is not None and message.status == "pending"
-    assert ledger.delivery_attempts(dead.message_id)
+    assert ledger.outbox.delivery_attempts(dead.message_id)

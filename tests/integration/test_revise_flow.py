@@ -64,7 +64,7 @@ def test_a_revision_of_a_completed_run_calls_the_model_once_and_resends_with_new
     probe = probe_job()
     state, _ = env.run(probe.name, period=PERIOD)
     original = env.the_run("acme", PERIOD, probe.job)
-    before = env.ledger.messages(run_id=original.run_id)
+    before = env.ledger.outbox.messages(run_id=original.run_id)
     state, result = revised(run_id=original.run_id, reason="model fixed")
     report = report_of(result)
     assert outcome_name(state) == "Revised" and "revision 1" in (state.message or "")
@@ -74,12 +74,12 @@ def test_a_revision_of_a_completed_run_calls_the_model_once_and_resends_with_new
         1, original.run_id, "completed")
     assert probe.collects == ["acme"] and probe.transforms == ["acme", "acme"]
     assert revision.raw_input == original.raw_input and revision.model_calls == 1
-    messages = env.ledger.messages(run_id=revision.run_id)
+    messages = env.ledger.outbox.messages(run_id=revision.run_id)
     assert sorted(m.recipient for m in messages) == ["a@example.com", "b@example.com"]
     assert all(m.subject == f"acme {PERIOD} (revised, revision 1)" for m in messages)
     assert not {m.message_id for m in messages} & {m.message_id for m in before}
     assert env.ledger.get(original.run_id) == original
-    assert env.ledger.messages(run_id=original.run_id) == before
+    assert env.ledger.outbox.messages(run_id=original.run_id) == before
     state, again = env.run(probe.name, period=PERIOD)
     assert outcome_name(state) == "Duplicate" and outcomes(again) == {"acme": "duplicate"}
     assert again.subjects[0].run_id == revision.run_id  # type: ignore[union-attr]
@@ -97,7 +97,7 @@ def test_recollect_collects_again_and_no_resend_queues_nothing(env: Env) -> None
                             resend=False)
     assert outcome_name(state) == "Revised" and "nothing resent" in (state.message or "")
     assert probe.collects == ["acme", "acme"]
-    assert env.ledger.messages(run_id=report_of(result).run.run_id) == []
+    assert env.ledger.outbox.messages(run_id=report_of(result).run.run_id) == []
 
 
 def test_rerunning_the_same_revise_request_does_not_make_a_second_revision(env: Env) -> None:

@@ -251,7 +251,7 @@ def test_a_pruned_run_is_revised_only_by_collecting_its_input_again(ledger: Ledg
     assert claim is not None
     ledger.save_input(claim, {"items": "a, b"})
     ledger.complete(claim, {"text": "first"}, [])
-    ledger.prune_batch(datetime.now(UTC) + timedelta(days=1), ["digest"])
+    ledger.retention.prune_batch(datetime.now(UTC) + timedelta(days=1), ["digest"])
     assert ledger.get(run.run_id).pruned_at is not None
     with pytest.raises(RevisionRefused, match=r"pruned.*--recollect"):
         ledger.request_revision(run.run_id, "model fixed", requested_by="req-1")

@@ -35,7 +35,7 @@ def complete_with(ledger: Ledger, messages: Sequence[OutboxMessage]) -> list[Que
     claim = ledger.claim(identity.run_id, "test-worker", 60)
     assert claim is not None
     ledger.complete(claim, {"summary": "ok"}, list(messages))
-    return ledger.messages(run_id=identity.run_id, limit=len(messages) + 1)
+    return ledger.outbox.messages(run_id=identity.run_id, limit=len(messages) + 1)
 
 
 def webhooks(count: int, endpoint: str = ENDPOINT) -> list[OutboxMessage]:

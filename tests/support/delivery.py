@@ -52,7 +52,7 @@ def queue(ledger: Ledger, count: int, *, body: str = "Hello\n") -> list[QueuedMe
     messages = [OutboxMessage(recipient=recipient(i), subject=f"Digest {i}", body=body)
                 for i in range(count)]
     ledger.complete(claim, {"summary": "ok"}, messages)
-    return ledger.messages(run_id=identity.run_id, limit=count)
+    return ledger.outbox.messages(run_id=identity.run_id, limit=count)
 
 
 def smtp_settings(sink: Sink, **overrides: Any) -> SmtpSettings:
@@ -78,7 +78,7 @@ def deliver(ledger: Ledger, sink: Sink | None = None, *, batch_size: int = 100,
 
 
 def statuses(ledger: Ledger) -> dict[str, int]:
-    return {k: v for k, v in ledger.message_counts().items() if v}
+    return {k: v for k, v in ledger.outbox.message_counts().items() if v}
 
 
 def cli_env(db_url: str, sink: Sink, **extra: str) -> dict[str, str]:

@@ -95,17 +95,17 @@ def walk(ledger: Ledger, subject: str, host: str, port: int) -> None:
     """The whole life of ``subject``, from wherever an earlier walk left it."""
     owner = f"walker:{os.getpid()}"
     main = identity(subject)
-    ledger.owe(JOB, {subject: PERIOD})
+    ledger.occurrences.owe(JOB, {subject: PERIOD})
     skipped = identity(subject, 1)
-    ledger.skip([(skipped, "walked past")])
-    ledger.unskip([skipped.run_id])
-    ledger.mark_overdue([main])
+    ledger.occurrences.skip([(skipped, "walked past")])
+    ledger.occurrences.unskip([skipped.run_id])
+    ledger.occurrences.mark_overdue([main])
     _tick(ledger, main, owner)
     ledger.request_revision(main.run_id, "walk: revised", requested_by=f"walk:{subject}")
-    ledger.count_suppressed(JOB, PERIOD.date(), duplicates=1, in_progress_elsewhere=0)
+    ledger.occurrences.count_suppressed(JOB, PERIOD.date(), duplicates=1, in_progress_elsewhere=0)
     ledger.calls.count_saved(JOB, PERIOD.date(), [main.run_id])
     _spend(ledger, identity(subject, 3), owner)
-    ledger.mark_recovered(JOB)
+    ledger.occurrences.mark_recovered(JOB)
     _operate(ledger, identity(subject, 2), owner)
     _prune(ledger, RunIdentity(PRUNED_JOB, subject, PERIOD, "1"), owner)
     _emit(ledger)
@@ -148,8 +148,8 @@ def _operate(ledger: Ledger, side: RunIdentity, owner: str) -> None:
     if run.status == "failed" and not given_up(run):
         run = ledger.requeue_run(run.run_id)
     if run.status == "pending":
-        (state,) = [s for s in ledger.run_states(JOB, side.period_start) if s.run_id == run.run_id]
-        ledger.give_up(state, max_attempts=1)
+        (state,) = [s for s in ledger.occurrences.run_states(JOB, side.period_start) if s.run_id == run.run_id]
+        ledger.occurrences.give_up(state, max_attempts=1)
 
 
 def _prune(ledger: Ledger, old: RunIdentity, owner: str) -> None:
@@ -160,18 +160,18 @@ def _prune(ledger: Ledger, old: RunIdentity, owner: str) -> None:
         claim = found.claim or _claim_when_free(ledger, found.run, owner)
         ledger.complete(claim, {"text": "to be pruned"})
     cutoff, cursor = ledger.now() + timedelta(days=1), ""
-    while (cursor := ledger.prune_batch(cutoff, [PRUNED_JOB], limit=10, after=cursor).cursor):
+    while (cursor := ledger.retention.prune_batch(cutoff, [PRUNED_JOB], limit=10, after=cursor).cursor):
         pass
 
 
 def _emit(ledger: Ledger) -> None:
     """What reconcile does after its decisions: lease those whose events are not known emitted
     (a dead walker's lease is waited out), then record them emitted (no Prefect here)."""
-    while not (claimed := ledger.claim_events(JOB, RUN_LEASE)):
-        if not any(unemitted(o) for o in ledger.occurrences(JOB, PERIOD)):
+    while not (claimed := ledger.occurrences.claim_events(JOB, RUN_LEASE)):
+        if not any(unemitted(o) for o in ledger.occurrences.list(JOB, PERIOD)):
             return
         time.sleep(0.1)
-    ledger.mark_emitted(claimed)
+    ledger.occurrences.mark_emitted(claimed)
 
 
 SIDE_TEXT = "Side news. Prices went down."
@@ -242,16 +242,16 @@ def _deliver(ledger: Ledger, run_id: str, host: str, port: int) -> None:
     """Delivery passes until every message is settled; the refused one is requeued once."""
     deadline = time.monotonic() + WALK_SECONDS
     while True:
-        while unsettled(ledger.messages(run_id=run_id)):
-            assert time.monotonic() < deadline, ledger.messages(run_id=run_id)
+        while unsettled(ledger.outbox.messages(run_id=run_id)):
+            assert time.monotonic() < deadline, ledger.outbox.messages(run_id=run_id)
             delivery_pass(ledger, host, port, timeout=SMTP_TIMEOUT, lease=DELIVERY_LEASE,
                           policy=POLICY)
             time.sleep(0.05)
-        (dead,) = [m for m in ledger.messages(run_id=run_id) if m.status == "dead"]
-        refusals = [a for a in ledger.delivery_attempts(dead.message_id) if a.outcome == "dead"]
+        (dead,) = [m for m in ledger.outbox.messages(run_id=run_id) if m.status == "dead"]
+        refusals = [a for a in ledger.outbox.delivery_attempts(dead.message_id) if a.outcome == "dead"]
         if len(refusals) >= 2:
             return
-        ledger.requeue_message(dead.message_id)
+        ledger.outbox.requeue_message(dead.message_id)
 
 
 def main(url: str, subject: str, host: str, port: str) -> None:

@@ -154,7 +154,7 @@ def copy_sample_data(target: Path) -> Path:
 
 
 def outbox_recipients(ledger: Ledger, run_id: str) -> list[str]:
-    return sorted(m.recipient for m in ledger.messages(run_id=run_id, limit=1000))
+    return sorted(m.recipient for m in ledger.outbox.messages(run_id=run_id, limit=1000))
 
 
 @dataclass

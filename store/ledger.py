@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -60,7 +60,7 @@ from store.runs import (
 )
 from store.settings import LedgerSettings
 from store.statement import Transition
-from store.stats import Activity, read_activity
+from store.stats import Activity, count_suppressed_txn, read_activity
 from store.validators import error_text, json_document, lease_seconds, revision_reason
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -349,6 +349,13 @@ class Ledger:
         return self._read(list_attempts_of, run_ids)
 
     # --- Statistics -----------------------------------------------------------------------
+
+    def count_suppressed(self, job: str, day: date, duplicates: int,
+                         in_progress_elsewhere: int) -> None:
+        """Add one tick's Runs asked for again (completed, or leased elsewhere) to the job's
+        counts for the UTC ``day`` (see ``count_suppressed_txn``)."""
+        self._write(faults.AFTER_COUNT_SUPPRESSED_COMMIT, count_suppressed_txn,
+                    job, day, duplicates, in_progress_elsewhere)
 
     def activity(self, since: datetime, job: str | None = None) -> Activity:
         """What ``runledger stats`` counts from ``since`` on, optionally of one job."""

@@ -1,14 +1,13 @@
 """The ledger's occurrences (``Ledger.occurrences``): what each job owes, the decisions recorded
-about each owed occurrence (skipped, overdue, recovered, given up) and their events, and the
-duplicates a tick suppressed. Each method is one unit of work around one transition or read of
-``store.occurrences`` (``count_suppressed``: of ``store.stats``), a transition followed by its
-fault point."""
+about each owed occurrence (skipped, overdue, recovered, given up) and their events. Each method
+is one unit of work around one transition or read of ``store.occurrences``, a transition
+followed by its fault point."""
 
 from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from datetime import date, datetime, timedelta
+from datetime import datetime, timedelta
 
 from store import faults
 from store.identity import RunIdentity
@@ -27,7 +26,6 @@ from store.occurrences import (
     skip_txn,
     unskip_txn,
 )
-from store.stats import count_suppressed_txn
 from store.units_of_work import UnitsOfWork
 from store.validators import lease_seconds
 
@@ -84,13 +82,6 @@ class OccurrenceBook:
     def run_states(self, job: str, since: datetime) -> list[RunState]:
         """Where each Run of ``job`` from period ``since`` on stands, oldest first."""
         return self._ledger._read(run_states, job, since)
-
-    def count_suppressed(self, job: str, day: date, duplicates: int,
-                         in_progress_elsewhere: int) -> None:
-        """Add one tick's Runs asked for again (completed, or leased elsewhere) to the job's
-        counts for the UTC ``day`` (see ``count_suppressed_txn``)."""
-        self._ledger._write(faults.AFTER_COUNT_SUPPRESSED_COMMIT, count_suppressed_txn,
-                            job, day, duplicates, in_progress_elsewhere)
 
     # Last, and annotated with the builtin by name: once this method is defined, ``list`` in
     # the class body is the method.

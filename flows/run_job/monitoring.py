@@ -52,7 +52,7 @@ def after_tick(ledger: Ledger, job: Job, report: TickReport) -> Board | None:
         day = now.astimezone(UTC).date()
         counts = report.counts()
         if counts["duplicate"] or counts["in-progress-elsewhere"]:
-            ledger.occurrences.count_suppressed(job.name, day, counts["duplicate"],
+            ledger.count_suppressed(job.name, day, counts["duplicate"],
                                                 counts["in-progress-elsewhere"])
         ledger.calls.count_saved(job.name, day, [s.run_id for s in report.subjects
                                                  if s.outcome == "duplicate"])

@@ -39,7 +39,7 @@ def a_week_with_reruns(ledger: Ledger) -> int:
         cost = 1_000_000 * (n + 1)
         claim = completed_with_a_call(ledger, period, cost)
         for _ in range(n):  # a rerun tick finds the Run completed: one duplicate
-            ledger.occurrences.count_suppressed("weekly", today, 1, 0)
+            ledger.count_suppressed("weekly", today, 1, 0)
             ledger.calls.count_saved("weekly", today, [claim.run_id])
             expected += cost
     return expected

@@ -59,8 +59,8 @@ def a_day_of_activity(ledger: Ledger) -> None:
     answered(ledger, taken)
     ledger.complete(taken, {"text": "b"}, [OutboxMessage("c@example.com", "B", "b")])
     today = ledger.now().date()
-    ledger.occurrences.count_suppressed("digest", today, 2, 0)
-    ledger.occurrences.count_suppressed("digest", today, 1, 1)
+    ledger.count_suppressed("digest", today, 2, 0)
+    ledger.count_suppressed("digest", today, 1, 1)
 
 
 def midnight(ledger: Ledger) -> datetime:
@@ -94,7 +94,7 @@ def test_stats_of_one_job_leave_the_others_out(ledger: Ledger) -> None:
                                lease=600).claim
     assert other is not None
     ledger.complete(other, {"text": "c"})
-    ledger.occurrences.count_suppressed("other", ledger.now().date(), 5, 0)
+    ledger.count_suppressed("other", ledger.now().date(), 5, 0)
     since = midnight(ledger)
     assert [(d.job, d.completed, d.duplicates)
             for d in daily_stats(ledger.activity(since), since, ledger.calls.since(since))] == [
@@ -106,7 +106,7 @@ def test_a_negative_suppressed_count_is_refused_and_writes_nothing(ledger: Ledge
     """A count is 0 or more: -1 is a clear error and no count row appears."""
     since = midnight(ledger)
     with pytest.raises(InvalidInput, match="duplicates must be an integer of 0 or more"):
-        ledger.occurrences.count_suppressed("digest", since.date(), -1, 0)
+        ledger.count_suppressed("digest", since.date(), -1, 0)
     assert ledger.activity(since).suppressed == []
 
 

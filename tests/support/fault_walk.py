@@ -102,7 +102,7 @@ def walk(ledger: Ledger, subject: str, host: str, port: int) -> None:
     ledger.occurrences.mark_overdue([main])
     _tick(ledger, main, owner)
     ledger.request_revision(main.run_id, "walk: revised", requested_by=f"walk:{subject}")
-    ledger.occurrences.count_suppressed(JOB, PERIOD.date(), duplicates=1, in_progress_elsewhere=0)
+    ledger.count_suppressed(JOB, PERIOD.date(), duplicates=1, in_progress_elsewhere=0)
     ledger.calls.count_saved(JOB, PERIOD.date(), [main.run_id])
     _spend(ledger, identity(subject, 3), owner)
     ledger.occurrences.mark_recovered(JOB)

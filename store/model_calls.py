@@ -155,18 +155,28 @@ _INTENT = Statement(
 _ANSWERED = sa.and_(calls.c.outcome.is_(None), _holder(calls.c.fence))
 
 
+# The call named, still without an outcome, or marked lost before it told what became of it
+# (a lost call's end is recorded once, when its own attempt hears of it).
+_UNENDED = (calls.c.call_id == param(calls.c.call_id),
+            sa.or_(calls.c.outcome.is_(None),
+                   sa.and_(calls.c.outcome == "lost", calls.c.latency_ms.is_(None))))
+
+
+def _usage() -> dict[str, Any]:
+    """What a call's end records besides its outcome: its usage, cost and end time."""
+    return {"prompt_tokens": param(calls.c.prompt_tokens),
+            "completion_tokens": param(calls.c.completion_tokens),
+            "latency_ms": param(calls.c.latency_ms), "cost_nanos": param(calls.c.cost_nanos),
+            "currency": param(calls.c.currency), "finished_at": db_now()}
+
+
 def _answer(d: str) -> Any:
     return (
         sa.update(calls)
-        .where(calls.c.call_id == param(calls.c.call_id),
-               sa.or_(calls.c.outcome.is_(None),
-                      sa.and_(calls.c.outcome == "lost", calls.c.latency_ms.is_(None))))
+        .where(*_UNENDED)
         .values(outcome=sa.case((_ANSWERED, "answered"), else_="lost"),
                 answer=sa.case((_ANSWERED, param(calls.c.answer)), else_=sa.null()),
-                prompt_tokens=param(calls.c.prompt_tokens),
-                completion_tokens=param(calls.c.completion_tokens),
-                latency_ms=param(calls.c.latency_ms), cost_nanos=param(calls.c.cost_nanos),
-                currency=param(calls.c.currency), finished_at=db_now())
+                **_usage())
         .returning(calls.c.outcome)
     )
 
@@ -180,14 +190,8 @@ _ANSWER = Statement(
 def _end(d: str) -> Any:
     return (
         sa.update(calls)
-        .where(calls.c.call_id == param(calls.c.call_id),
-               sa.or_(calls.c.outcome.is_(None),
-                      sa.and_(calls.c.outcome == "lost", calls.c.latency_ms.is_(None))))
-        .values(outcome=param(calls.c.outcome), error=param(calls.c.error),
-                prompt_tokens=param(calls.c.prompt_tokens),
-                completion_tokens=param(calls.c.completion_tokens),
-                latency_ms=param(calls.c.latency_ms), cost_nanos=param(calls.c.cost_nanos),
-                currency=param(calls.c.currency), finished_at=db_now())
+        .where(*_UNENDED)
+        .values(outcome=param(calls.c.outcome), error=param(calls.c.error), **_usage())
         .returning(calls.c.outcome)
     )
 

@@ -22,12 +22,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -56,8 +55,8 @@ from tests.hosts.product import (
     wait_until_healthy,
 )
 from tests.support.private_postgres import PrivateCluster, binaries
+from tests.support.stack import wait_until
 
-T = TypeVar("T")
 HOSTS = {"db": 2, "api": 3, "mail": 4, "model": 5, "ctl": 9, "w1": 11, "w2": 12, "w3": 13}
 WORKERS = ("w1", "w2", "w3")
 POOL = "hosts"
@@ -75,17 +74,6 @@ def unavailable(reason: str) -> None:
     if REQUIRED:
         pytest.fail(message + " (RUNLEDGER_REQUIRE_POSTGRES=1: these drills must run)")
     pytest.skip(message)
-
-
-def wait_until(check: Callable[[], T], timeout: float, what: str, every: float = 0.25) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
 
 
 def sweep_folders() -> list[Path]:

@@ -31,10 +31,10 @@ from tests.hosts.cluster import (
     WORKERS,
     Cluster,
     cluster,
-    wait_until,
 )
 from tests.hosts.jobs import recipient
 from tests.hosts.product import PROJECT_ROOT, message_id_for
+from tests.support.stack import wait_until
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 REDUCED = os.environ.get("RUNLEDGER_HOSTS") == "reduced"

@@ -4,7 +4,10 @@ call in flight), waiting as long as the ledger says; a provider's refusal pauses
 for every worker; an answer settles the tokens the call took to what it used.
 
 One thread of a process asks the ledger at a time, the others queue behind it: each asking is
-one round trip, and a crowd of threads asking together would only contend for the row."""
+one round trip, and a crowd of threads asking together would only contend for the row. When an
+asking finds the ledger unreachable, the threads that queued behind it fail with the same error
+without asking: each would otherwise wait its own connect timeout in turn, and a worker cut from
+the database would give up one subject at a time."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import time
 from collections.abc import Callable
 from math import ceil
 
-from store import Acquisition, CallBook, Claim, InFlight, Intent, Usage
+from store import Acquisition, CallBook, Claim, InFlight, Intent, LedgerUnavailable, Usage
 
 CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text and BPE tokenizers
 POLL_SECONDS = 0.05  # how often to ask while only the calls in flight are too many
@@ -42,18 +45,37 @@ class EndpointLimiter:
         self.in_flight_seconds = in_flight_seconds
         self.max_pause_seconds = max_pause_seconds
         self._turn = threading.Lock()
+        self._unreachable: LedgerUnavailable | None = None  # what the last such asking found
+        self._times_unreachable = 0  # how many askings found the ledger unreachable
 
     def record(self, claim: Claim, intent: Intent, prompt_chars: int) -> InFlight:
         """Record the call in flight once the endpoint's limits allow it (sleeping meanwhile);
-        ``LeaseLost`` and ``BudgetExhausted`` as ``CallBook.record_intent``."""
+        ``LeaseLost`` and ``BudgetExhausted`` as ``CallBook.record_intent``; ``LedgerUnavailable``
+        at once if the ledger was found unreachable while this call queued for its turn."""
         taken = Acquisition(self.name, token_estimate(prompt_chars), self.in_flight_seconds)
+        seen = self._times_unreachable
         with self._turn:
-            while True:
-                found = self.calls.record_intent_when_allowed(claim, intent, taken)
-                if isinstance(found, InFlight):
-                    return found
-                wait = found.wait_seconds(POLL_SECONDS)
-                self.sleep(wait * (1 + random.uniform(0, JITTER)))
+            self._fail_if_found_unreachable_since(seen)
+            try:
+                while True:
+                    found = self.calls.record_intent_when_allowed(claim, intent, taken)
+                    if isinstance(found, InFlight):
+                        return found
+                    wait = found.wait_seconds(POLL_SECONDS)
+                    self.sleep(wait * (1 + random.uniform(0, JITTER)))
+            except LedgerUnavailable as exc:
+                self._unreachable = exc
+                self._times_unreachable += 1
+                raise
+
+    def _fail_if_found_unreachable_since(self, seen: int) -> None:
+        """A call that queued while an asking ahead of it found the ledger unreachable fails
+        with that error instead of waiting for its own timeout (its task's retries ask anew)."""
+        error = self._unreachable
+        if error is None or self._times_unreachable == seen:
+            return
+        raise LedgerUnavailable(f"{error} (found by the call ahead of this one in the queue for "
+                                f"endpoint {self.name!r}; this call did not ask)") from error
 
     def refused(self, call: InFlight, retry_after: float | None) -> None:
         """The provider refused the call: pause the endpoint for every worker."""

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from store import Ledger, RunIdentity
+from flows.model import EndpointLimiter
+from store import Intent, Ledger, LedgerUnavailable, Limits, RunIdentity
 from store.errors import RunledgerError
 from tests.hosts import netns
 from tests.hosts.cluster import sweep_folders, unavailable
@@ -130,6 +131,50 @@ def test_a_new_connection_over_a_cut_link_fails_within_the_connect_timeout(
     print(f"new connection over a cut link: {type(raised).__name__} after {took:.1f} s")
     assert ended and took < NOTICE_WITHIN, f"still connecting after {took:.0f} s"
     assert isinstance(raised, RunledgerError), raised
+
+
+def test_calls_queued_for_an_endpoint_over_a_cut_link_fail_with_the_first_askings_error(
+        two_hosts: TwoHosts) -> None:
+    """Four subjects' model calls queued on one endpoint of a worker cut from the database: the
+    first asking hears of the cut within the client timeouts and the three queued behind it
+    fail with its error at once, instead of each waiting its own timeout in turn (40 s)."""
+    subjects = [RunIdentity("hosts-limiter", f"s{n}", datetime(2026, 1, 1, tzinfo=UTC), "1")
+                for n in range(4)]
+    with Ledger.connect(two_hosts.url) as ledger:
+        ledger.calls.configure_endpoint("hosts-ep", Limits(requests_per_minute=6_000))
+        claimed = ledger.register_and_claim_many([(s, None) for s in subjects], owner="ctl:2",
+                                                 lease=LEASE)
+        limiter = EndpointLimiter(ledger.calls, "hosts-ep", in_flight_seconds=60.0,
+                                  max_pause_seconds=60.0)
+        outcomes: list[BaseException | None] = []
+
+        def every_call() -> None:
+            def one(identity: RunIdentity) -> None:
+                claim = claimed[identity.run_id].claim
+                assert claim is not None
+                try:
+                    limiter.record(claim, Intent("hosts-ep", "m", 0, "d" * 64), 400)
+                    outcomes.append(None)
+                except BaseException as exc:  # the outcome under test
+                    outcomes.append(exc)
+
+            threads = [threading.Thread(target=one, args=(s,)) for s in subjects]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+
+        two_hosts.network.cut("ctl", "db")
+        try:
+            took, raised, ended = outcome_within(every_call, NOTICE_WITHIN + 35)
+        finally:
+            two_hosts.network.heal("ctl", "db")
+        print(f"4 queued calls over a cut link: {[type(o).__name__ for o in outcomes]} "
+              f"after {took:.1f} s")
+        assert raised is None and ended and took < NOTICE_WITHIN, f"still asking after {took:.0f} s"
+        assert all(isinstance(o, LedgerUnavailable) for o in outcomes), outcomes
+        assert len(outcomes) == 4
+        assert sum("this call did not ask" in str(o) for o in outcomes) == 3
 
 
 pytestmark = [pytest.mark.drill, pytest.mark.postgres, pytest.mark.timeout(300)]

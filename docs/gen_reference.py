@@ -97,13 +97,11 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
      "Test suite: `1` runs the drills at full size: the tests marked `drill`, and "
      "tests/drills with 1,000 Runs and 100 kills (drill 1), 200 Runs and 10 PostgreSQL "
      "restarts (drill 3), 2,000 messages (drill 4), ticks of 1,000 and 10,000 subjects "
-     "(drill 5) (`make drills`)."),
+     "(drill 5), and all six host drills (tests/hosts; `make test` runs scenarios 1 and 6 with a few "
+     "subjects each) (`make drills`)."),
     ("RUNLEDGER_DRILL_SIZES", "tests/drills/test_volume_tick.py",
      "Drill 5: the tick sizes to run, comma-separated (default `200`, or `1000,10000` with "
      "`RUNLEDGER_FULL=1`); the peak RSS ratio is asserted when two are given."),
-    ("RUNLEDGER_HOSTS", "tests/hosts/test_hosts.py",
-     "The host drills: `reduced` runs scenarios 1 and 6 with a few subjects each (as root); "
-     "`RUNLEDGER_FULL=1` runs all six at full size."),
     ("RUNLEDGER_HOSTS_JOBS", "tests/hosts/jobs.py",
      "The host drills' jobs on every host of their cluster, as JSON: job name -> [subjects, "
      "seconds the model takes per call]; set by the harness."),

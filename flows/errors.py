@@ -5,7 +5,7 @@ operator requeues it."""
 
 from __future__ import annotations
 
-from store import InvalidInput, RunledgerError
+from store import InvalidInput, LeaseLost, RunledgerError
 
 
 class JobError(RunledgerError):
@@ -36,6 +36,12 @@ class UnknownJob(InvalidInput):
 
 class UnknownSubject(InvalidInput):
     """The job has no such subject."""
+
+
+class LeaseLapsed(LeaseLost):
+    """This process could not renew the lease for longer than the lease lasts (the ledger
+    unreachable): another attempt may hold the Run now, so this one stops where it is and
+    leaves the Run to whichever attempt takes it over."""
 
 
 class InvalidJob(InvalidInput):

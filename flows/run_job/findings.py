@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from flows.errors import LeaseLapsed
 from flows.run_job.outcomes import SubjectOutcome
 from flows.run_job.stages import retried
 from flows.run_job.tick import Tick
@@ -110,6 +111,13 @@ def failed_permanently(subject: str, run: Run | FinishedRun) -> SubjectOutcome:
         error=f"failed permanently ({run.error}); requeue it with "
               f"`runledger runs requeue {run.run_id}`",
     )
+
+
+def lapsed_outcome(subject: str, run: Run, error: LeaseLapsed) -> SubjectOutcome:
+    """This attempt could not reach the ledger for longer than its lease: it failed, and asks
+    the ledger nothing more; the Run stays leased until its lease expires and another attempt
+    (reconcile, the next tick) takes it over."""
+    return SubjectOutcome(subject, run.run_id, "failed", run.attempts, error=str(error))
 
 
 def lease_lost_outcome(tick: Tick, subject: str, run_id: str, error: LeaseLost) -> SubjectOutcome:

@@ -42,7 +42,7 @@ from prefect.utilities.annotations import quote
 
 from flows.board import Board
 from flows.budgeting import OVER_BUDGET_STATE, estimator, exhausted_payload, refusal_text
-from flows.errors import is_transient
+from flows.errors import LeaseLapsed, is_transient
 from flows.events import emit_job_event
 from flows.jobs import Candidate, Job, TransientError, ValidationFailed
 from flows.jobs.schedule import require_due
@@ -52,6 +52,7 @@ from flows.run_job.findings import (
     FINDINGS,
     describe,
     finding,
+    lapsed_outcome,
     lease_lost_outcome,
     read_finished,
     unclaimed_outcome,
@@ -494,6 +495,8 @@ def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: st
         tick.check_running("transform")
         candidate = stage_value(stages.transform(subject, held, raw))
         persisted: Persisted = stage_value(stages.persist(subject, held, candidate))
+    except LeaseLapsed as exc:
+        return _spent(lapsed_outcome(subject, run, exc), tick, hold)
     except LeaseLost as exc:
         return lease_lost_outcome(tick, subject, run.run_id, exc)
     except BudgetExhausted as exc:

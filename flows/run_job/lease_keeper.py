@@ -1,16 +1,21 @@
 """The lease keeper renews the leases of every Run a tick's batch still works on, in one
 background thread and one statement per round, so that long model calls and subjects waiting for a pool
-slot keep their claims; a Run whose fence moved on is reported lost, and its subject must stop."""
+slot keep their claims; a Run whose fence moved on is reported lost, and its subject must stop.
+So are all the claims once the rounds have failed for longer than the lease (the ledger
+unreachable): their leases have lapsed and another attempt may hold the Runs, so the subjects
+stop at their next stage instead of each retrying against a ledger they cannot reach."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 
-from store import Claim, Ledger
+from flows.errors import LeaseLapsed
+from store import Claim, LeaseLost, Ledger
 
 RENEW_FRACTION = 1 / 3  # renew well before expiry: two renewals may fail before the lease lapses
 
@@ -21,15 +26,22 @@ _running: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
 
 
 class LeaseKeeper:
-    """Renews the held claims every ``lease_seconds * RENEW_FRACTION`` until stopped."""
+    """Renews the held claims every ``lease_seconds * RENEW_FRACTION`` until stopped;
+    ``clock`` is a monotonic clock (a test's own)."""
 
-    def __init__(self, ledger: Ledger, lease_seconds: float) -> None:
+    def __init__(self, ledger: Ledger, lease_seconds: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
         self.lease_seconds = lease_seconds
         self.interval = lease_seconds * RENEW_FRACTION
+        self.clock = clock
         self.renewals = 0  # rounds that renewed at least one claim
         self._held: dict[str, Claim] = {}
         self._lost: dict[str, str] = {}
+        # When the last round that reached the ledger was sent (the claims were made just
+        # before the keeper), and what the rounds since then failed with.
+        self._reached_at = clock()
+        self._failing: Exception | None = None
         # The subjects' threads and the keeper's thread share the two maps.
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -50,10 +62,20 @@ class LeaseKeeper:
         with self._lock:
             return list(self._held.values())
 
-    def lost(self, claim: Claim) -> str | None:
-        """Why ``claim`` is lost, or None while it is still held."""
+    def lost(self, claim: Claim) -> LeaseLost | None:
+        """Why ``claim`` is lost (``LeaseLapsed`` when the rounds failed for longer than the
+        lease), or None while it is still held."""
         with self._lock:
-            return self._lost.get(claim.run_id)
+            reason = self._lost.get(claim.run_id)
+            failing, unrenewed = self._failing, self.clock() - self._reached_at
+        if reason is not None:
+            return LeaseLost(reason)
+        if failing is not None and unrenewed > self.lease_seconds:
+            return LeaseLapsed(
+                f"run {claim.run_id}: lease of fence {claim.fence} lapsed: not renewed for "
+                f"{unrenewed:.0f} s (lease {self.lease_seconds:g} s); the last renewal failed: "
+                f"{failing}")
+        return None
 
     def __enter__(self) -> LeaseKeeper:
         self._thread.start()
@@ -90,8 +112,15 @@ class LeaseKeeper:
         claims = self.held()
         if not claims:
             return
-        renewed = self.ledger.renew_many(claims, self.lease_seconds)
+        sent = self.clock()
+        try:
+            renewed = self.ledger.renew_many(claims, self.lease_seconds)
+        except Exception as exc:
+            with self._lock:
+                self._failing = exc
+            raise
         with self._lock:
+            self._reached_at, self._failing = sent, None
             for claim in claims:
                 # A subject that ended during the round is no longer held: a completed Run
                 # is left out of the renewal, and that is no loss.

@@ -58,11 +58,12 @@ def retried(call: Callable[[], T], retries: int, delay_seconds: float) -> T:
 
 
 def lost_state(keeper: LeaseKeeper, claim: Claim, consequence: str = "") -> State[Any] | None:
-    """A LeaseLost state when the keeper found the claim's fence moved on, else None."""
-    reason = keeper.lost(claim)
-    if reason is None:
+    """A LeaseLost state when the keeper found the claim's fence moved on or its lease lapsed,
+    else None."""
+    lost = keeper.lost(claim)
+    if lost is None:
         return None
-    return lease_lost_state(LeaseLost(f"{consequence}{reason}"))
+    return lease_lost_state(type(lost)(f"{consequence}{lost}"))
 
 
 def lease_lost_state(error: LeaseLost, consequence: str = "") -> State[Any]:

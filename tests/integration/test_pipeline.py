@@ -10,13 +10,12 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
-import psycopg
 import pytest
-import sqlalchemy as sa
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -43,7 +42,7 @@ from flows.stats import daily_stats
 from store import Ledger, Registration, Run
 from store.model_calls import Intent
 from tests.support.alerts import quiet_job
-from tests.support.ledger import wait_for_db_clock
+from tests.support.ledger import wait_for_db_clock, write_locked
 from tests.support.loopback import Answer, LoopbackServer, Request, json_answer
 from tests.support.pipeline import (
     ACME,
@@ -423,29 +422,19 @@ def test_prefect_finds_nothing_to_walk_in_the_registrations_register_and_claim_r
 
 
 class WriteLock:
-    """Another session holding the ledger's write lock (SQLite's database lock, an EXCLUSIVE
-    lock on PostgreSQL's runs table) for a second: reads go on, every write waits."""
+    """Another session holding the ledger's write lock for a second (``write_locked``)."""
 
     def __init__(self, db_url: str) -> None:
-        self.url = sa.engine.make_url(db_url)
+        self.db_url = db_url
         self.taken = threading.Event()
         self.released = threading.Event()
 
     def hold_for_a_second(self) -> None:
-        if self.url.get_backend_name() == "sqlite":
-            lite = sqlite3.connect(str(self.url.database), isolation_level=None,
-                                   check_same_thread=False)
-            lite.execute("BEGIN IMMEDIATE")
-            release: Callable[[], Any] = lambda: lite.execute("ROLLBACK")  # noqa: E731
-            close: Callable[[], Any] = lite.close
-        else:
-            pg = psycopg.connect(self.url.set(drivername="postgresql").render_as_string(False))
-            pg.execute("LOCK TABLE runs IN EXCLUSIVE MODE")
-            release, close = pg.rollback, pg.close
+        held = ExitStack()
+        held.enter_context(write_locked(self.db_url))
 
         def end() -> None:
-            release()
-            close()
+            held.close()
             self.released.set()
 
         self.taken.set()

@@ -7,8 +7,13 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
+import pytest
+
+from flows.errors import LeaseLapsed
 from flows.run_job.lease_keeper import LeaseKeeper
 from store import Claim, Ledger, RunIdentity
+from store.errors import RunledgerError
+from tests.support.ledger import write_locked
 from tests.support.pipeline import lease_expired, wait_until
 
 
@@ -82,6 +87,43 @@ def test_the_keeper_reports_a_lost_lease_once_the_fence_moved_and_stops_renewing
         keeper.hold([stale, kept])
         wait_until(lambda: keeper.lost(stale) is not None, 5, "the keeper to notice")
     reason = keeper.lost(stale)
-    assert reason is not None and "no longer current" in reason
+    assert reason is not None and "no longer current" in str(reason)
     assert keeper.held() == [kept] and keeper.lost(kept) is None
     assert ledger.get(stale.run_id).owner == "tick-b"
+
+
+def test_claims_lapse_after_failing_rounds_longer_than_the_lease_until_one_reaches_the_ledger(
+        db_url: str, ledger: Ledger) -> None:
+    """Renewals refused for 11 s of a 10 s lease (another session holds the write lock, the
+    keeper's clock is the test's): every claim is reported lapsed, naming the failure, and
+    none before the lease ran out; the first round that reaches the ledger again ends it."""
+    claims = [claimed(ledger, s, "tick-a", 60) for s in ("acme", "globex")]
+    now = [100.0]
+    with Ledger.connect(db_url, busy_timeout_ms=50, locked_retries=0,
+                        lock_timeout_ms=50) as impatient:
+        keeper = LeaseKeeper(impatient, 10, clock=lambda: now[0])
+        keeper.hold(claims)
+        with write_locked(db_url):
+            now[0] = 104.0
+            with pytest.raises(RunledgerError):
+                keeper.renew()
+            assert all(keeper.lost(c) is None for c in claims)
+            now[0] = 111.0
+            lapsed = [keeper.lost(c) for c in claims]
+            assert all(isinstance(e, LeaseLapsed) for e in lapsed), lapsed
+            assert "not renewed for 11 s (lease 10 s); the last renewal failed" in str(lapsed[0])
+        keeper.renew()
+        assert all(keeper.lost(c) is None for c in claims)
+        assert keeper.held() == claims
+
+
+def test_a_keeper_that_did_not_try_for_longer_than_the_lease_reports_nothing_lapsed(
+        ledger: Ledger) -> None:
+    """Only failed rounds are evidence: a keeper thread that did not run for two leases (a
+    stalled process) leaves the claims to the fence, which still decides every write."""
+    claim = claimed(ledger, "acme", "tick-a", 60)
+    now = [0.0]
+    keeper = LeaseKeeper(ledger, 10, clock=lambda: now[0])
+    keeper.hold([claim])
+    now[0] = 25.0
+    assert keeper.lost(claim) is None

@@ -1,12 +1,16 @@
 """Helpers for the ledger tests: one Run registered and claimed, a snapshot of every Run table,
-and a wait on the database clock."""
+a wait on the database clock, and another session holding the write lock."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 
 from store import Ledger, Registration, RunIdentity
@@ -54,3 +58,23 @@ def model_calls(ledger: Ledger) -> list[dict[str, Any]]:
             .order_by(calls.c.started_at, calls.c.call_id)).all()
     return [{**row._mapping, "pid": int(row.owner.split(":")[1]) if row.owner else None}
             for row in rows]
+
+
+@contextmanager
+def write_locked(db_url: str) -> Iterator[None]:
+    """Another session holding the ledger's write lock (SQLite's database lock, an EXCLUSIVE
+    lock on PostgreSQL's runs table) until the block ends: reads go on, every write waits."""
+    url = sa.engine.make_url(db_url)
+    if url.get_backend_name() == "sqlite":
+        lite = sqlite3.connect(str(url.database), isolation_level=None, check_same_thread=False)
+        try:
+            lite.execute("BEGIN IMMEDIATE")
+            yield
+            lite.execute("ROLLBACK")
+        finally:
+            lite.close()
+        return
+    with psycopg.connect(url.set(drivername="postgresql").render_as_string(False)) as pg:
+        pg.execute("LOCK TABLE runs IN EXCLUSIVE MODE")
+        yield
+        pg.rollback()

@@ -5,6 +5,7 @@ point."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import date, datetime
 from typing import Any
 
@@ -25,26 +26,36 @@ class CallBook:
     def __init__(self, ledger: UnitsOfWork) -> None:
         self._ledger = ledger
 
-    def record_intent(self, claim: Claim, intent: mc.Intent) -> mc.InFlight:
+    def record_intent(self, claim: Claim, intent: mc.Intent,
+                      taken: el.Acquisition | None = None) -> mc.InFlight:
         """Record the call in flight (reserving its budget charge first, if any) before it
-        leaves; ``LeaseLost`` if the Attempt no longer holds the Run (its fence moved on);
+        leaves, with the slot of its endpoint it ``taken`` (``take_slot``), if any;
+        ``LeaseLost`` if the Attempt no longer holds the Run (its fence moved on);
         ``BudgetExhausted`` (nothing reserved, the refusal counted) if a window has no room."""
         write = self._ledger._write
-        if intent.charge is None:
-            return write(faults.AFTER_CALL_INTENT_COMMIT, mc.record_intent_txn, claim, intent)
         try:
-            return write(faults.AFTER_CALL_INTENT_COMMIT, mc.reserve_and_record_intent_txn,
-                         claim, intent)
+            flight = (write(faults.AFTER_CALL_INTENT_COMMIT, mc.record_intent_txn, claim, intent)
+                      if intent.charge is None else
+                      write(faults.AFTER_CALL_INTENT_COMMIT, mc.reserve_and_record_intent_txn,
+                            claim, intent))
         except budgets.BudgetExhausted as exc:
+            assert intent.charge is not None  # only a charge is refused
             refusal, first = write(faults.AFTER_REFUSE_BUDGET_COMMIT, budgets.refuse_txn,
                                    exc.refusal, intent.charge)
             raise budgets.BudgetExhausted(str(exc), refusal, first) from None
+        return flight if taken is None else replace(flight, taken=taken)
+
+    def take_slot(self, taken: el.Acquisition) -> el.Throttle:
+        """Take a call's slot of an endpoint that does not bound its calls in flight, or the
+        Throttle that says how long to wait; the call is then recorded by ``record_intent``
+        (a slot taken for a call never recorded only leaves its endpoint a request early)."""
+        return self._ledger._write(faults.AFTER_TAKE_SLOT_COMMIT, el.take_slot_txn, taken)
 
     def record_intent_when_allowed(self, claim: Claim, intent: mc.Intent,
                                    taken: el.Acquisition) -> mc.InFlight | el.Throttle:
-        """As ``record_intent``, once the endpoint's limits allow the call: in the same
-        transaction its slot is taken, or the Throttle that says how long to wait is returned
-        (nothing recorded, nothing reserved)."""
+        """As ``record_intent``, once the limits of an endpoint that bounds its calls in flight
+        allow the call: in the same transaction its slot is taken, or the Throttle that says
+        how long to wait is returned (nothing recorded, nothing reserved)."""
         write = self._ledger._write
         try:
             return write(faults.AFTER_CALL_INTENT_COMMIT, mc.acquire_and_record_intent_txn,

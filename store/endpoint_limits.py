@@ -305,9 +305,22 @@ def configure_txn(conn: Connection, name: str, given: Limits) -> None:
 
 def acquire(conn: Connection, taken: Acquisition) -> Throttle:
     """Take a call's slot of its endpoint if the limits allow one now (a step of the
-    transaction that records the call in flight)."""
+    transaction that records the call in flight: the endpoint bounds its calls in flight, and
+    their count must include every call recorded before, so its row is locked first)."""
     if conn.dialect.name in _LOCK.dialects:
         _LOCK.rows(conn, name=taken.endpoint)
+    return _take(conn, taken)
+
+
+@transition(one_statement_on=EVERYWHERE)
+def take_slot_txn(conn: Connection, taken: Acquisition) -> Throttle:
+    """Take a call's slot of an endpoint that does not bound its calls in flight, in one
+    statement of its own: the row is held only while the statement runs, not for the round
+    trips of recording the call, which follows in a transaction of its own."""
+    return _take(conn, taken)
+
+
+def _take(conn: Connection, taken: Acquisition) -> Throttle:
     row = _ACQUIRE.first(conn, name=taken.endpoint, tokens=taken.tokens,
                          in_flight_seconds=taken.in_flight_seconds)
     if row is None:

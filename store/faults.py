@@ -42,6 +42,7 @@ AFTER_REQUEUE_MESSAGE_COMMIT = "after_requeue_message_commit"
 AFTER_COUNT_SUPPRESSED_COMMIT = "after_count_suppressed_commit"  # the end of a tick
 AFTER_PRUNE_BATCH_COMMIT = "after_prune_batch_commit"  # one batch of tombstones (prune)
 AFTER_CALL_INTENT_COMMIT = "after_call_intent_commit"  # a model call recorded, not yet sent
+AFTER_TAKE_SLOT_COMMIT = "after_take_slot_commit"  # an endpoint's slot taken, the call not recorded
 AFTER_CHECKPOINT_COMMIT = "after_checkpoint_commit"  # an answer recorded and checkpointed
 AFTER_CALL_FAILURE_COMMIT = "after_call_failure_commit"  # a call recorded refused or failed
 AFTER_MARK_LOST_COMMIT = "after_mark_lost_commit"  # a Run's calls in flight marked lost
@@ -65,7 +66,8 @@ LEDGER_POINTS = (
     AFTER_CLAIM_MESSAGES_COMMIT, AFTER_MARK_SENT_COMMIT,
     AFTER_SCHEDULE_RETRY_COMMIT, AFTER_MARK_UNCERTAIN_COMMIT, AFTER_MARK_DEAD_COMMIT,
     AFTER_RELEASE_MESSAGE_COMMIT, AFTER_REQUEUE_MESSAGE_COMMIT, AFTER_COUNT_SUPPRESSED_COMMIT,
-    AFTER_PRUNE_BATCH_COMMIT, AFTER_CALL_INTENT_COMMIT, AFTER_CHECKPOINT_COMMIT,
+    AFTER_PRUNE_BATCH_COMMIT, AFTER_TAKE_SLOT_COMMIT, AFTER_CALL_INTENT_COMMIT,
+    AFTER_CHECKPOINT_COMMIT,
     AFTER_CALL_FAILURE_COMMIT, AFTER_MARK_LOST_COMMIT, AFTER_REPLAY_COMMIT,
     AFTER_REJECT_ANSWERS_COMMIT, AFTER_REFUSE_BUDGET_COMMIT, AFTER_COUNT_SAVED_COMMIT,
     AFTER_RELEASE_OVER_BUDGET_COMMIT,

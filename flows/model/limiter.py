@@ -1,7 +1,13 @@
 """The limiter a tick's calls to one endpoint go through: before a call leaves it takes the
-call's slot of the endpoint's shared limits in the ledger (the same transaction records the
-call in flight), waiting as long as the ledger says; a provider's refusal pauses the endpoint
-for every worker; an answer settles the tokens the call took to what it used.
+call's slot of the endpoint's shared limits in the ledger, waiting as long as the ledger says,
+and records the call in flight; a provider's refusal pauses the endpoint for every worker; an
+answer settles the tokens the call took to what it used.
+
+An endpoint that bounds its calls in flight takes the slot and records the call in one
+transaction, its row locked throughout (the count of calls in flight must include every call
+recorded before); any other takes the slot in one statement of its own and records the call
+after it, so that the row is never held across a round trip and a slow link to the database
+does not make every worker's calls wait for each other.
 
 One thread of a process asks the ledger at a time, the others queue behind it: each asking is
 one round trip, and a crowd of threads asking together would only contend for the row. When an
@@ -33,15 +39,17 @@ def token_estimate(prompt_chars: int) -> int:
 
 class EndpointLimiter:
     """The shared limits of endpoint ``name`` as this process meets them; a refusal's pause
-    lasts what the provider asked, at most ``max_pause_seconds``. ``sleep`` waits (a flow
-    run's stop makes it raise, so that a cancelled tick waits no longer)."""
+    lasts what the provider asked, at most ``max_pause_seconds``; ``bounds_in_flight`` when
+    the endpoint limits its calls in flight. ``sleep`` waits (a flow run's stop makes it
+    raise, so that a cancelled tick waits no longer)."""
 
     def __init__(self, calls: CallBook, name: str, *, in_flight_seconds: float,
-                 max_pause_seconds: float,
+                 max_pause_seconds: float, bounds_in_flight: bool,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.calls = calls
         self.sleep = sleep
         self.name = name
+        self.bounds_in_flight = bounds_in_flight
         self.in_flight_seconds = in_flight_seconds
         self.max_pause_seconds = max_pause_seconds
         self._turn = threading.Lock()
@@ -58,15 +66,19 @@ class EndpointLimiter:
             self._fail_if_found_unreachable_since(seen)
             try:
                 while True:
-                    found = self.calls.record_intent_when_allowed(claim, intent, taken)
+                    found = (self.calls.record_intent_when_allowed(claim, intent, taken)
+                             if self.bounds_in_flight else self.calls.take_slot(taken))
                     if isinstance(found, InFlight):
                         return found
+                    if found.granted:
+                        break
                     wait = found.wait_seconds(POLL_SECONDS)
                     self.sleep(wait * (1 + random.uniform(0, JITTER)))
             except LedgerUnavailable as exc:
                 self._unreachable = exc
                 self._times_unreachable += 1
                 raise
+        return self.calls.record_intent(claim, intent, taken)
 
     def _fail_if_found_unreachable_since(self, seen: int) -> None:
         """A call that queued while an asking ahead of it found the ledger unreachable fails

@@ -277,6 +277,7 @@ def ledgered(job: Job, period: Period, settings: RunledgerSettings, flow_run_id:
                 limiter = EndpointLimiter(ledger.calls, endpoint.name,
                                           in_flight_seconds=endpoint.timeout_seconds,
                                           max_pause_seconds=settings.max_retry_after_seconds,
+                                          bounds_in_flight=limits.max_concurrent is not None,
                                           sleep=stop.sleep)
             yield Tick(job, period, ledger, model, prices, spend, settings, flow_run_id, stop,
                        revising, limiter=limiter,

@@ -145,7 +145,7 @@ def test_calls_queued_for_an_endpoint_over_a_cut_link_fail_with_the_first_asking
         claimed = ledger.register_and_claim_many([(s, None) for s in subjects], owner="ctl:2",
                                                  lease=LEASE)
         limiter = EndpointLimiter(ledger.calls, "hosts-ep", in_flight_seconds=60.0,
-                                  max_pause_seconds=60.0)
+                                  max_pause_seconds=60.0, bounds_in_flight=False)
         outcomes: list[BaseException | None] = []
 
         def every_call() -> None:

@@ -149,7 +149,7 @@ def limited(server: LimitedModelServer, ledger: Ledger, claim: Any, *,
             max_pause: float = 60.0, refused_for: float = 300.0) -> RecordedModel:
     inner = OpenAICompatibleModel(server.base_url, "probe-model", timeout_seconds=5)
     limiter = EndpointLimiter(ledger.calls, "ep", in_flight_seconds=5,
-                              max_pause_seconds=max_pause)
+                              max_pause_seconds=max_pause, bounds_in_flight=False)
     return RecordedModel(inner, ledger.calls, claim, PriceList(), CallCount(), limiter=limiter,
                          refused_for_seconds=refused_for)
 

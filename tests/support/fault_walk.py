@@ -5,7 +5,8 @@ the model's answer (its call recorded before it left, its answer checkpointed), 
 four outbox rows and a business effect, a revision of it requested (left pending), reported
 recovered, and counted as a duplicate with its cost; a side Run spends (a call answered, one
 refused, its answers rejected, one refused by the budget, released over budget, claimed again:
-its calls in flight marked lost, its checkpoint looked up, completed); another side Run is
+its calls in flight marked lost, its checkpoint looked up, its last call made through a
+limited endpoint's slot, completed); another side Run is
 claimed, failed, requeued and given up; a Run of another job is completed and
 pruned to its tombstone; the decisions' events are claimed and recorded emitted; the mail is delivered to a sink that
 answers 451 once, drops the connection once and refuses one recipient (550), and the refused
@@ -33,7 +34,14 @@ from flows.delivery.policy import RetryPolicy
 from flows.mail.settings import SmtpSettings, TlsMode
 from flows.mail.sink import Fault
 from flows.mail.smtp import SmtpTransport
-from flows.model import CallCount, Generation, ModelRejected, OfflineModel, RecordedModel
+from flows.model import (
+    CallCount,
+    EndpointLimiter,
+    Generation,
+    ModelRejected,
+    OfflineModel,
+    RecordedModel,
+)
 from flows.prices import NO_PRICES
 from store import (
     BudgetExhausted,
@@ -41,6 +49,7 @@ from store import (
     Claim,
     Intent,
     Ledger,
+    Limits,
     OutboxMessage,
     QueuedMessage,
     Run,
@@ -196,7 +205,7 @@ def _spend(ledger: Ledger, side: RunIdentity, owner: str) -> None:
     """A side Run's model calls: one answered and checkpointed, one refused, its answers
     rejected by validation, one refused by an exhausted budget and the Run released over
     budget; claimed again, its calls in flight are marked lost, its checkpoint looked up (none:
-    rejected), one call answered, and it completes."""
+    rejected), one call answered through a limited endpoint's slot, and it completes."""
     run = ledger.register(side)
     if run.status == "completed":
         return
@@ -210,7 +219,11 @@ def _spend(ledger: Ledger, side: RunIdentity, owner: str) -> None:
         ledger.calls.record_intent(claim, Intent("offline", "m", 2, "0" * 64, empty))
     ledger.calls.release_over_budget(claim, "walk: over budget")
     again = _claim_when_free(ledger, ledger.get(side.run_id), owner)
-    RecordedModel(OfflineModel(), ledger.calls, again, NO_PRICES, CallCount()).generate(SIDE_TEXT)
+    ledger.calls.configure_endpoint("walk-endpoint", Limits(requests_per_minute=60_000))
+    limiter = EndpointLimiter(ledger.calls, "walk-endpoint", in_flight_seconds=60,
+                              max_pause_seconds=1, bounds_in_flight=False)
+    RecordedModel(OfflineModel(), ledger.calls, again, NO_PRICES, CallCount(),
+                  limiter=limiter).generate(SIDE_TEXT)
     ledger.complete(again, {"text": "side"})
 
 

@@ -37,7 +37,7 @@ docs: setup
 # Three pytest-xdist workers on two cores: the acceptance tests (one stack, mostly waiting on real
 # schedules) on one of them, so that the other two keep both cores busy with everything else.
 test: lint docs
-	$(UV) run pytest -q -n 3 --dist loadgroup
+	$(UV) run pytest -q -n 3 --dist loadgroup --durations=25
 
 # The inner loop (about three minutes): unit tests and the SQLite half of integration.
 test-fast: setup

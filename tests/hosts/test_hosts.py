@@ -96,14 +96,15 @@ def running_on(ledger: Ledger, job: str, host: str, hosts: Cluster) -> int:
 
 
 def drain(hosts: Cluster, ledger: Ledger, job: str, on: str, timeout: float = 240) -> int:
-    """deliver-outbox flow runs on ``on`` until every message of ``job`` is sent or uncertain;
-    returns how many it took."""
+    """deliver-outbox flow runs on ``on`` until every message of ``job`` is sent, or uncertain
+    and held for an operator (no retry scheduled); returns how many it took."""
     passes = 0
 
     def settled() -> bool:
-        statuses = {m.status for r in ledger.runs(job=job, limit=1000)
-                    for m in ledger.outbox.messages(run_id=r.run_id, limit=10)}
-        return statuses <= {"sent", "uncertain"}
+        # An uncertain message with a retry scheduled is not settled: its resend is owed.
+        return all(m.status == "sent" or (m.status == "uncertain" and m.next_attempt_at is None)
+                   for r in ledger.runs(job=job, limit=1000)
+                   for m in ledger.outbox.messages(run_id=r.run_id, limit=10))
 
     deadline = time.monotonic() + timeout
     while not settled():

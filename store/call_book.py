@@ -29,7 +29,7 @@ class CallBook:
     def record_intent(self, claim: Claim, intent: mc.Intent,
                       taken: el.Acquisition | None = None) -> mc.InFlight:
         """Record the call in flight (reserving its budget charge first, if any) before it
-        leaves, with the slot of its endpoint it ``taken`` (``take_slot``), if any;
+        leaves, carrying the endpoint slot ``taken`` for it by ``take_slot``, if any;
         ``LeaseLost`` if the Attempt no longer holds the Run (its fence moved on);
         ``BudgetExhausted`` (nothing reserved, the refusal counted) if a window has no room."""
         write = self._ledger._write

@@ -166,6 +166,9 @@ def _refilled(level: Any, per_minute: Any) -> Any:
 
 
 def _acquire(d: str) -> Any:
+    # Every value is computed from the updated row itself, never from a subquery over it: when
+    # another statement updates the row first, PostgreSQL recomputes an UPDATE's expressions
+    # on the row's new version but reuses a joined subquery's stale one (two slots from one).
     tokens = sa.bindparam("tokens", type_=sa.BigInteger())
     in_flight = (
         sa.select(sa.func.count()).select_from(calls)
@@ -173,31 +176,23 @@ def _acquire(d: str) -> Any:
                calls.c.started_at > db_now(-sa.bindparam("in_flight_seconds",
                                                          type_=sa.Float())))
         .scalar_subquery())
-    refilled = sa.select(
-        limits.c.name,
-        _refilled(limits.c.request_level, limits.c.rate).label("requests"),
-        _refilled(limits.c.token_level, limits.c.tokens_per_minute).label("tokens"),
-        sa.and_(
-            sa.or_(limits.c.paused_until.is_(None), limits.c.paused_until <= db_now()),
-            sa.or_(limits.c.max_concurrent.is_(None), in_flight < limits.c.max_concurrent),
-        ).label("admits"),
-        limits.c.rate, limits.c.tokens_per_minute,
-    ).where(limits.c.name == param(limits.c.name)).subquery("refilled")
-    r = refilled.c
-    decided = sa.select(r.name, r.requests, r.tokens, sa.and_(
-        r.admits,
-        sa.or_(r.rate.is_(None), r.requests >= 1.0),
-        sa.or_(r.tokens_per_minute.is_(None),
-               r.tokens >= least(sa.cast(tokens, sa.Float()),
-                                  r.tokens_per_minute / 60.0 * BURST_SECONDS)),
-    ).label("ok")).subquery("decided")
-    took = sa.case((decided.c.ok, 1), else_=0)
+    requests = _refilled(limits.c.request_level, limits.c.rate)
+    token_level = _refilled(limits.c.token_level, limits.c.tokens_per_minute)
+    ok = sa.and_(
+        sa.or_(limits.c.paused_until.is_(None), limits.c.paused_until <= db_now()),
+        sa.or_(limits.c.max_concurrent.is_(None), in_flight < limits.c.max_concurrent),
+        sa.or_(limits.c.rate.is_(None), requests >= 1.0),
+        sa.or_(limits.c.tokens_per_minute.is_(None),
+               token_level >= least(sa.cast(tokens, sa.Float()),
+                                    limits.c.tokens_per_minute / 60.0 * BURST_SECONDS)),
+    )
+    took = sa.case((ok, 1), else_=0)
     return (
         sa.update(limits)
-        .where(limits.c.name == decided.c.name)
-        .values(request_level=decided.c.requests - took,
-                token_level=decided.c.tokens - took * tokens, refilled_at=db_now(),
-                granted=decided.c.ok, calls=limits.c.calls + took, updated_at=db_now())
+        .where(limits.c.name == param(limits.c.name))
+        .values(request_level=requests - took, token_level=token_level - took * tokens,
+                refilled_at=db_now(), granted=ok, calls=limits.c.calls + took,
+                updated_at=db_now())
         .returning(limits.c.granted, limits.c.refilled_at, limits.c.paused_until,
                    limits.c.rate, limits.c.request_level, limits.c.tokens_per_minute,
                    limits.c.token_level)

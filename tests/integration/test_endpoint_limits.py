@@ -11,8 +11,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from flows.prices import PriceList
 from flows.run_job.outcomes import TickReport
 from flows.settings import RunledgerSettings
 from store import Acquisition, InFlight, Intent, Ledger, Limits, RunIdentity, Throttle, Usage
+from store.endpoint_limits import take_slot_txn
 from tests.support.ledger import model_calls, register_and_claim, wait_for_db_clock
 from tests.support.pipeline import Env, outcomes, pipeline_env, probe_job
 
@@ -66,6 +69,24 @@ def test_acquisitions_take_no_more_than_the_request_bucket_holds(ledger: Ledger)
     assert isinstance(refused, Throttle) and not refused.granted
     assert 0 < refused.wait_seconds(0.05) <= 1.0
     assert [c["subject"] for c in model_calls(ledger)] == ["a"]
+    row = ledger.calls.endpoint_limit("ep")
+    assert row is not None and row.calls == 1
+
+
+def test_a_slot_taken_while_another_taker_holds_the_row_counts_the_slot_that_taker_took(
+        ledger: Ledger) -> None:
+    """60 a minute (a bucket of 1), no bound on calls in flight: a taker that waits on the row
+    for another's uncommitted slot goes on from the level that slot left, and is refused."""
+    ledger.calls.configure_endpoint("ep", Limits(requests_per_minute=60))
+    taken = Acquisition("ep", 10, 60.0)
+    with ThreadPoolExecutor(1) as pool, ledger.engine.connect() as holder:
+        with holder.begin():
+            assert take_slot_txn(holder, taken).granted
+            waiting = pool.submit(ledger.calls.take_slot, taken)
+            time.sleep(0.5)  # the second taker reaches the row and waits on it
+            assert not waiting.done()
+        second = waiting.result(timeout=30)
+    assert not second.granted and 0 < second.wait_seconds(0.05) <= 1.0
     row = ledger.calls.endpoint_limit("ep")
     assert row is not None and row.calls == 1
 

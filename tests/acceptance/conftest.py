@@ -1,4 +1,5 @@
-"""One acceptance stack per session (a real Prefect server on PostgreSQL, two workers, the sink,
+"""One acceptance stack per session (a real Prefect server on PostgreSQL with its events
+through Redis, two workers, the sink,
 a PostgreSQL ledger), on ports of its own; see tests/support/stack.py."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
+from tests.support.prefect_server import redis_db
 from tests.support.stack import AcceptanceStack, acceptance_stack
 
 
@@ -22,8 +24,11 @@ def stack(postgres_databases, tmp_path_factory: pytest.TempPathFactory  # type: 
         return url.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
     try:
-        with acceptance_stack(tmp_path_factory.mktemp("acceptance"), postgres_databases.engine,
-                              ledger_url, prefect_db_url) as started:
+        # The server's events through Redis: under the whole suite's load its in-memory queues
+        # once lost a tick's completion events.
+        with redis_db() as redis_url, acceptance_stack(
+                tmp_path_factory.mktemp("acceptance"), postgres_databases.engine, ledger_url,
+                prefect_db_url, redis_url) as started:
             yield started
     finally:
         postgres_databases.drop(ledger_url)

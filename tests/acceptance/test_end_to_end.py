@@ -279,17 +279,27 @@ def test_flow_runs_task_runs_artifacts_and_events_read_back_through_the_api(
         task_runs = {t.name for t in api.read_task_runs(flow_run_filter=this_run)}
         artifacts = api.read_artifacts(flow_run_filter=this_run)
 
-        def events(name: str) -> int:
+        seen: dict[str, Counter[str]] = {}
+
+        def events(name: str) -> Counter[str]:
+            """The Runs the flow run's events of that name are about, with how many each."""
             found = api.read_events(EventFilter(
                 event=EventNameFilter(name=[name]),
                 related=EventRelatedFilter(id=[f"prefect.flow-run.{scheduled_tick.flow_run_id}"]),
             ), limit=50)
-            return len(found.events)
+            seen[name] = Counter(e.resource.id.removeprefix("runledger.run.")
+                                 for e in found.events)
+            return seen[name]
 
-        wait_until(lambda: events("runledger.run.completed") == len(scheduled_tick.run_ids), 60,
-                   "the completion events")
-        wait_until(lambda: events("runledger.run.duplicate") >= len(scheduled_tick.run_ids), 60,
-                   "the retry's duplicate events")
+        runs = set(scheduled_tick.run_ids)
+        try:
+            wait_until(lambda: events("runledger.run.completed") == Counter(runs), 60,
+                       "the completion events")
+            wait_until(lambda: set(events("runledger.run.duplicate")) >= runs, 60,
+                       "the retry's duplicate events")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the Runs expected: {sorted(runs)}; the events "
+                                 f"found: {seen}") from None
     stages = ("collect", "transform", "persist")
     assert {f"{stage}[{s}]" for stage in stages for s in workspaces()} <= task_runs
     assert f"register+claim[{len(workspaces())} subjects]" in task_runs

@@ -216,9 +216,11 @@ def _worker_env(base: Mapping[str, str], api: str, home: Path, ledger_url: str,
 
 @contextmanager
 def acceptance_stack(root: Path, admin: sa.Engine, ledger_url: str,
-                     prefect_db_url: Callable[[str], str]) -> Iterator[AcceptanceStack]:
-    """Start the whole stack under ``root``; everything it started is stopped on exit, also
-    when starting fails half-way."""
+                     prefect_db_url: Callable[[str], str],
+                     redis_url: str | None) -> Iterator[AcceptanceStack]:
+    """Start the whole stack under ``root`` (the server's events through ``redis_url``, or
+    in memory when None); everything it started is stopped on exit, also when starting fails
+    half-way."""
     prefect_db = f"rlaccept_{os.getpid()}_{int(time.time())}_prefect"
     _create_database(admin, prefect_db)
     supervisor = Supervisor(root / "logs", grace_seconds=10)
@@ -226,7 +228,7 @@ def acceptance_stack(root: Path, admin: sa.Engine, ledger_url: str,
         port = free_port()
         api = api_url("127.0.0.1", port)
         env = server_env(os.environ, root / "prefect-server",
-                         prefect_db_url(prefect_db))
+                         prefect_db_url(prefect_db), redis_url)
         # The scheduler looks for due schedules every 2 s instead of every 60 s.
         env["PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS"] = "2"
         server = supervisor.start("prefect-server",

@@ -2,7 +2,7 @@
 every call that left and may have been billed), lost in flight, refused (the provider's error
 reply: not billed), answers reused from a checkpoint, tokens, and cost per currency (a call
 without a price counts its tokens and shows "no price"); and what the duplicates the ledger
-suppressed would have cost, measured as each duplicate Run's own stored cost."""
+suppressed would have cost, measured as each duplicate Run's answered calls' stored cost."""
 
 from __future__ import annotations
 

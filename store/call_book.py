@@ -138,8 +138,8 @@ class CallBook:
         return self._ledger._read(mc.read_calls_since, since, job)
 
     def count_saved(self, job: str, day: date, run_ids: Sequence[str]) -> None:
-        """Add the stored cost of the duplicate Runs one tick suppressed to ``job``'s savings
-        of the UTC ``day`` (see ``count_saved_txn``)."""
+        """Add the answered calls' stored cost of the duplicate Runs one tick suppressed to
+        ``job``'s savings of the UTC ``day`` (see ``count_saved_txn``)."""
         if run_ids:
             self._ledger._write(faults.AFTER_COUNT_SAVED_COMMIT, mc.count_saved_txn,
                                 job, day, run_ids)

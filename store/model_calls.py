@@ -280,7 +280,6 @@ _SINCE = Statement(
 
 
 saved = suppressed_costs_table
-PAID = ("answered", "lost", "failed")  # a refused call was not billed
 
 
 def _count_saved(d: str) -> Any:
@@ -293,7 +292,7 @@ def _count_saved(d: str) -> Any:
                   sa.func.coalesce(sa.func.sum(tokens), 0),
                   sa.func.coalesce(sa.func.sum(calls.c.cost_nanos), 0), db_now())
         .join_from(calls, ids, ids.c.run_id == calls.c.run_id)
-        .where(sa.or_(*(calls.c.outcome == o for o in PAID)))
+        .where(calls.c.outcome == "answered")
         .group_by(currency)
     )
     insert = upsert(d, saved).from_select(
@@ -309,8 +308,9 @@ def _count_saved(d: str) -> Any:
 
 _COUNT_SAVED = Statement(
     "count_saved", "Add what the duplicates one tick suppressed would have cost to the job's "
-    "counts for the UTC day: each duplicate Run's stored cost (its paid calls' tokens and "
-    "money), per currency.", _count_saved)
+    "counts for the UTC day: each duplicate Run's answered calls' tokens and money, per "
+    "currency (the answers a rerun would pay for again; a lost or failed call of an earlier "
+    "attempt is not repeated by one).", _count_saved)
 
 _SAVED_SINCE = Statement(
     "read_saved_since", "What suppressed duplicates would have cost, from a UTC day on "
@@ -515,8 +515,9 @@ def read_calls_since(conn: Connection, since: datetime, job: str | None = None
 
 @transition(one_statement_on=EVERYWHERE)
 def count_saved_txn(conn: Connection, job: str, day: date, run_ids: Sequence[str]) -> None:
-    """Add the stored cost of each duplicate Run one tick suppressed (``run_ids``, once per
-    tick each) to what ``job``'s suppressed duplicates would have cost on ``day`` (UTC)."""
+    """Add the answered calls' stored cost of each duplicate Run one tick suppressed
+    (``run_ids``, once per tick each) to what ``job``'s suppressed duplicates would have cost
+    on ``day`` (UTC)."""
     if run_ids:
         _COUNT_SAVED.rows(conn, job=job, day=day, ids=[{"run_id": r} for r in run_ids])
 

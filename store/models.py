@@ -407,7 +407,7 @@ class EndpointLimit(SQLModel, table=True):
 
 class SuppressedCost(SQLModel, table=True):
     """What the duplicates a job's ticks suppressed on one UTC day would have cost had they run
-    again: each duplicate Run adds its own stored cost (its model calls' tokens and money, per
+    again: each duplicate Run adds its answered calls' stored cost (their tokens and money, per
     currency; '' for calls without a price), measured when the tick suppresses it."""
 
     __tablename__ = "suppressed_costs"

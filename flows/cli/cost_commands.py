@@ -1,7 +1,7 @@
 """`runledger costs`: what each job spent on its model from a day on (calls paid, lost in
 flight, reused from a checkpoint, tokens, money per currency; revisions apart) and what the
-duplicates the ledger suppressed would have cost: each duplicate Run's own stored cost,
-measured when the tick suppressed it (reads only)."""
+duplicates the ledger suppressed would have cost: each duplicate Run's answered calls'
+stored cost, measured when the tick suppressed it (reads only)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def costs(
     Model calls paid (answered, failed, or lost in flight), lost, answers reused from a
     checkpoint instead of paid again, tokens and cost (a model without a price shows its tokens
     and "no price"), revisions apart; the duplicate Runs suppressed and what they would have
-    cost had they run again (each one's own stored cost: the money the ledger saved,
-    measured). Reads only."""
+    cost had they run again (each one's answered calls as stored: the money the ledger
+    saved, measured). Reads only."""
     start = checked_window(job, since)
     with open_ledger() as ledger:
         start = window_start(ledger, start)

@@ -60,9 +60,8 @@ def deliver(
         return
     out = console()
     for report in reports:
-        counts = ", ".join(f"{n} {name}" for name, n in report.counts.items() if n)
         out.print(f"{report.channel}: delivered in {report.seconds:.1f} s: "
-                  f"{counts or 'nothing was due'}")
+                  f"{escape(report.summary())}")
         if report.stopped:
             out.print(f"[yellow]stopped early:[/] {escape(report.stopped)}")
         rows = report.rows()

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from flows.delivery.policy import Decision, RetryPolicy, Status
@@ -216,7 +217,7 @@ class Dispatcher:
         if claim.attempt > 1:
             settled = await self.transport.settle(item)
             if settled is not None:
-                return settled
+                return replace(settled, settled=True)
         return await self.transport.send(item)
 
     async def _record(self, claim: MessageClaim, outcome: SendOutcome,
@@ -289,6 +290,7 @@ class Dispatcher:
             message_id=claim.message_id, run_id=claim.run_id, recipient=claim.recipient,
             attempt=claim.attempt, status=decision.status, delay=decision.delay,
             error=decision.error, reply_code=outcome.reply.code, channel=claim.channel,
+            settled=outcome.settled,
         )
         report.add(delivery)
         if self.observer is not None:

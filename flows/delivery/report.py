@@ -23,6 +23,7 @@ class Delivery:
     error: str | None = None
     reply_code: int | None = None
     channel: str = "email"
+    settled: bool = False  # the receiver, asked about an earlier attempt, answered for it
 
 
 @dataclass
@@ -46,10 +47,23 @@ class DeliveryReport:
 
     @property
     def counts(self) -> dict[str, int]:
+        """Messages per outcome, the released and the lost; ``settled``: of the sent, those an
+        earlier attempt had delivered, as the receiver said when asked (not sent again)."""
         tally = Counter(d.status.value for d in self.deliveries)
         counts = {s.value: tally.get(s.value, 0) for s in Status}
-        counts.update(released=len(self.released), lost=self.lost)
+        counts.update(released=len(self.released), lost=self.lost,
+                      settled=sum(d.settled and d.status is Status.SENT
+                                  for d in self.deliveries))
         return counts
+
+    def summary(self) -> str:
+        """The counts in one line, e.g. "3 sent (1 settled by asking the receiver), 1 retry"."""
+        counts = self.counts
+        settled = counts.pop("settled")
+        shown = [f"{n} {name}" + (f" ({settled} settled by asking the receiver)"
+                                   if name == "sent" and settled else "")
+                 for name, n in counts.items() if n]
+        return ", ".join(shown) or "nothing was due"
 
     @property
     def problems(self) -> list[Delivery]:
@@ -69,6 +83,7 @@ class DeliveryReport:
 
     def markdown(self) -> str:
         counts = self.counts
+        settled = counts.pop("settled")
         lines = [
             f"# Outbox delivery: {self.channel} ({self.transport})",
             "",
@@ -76,6 +91,8 @@ class DeliveryReport:
             "|---|---:|",
             *[f"| {name} | {n} |" for name, n in counts.items()],
             "",
+            *([f"{settled} of the sent were settled by asking the receiver about an earlier "
+               "attempt: it had them, so they were not sent again.", ""] if settled else []),
             f"Dispatcher `{self.owner}`, {self.seconds:.1f} s.",
         ]
         if self.stopped:

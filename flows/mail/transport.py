@@ -30,13 +30,15 @@ class OutcomeKind(StrEnum):
 @dataclass(frozen=True)
 class SendOutcome:
     """One classified send result. ``retry_after`` is the receiver's own wait hint in seconds;
-    ``unreachable`` says the transport could not reach the receiver at all (end the pass)."""
+    ``unreachable`` says the transport could not reach the receiver at all (end the pass);
+    ``settled``, that the receiver was asked about an earlier attempt instead of sent to."""
 
     kind: OutcomeKind
     reply: Reply = field(default_factory=Reply)
     error: str | None = None
     retry_after: float | None = None
     unreachable: bool = False
+    settled: bool = False
 
     @property
     def summary(self) -> str:

@@ -177,12 +177,13 @@ WHERE model_calls.started_at >= %s::TIMESTAMP WITH TIME ZONE AND (CAST(%s::VARCH
 
 -- name: count_saved
 -- Add what the duplicates one tick suppressed would have cost to the job's counts for the UTC day:
--- each duplicate Run's stored cost (its paid calls' tokens and money), per currency.
--- parameters: job, day, coalesce_3, coalesce_4, coalesce_5, coalesce_7, ids, outcome_1, outcome_2, outcome_3
+-- each duplicate Run's answered calls' tokens and money, per currency (the answers a rerun would
+-- pay for again; a lost or failed call of an earlier attempt is not repeated by one).
+-- parameters: job, day, coalesce_3, coalesce_4, coalesce_5, coalesce_7, ids, outcome_1
 INSERT INTO suppressed_costs (job, day, currency, runs, calls, tokens, cost_nanos, updated_at) SELECT %s::VARCHAR AS anon_1, %s::DATE AS anon_2, coalesce(model_calls.currency, '') AS coalesce_1, count(DISTINCT model_calls.run_id) AS count_1, count(*) AS count_2, coalesce(sum(coalesce(model_calls.prompt_tokens, %s::INTEGER) + coalesce(model_calls.completion_tokens, %s::INTEGER)), %s::INTEGER) AS coalesce_2, coalesce(sum(model_calls.cost_nanos), %s::INTEGER) AS coalesce_6, statement_timestamp() AS db_now_1 
 FROM model_calls JOIN (SELECT given.run_id AS run_id 
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AS given ON model_calls.run_id = given.run_id 
-WHERE model_calls.outcome = %s::VARCHAR OR model_calls.outcome = %s::VARCHAR OR model_calls.outcome = %s::VARCHAR GROUP BY coalesce(model_calls.currency, '') ON CONFLICT (job, day, currency) DO UPDATE SET runs = (suppressed_costs.runs + excluded.runs), calls = (suppressed_costs.calls + excluded.calls), tokens = (suppressed_costs.tokens + excluded.tokens), cost_nanos = (suppressed_costs.cost_nanos + excluded.cost_nanos), updated_at = excluded.updated_at;
+WHERE model_calls.outcome = %s::VARCHAR GROUP BY coalesce(model_calls.currency, '') ON CONFLICT (job, day, currency) DO UPDATE SET runs = (suppressed_costs.runs + excluded.runs), calls = (suppressed_costs.calls + excluded.calls), tokens = (suppressed_costs.tokens + excluded.tokens), cost_nanos = (suppressed_costs.cost_nanos + excluded.cost_nanos), updated_at = excluded.updated_at;
 
 -- name: read_saved_since
 -- What suppressed duplicates would have cost, from a UTC day on (optionally of one job).

@@ -175,12 +175,13 @@ WHERE model_calls.started_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR model_
 
 -- name: count_saved
 -- Add what the duplicates one tick suppressed would have cost to the job's counts for the UTC day:
--- each duplicate Run's stored cost (its paid calls' tokens and money), per currency.
--- parameters: job, day, coalesce_3, coalesce_4, coalesce_5, coalesce_7, json_extract_1, ids, outcome_1, outcome_2, outcome_3
+-- each duplicate Run's answered calls' tokens and money, per currency (the answers a rerun would
+-- pay for again; a lost or failed call of an earlier attempt is not repeated by one).
+-- parameters: job, day, coalesce_3, coalesce_4, coalesce_5, coalesce_7, json_extract_1, ids, outcome_1
 INSERT INTO suppressed_costs (job, day, currency, runs, calls, tokens, cost_nanos, updated_at) SELECT ? AS anon_1, ? AS anon_2, coalesce(model_calls.currency, '') AS coalesce_1, count(DISTINCT model_calls.run_id) AS count_1, count(*) AS count_2, coalesce(sum(coalesce(model_calls.prompt_tokens, ?) + coalesce(model_calls.completion_tokens, ?)), ?) AS coalesce_2, coalesce(sum(model_calls.cost_nanos), ?) AS coalesce_6, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1 
 FROM model_calls JOIN (SELECT json_extract(anon_3.value, ?) AS run_id 
 FROM json_each(?) AS anon_3) AS given ON model_calls.run_id = given.run_id 
-WHERE model_calls.outcome = ? OR model_calls.outcome = ? OR model_calls.outcome = ? GROUP BY coalesce(model_calls.currency, '') ON CONFLICT (job, day, currency) DO UPDATE SET runs = (suppressed_costs.runs + excluded.runs), calls = (suppressed_costs.calls + excluded.calls), tokens = (suppressed_costs.tokens + excluded.tokens), cost_nanos = (suppressed_costs.cost_nanos + excluded.cost_nanos), updated_at = excluded.updated_at;
+WHERE model_calls.outcome = ? GROUP BY coalesce(model_calls.currency, '') ON CONFLICT (job, day, currency) DO UPDATE SET runs = (suppressed_costs.runs + excluded.runs), calls = (suppressed_costs.calls + excluded.calls), tokens = (suppressed_costs.tokens + excluded.tokens), cost_nanos = (suppressed_costs.cost_nanos + excluded.cost_nanos), updated_at = excluded.updated_at;
 
 -- name: read_saved_since
 -- What suppressed duplicates would have cost, from a UTC day on (optionally of one job).

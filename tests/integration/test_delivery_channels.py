@@ -63,8 +63,12 @@ def test_an_uncertain_webhook_is_settled_by_the_lookup_without_a_second_post(
     with WebhookReceiver(honour_key=False) as receiver:
         [row] = complete_with(ledger, webhooks(1))
         receiver.script.append(Fault(drop=True))
-        assert deliver_with(ledger, webhook_transport(receiver.url)).counts["uncertain"] == 1
-        assert deliver_with(ledger, webhook_transport(receiver.url)).counts["sent"] == 1
+        first = deliver_with(ledger, webhook_transport(receiver.url))
+        assert (first.counts["uncertain"], first.counts["settled"]) == (1, 0)
+        second = deliver_with(ledger, webhook_transport(receiver.url))
+        assert (second.counts["sent"], second.counts["settled"]) == (1, 1)
+        assert second.summary() == "1 sent (1 settled by asking the receiver)"
+        assert "1 of the sent were settled by asking the receiver" in second.markdown()
         assert receiver.posts[row.message_id] == 1
         assert receiver.lookups[row.message_id] == 1
         assert receiver.duplicates == 0
@@ -79,7 +83,9 @@ def test_a_lookup_that_never_saw_it_resends_with_the_same_key(ledger: Ledger) ->
         [row] = complete_with(ledger, webhooks(1))
         receiver.script.append(Fault(status=500))
         assert deliver_with(ledger, webhook_transport(receiver.url)).counts["retry"] == 1
-        deliver_with(ledger, webhook_transport(receiver.url))
+        resent = deliver_with(ledger, webhook_transport(receiver.url))
+        assert (resent.counts["sent"], resent.counts["settled"]) == (1, 0)
+        assert resent.summary() == "1 sent"
         assert statuses(ledger) == {"sent": 1}
         assert (receiver.lookups[row.message_id], receiver.posts[row.message_id]) == (1, 2)
         assert receiver.processed[row.message_id] == 1
@@ -158,7 +164,7 @@ def test_an_earlier_write_that_landed_is_settled_by_head(ledger: Ledger, s3: Mot
     digest = hashlib.sha256(b"landed\n").hexdigest()
     s3.client().put_object(Bucket=BUCKET, Key=key, Body=b"landed\n",
                            Metadata={DIGEST_META: digest})
-    deliver_with(ledger, object_transport(s3))
+    assert deliver_with(ledger, object_transport(s3)).counts["settled"] == 1
     attempts = ledger.outbox.delivery_attempts(row.message_id)
     assert [a.outcome for a in attempts] == ["retry", "sent"]
     assert "already stored with the same content" in (attempts[-1].reply_text or "")

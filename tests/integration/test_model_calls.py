@@ -281,13 +281,23 @@ def test_eight_processes_reserving_against_one_budget_never_pass_its_cap(db_url:
 def test_what_suppressed_duplicates_would_have_cost_is_each_duplicate_runs_stored_cost(
     ledger: Ledger,
 ) -> None:
-    """Two ticks suppress the same completed Run: its paid calls' cost is added once per tick
-    (a refused call was not billed and adds nothing); a Run without calls adds nothing."""
-    claim = claimed(ledger)
+    """Two ticks suppress the same completed Run: its answered calls' cost is added once per
+    tick (a refused call was not billed, and a rerun would not repeat a lost or failed one:
+    they add nothing); a Run without calls adds nothing."""
+    first = claimed(ledger, lease=SHORT)
+    lost = ledger.calls.record_intent(first, intent())
+    claim = retaken(ledger, first)
+    assert ledger.calls.mark_lost(claim.run_id) == [lost.call_id]
+    with pytest.raises(LeaseLost):  # its late answer is billed, and recorded as such
+        ledger.calls.record_answer(lost, {"text": "late"}, Usage(100, 20, 5, 30_000, "EUR"))
     paid = ledger.calls.record_intent(claim, intent())
     ledger.calls.record_answer(paid, {"text": "a"}, Usage(100, 20, 5, 30_000, "EUR"))
-    refused = ledger.calls.record_intent(claim, intent(1))
-    ledger.calls.record_failure(refused, "refused", "HTTP 429")
+    for position, outcome in enumerate(("refused", "failed"), start=1):
+        ended = ledger.calls.record_intent(claim, intent(position))
+        ledger.calls.record_failure(ended, outcome, f"ended {outcome}",
+                                    Usage(7, 0, 1, 1_000, "EUR"))
+    assert [c.outcome for c in ledger.calls.of_run(claim.run_id)] == [
+        "lost", "answered", "refused", "failed"]
     bare = claimed(ledger, "no-calls")
     day = PERIOD.date()
     for _ in range(2):

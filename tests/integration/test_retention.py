@@ -261,11 +261,15 @@ def test_a_dead_message_requeued_while_a_batch_picks_its_run_keeps_the_run_whole
                                                limit=1000)
         # The batch waits on the requeued row's lock; pg_stat_activity lists the whole server's
         # sessions, so only this test's database counts (other tests lock their own outboxes).
-        with ledger.engine.connect() as conn:
-            wait_until(lambda: conn.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
-                "wait_event_type = 'Lock' AND query LIKE '%FROM outbox%FOR UPDATE%'")
-            ).scalar_one() == 1, 60, "the batch to wait for the outbox row")
+        # Each look in a transaction of its own: a transaction keeps its first view of it.
+        def batch_waits() -> bool:
+            with ledger.engine.connect() as conn:
+                return bool(conn.execute(sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE '%FROM outbox%FOR UPDATE%'")
+                ).scalar_one() == 1)
+
+        wait_until(batch_waits, 60, "the batch to wait for the outbox row")
         requeue.commit()
         done = pruning.result(60)
     finally:

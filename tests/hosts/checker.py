@@ -109,7 +109,7 @@ def check(scenario: str, ledger: Ledger, job: str, size: int, periods: list[str]
             unclean = [a for a in ledger.outbox.delivery_attempts(m.message_id) if a.outcome != "sent"]
             lost = m.attempts - len(ledger.outbox.delivery_attempts(m.message_id))
             assert n - 1 <= len(unclean) + lost, (m.message_id, n, unclean, lost)
-    states = Counter(r.state.name if r.state else "none" for r in flow_runs)
+    states = Counter(r.state.name if r.state and r.state.name else "none" for r in flow_runs)
     summary = Summary(
         scenario, owed, len(completed), duplicates,
         dict(sorted(Counter(len(a) for a in attempts.values()).items())),

@@ -31,10 +31,9 @@ from uuid import UUID
 
 import pytest
 import sqlalchemy as sa
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-from prefect.client.schemas.objects import FlowRun
-from prefect.states import State
+from prefect.client.schemas.objects import FlowRun, State
 
 from store import Ledger
 from tests.hosts import netns

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from deployments.project import PREFECT_FILE, PROJECT_ROOT
 from flows.mail.letter import message_id_for

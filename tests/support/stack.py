@@ -22,8 +22,9 @@ from uuid import UUID
 import httpx
 import sqlalchemy as sa
 from prefect.client.orchestration import SyncPrefectClient
-from prefect.client.schemas.objects import FlowRun
-from prefect.states import Cancelling, Scheduled, State
+from prefect.client.schemas import OrchestrationResult
+from prefect.client.schemas.objects import FlowRun, State
+from prefect.states import Cancelling, Scheduled
 
 from deployments.project import PROJECT_ROOT
 from flows.ports import free_port
@@ -47,7 +48,8 @@ CRASH_AFTER_SECONDS = 40
 SENDER = "runledger@example.org"
 
 
-def wait_until(check: Callable[[], T], timeout: float, what: str, every: float = 0.5) -> T:
+def wait_until(check: Callable[[], T | None], timeout: float, what: str,
+               every: float = 0.5) -> T:
     """Poll ``check`` until it returns something truthy; fail naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout
     while True:
@@ -144,7 +146,7 @@ class AcceptanceStack:
     def cancel(self, flow_run_id: UUID) -> None:
         """The UI's Cancel button: the flow run goes to Cancelling, and its worker stops it."""
         with self.client() as api:
-            result = api.set_flow_run_state(flow_run_id, Cancelling())
+            result: OrchestrationResult[Any] = api.set_flow_run_state(flow_run_id, Cancelling())
         assert result.status.value == "ACCEPT", result
 
     def flow_run(self, flow_run_id: UUID) -> FlowRun:

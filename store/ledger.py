@@ -143,9 +143,12 @@ class Ledger:
         shown = parsed.render_as_string(hide_password=True)
         if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
             path = Path(parsed.database or "")
-            if not path.is_file():
+            # An empty file is no ledger either, and connecting would write to it (WAL mode).
+            missing = ("does not exist" if not path.is_file() else
+                       "is an empty file" if path.stat().st_size == 0 else None)
+            if missing:
                 raise LedgerNotReady(
-                    f"no ledger at {shown}: {path.resolve()} does not exist (working folder "
+                    f"no ledger at {shown}: {path.resolve()} {missing} (working folder "
                     f"{Path.cwd()}). Set RUNLEDGER_DATABASE_URL to the ledger this deployment "
                     f"uses, or create it there with `runledger db upgrade`")
         ledger = cls.connect(url)

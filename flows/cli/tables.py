@@ -60,12 +60,18 @@ def fit_table(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]], widt
         # the table has one more on its right.
         return width - sum(needs[i] + 3 for i in shown) - 1
 
+    left_out: list[int] = []
     while spare(kept) < 0 and any(columns[i].drop for i in kept):
-        kept.remove(max((i for i in kept if columns[i].drop), key=lambda i: (columns[i].drop, i)))
+        left_out.append(max((i for i in kept if columns[i].drop),
+                            key=lambda i: (columns[i].drop, i)))
+        kept.remove(left_out[-1])
+    # Say what is missing: a reader cannot tell a column left out from one that never existed.
+    caption = (f"not shown at {width} columns: "
+               f"{', '.join(columns[i].header for i in sorted(left_out))}" if left_out else None)
     if spare(kept) < 0:
         # Even the columns kept at any width do not fit: let every column fold, as wrapped
         # values are still readable where values cut with an ellipsis are not.
-        table = Table(title=title)
+        table = Table(title=title, caption=caption)
         for i in kept:
             table.add_column(columns[i].header, overflow="fold")
     else:
@@ -80,7 +86,7 @@ def fit_table(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]], widt
                 break
             sizes[short] += 1
             room -= 1
-        table = Table(title=title)
+        table = Table(title=title, caption=caption)
         for i in kept:
             table.add_column(columns[i].header, overflow="fold", no_wrap=not columns[i].fold,
                              width=sizes[i] if columns[i].fold else None)

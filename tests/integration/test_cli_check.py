@@ -57,6 +57,23 @@ def test_a_healthy_setup_passes_every_check_it_can_make(
     assert lines[-1].startswith("0 failed")
 
 
+def test_an_empty_ledger_file_fails_and_is_left_as_it_was(
+        healthy: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A 0-byte file where the ledger should be (a `touch`, a failed copy): the ledger check
+    fails naming it and the fix, and the file is neither written nor given WAL files."""
+    empty = tmp_path / "copied" / "runledger.db"
+    empty.parent.mkdir()
+    empty.touch()
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", f"sqlite:///{empty}")
+    status, lines = check(healthy)
+    assert status == 1, lines
+    assert line(lines, "ledger").startswith(f"FAIL ledger no ledger at sqlite:///{empty}")
+    assert "is an empty file" in line(lines, "ledger")
+    assert "runledger db upgrade" in line(lines, "ledger")
+    assert [p.name for p in empty.parent.iterdir()] == ["runledger.db"]
+    assert empty.stat().st_size == 0
+
+
 def test_a_missing_ledger_a_dead_mail_server_and_a_drifting_schedule_fail_with_their_fix(
         healthy: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No ledger file (nothing created), nobody on the SMTP port, and a prefect.yaml whose cron

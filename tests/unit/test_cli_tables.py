@@ -30,7 +30,8 @@ def line_with(lines: list[str], value: str) -> str:
 
 def test_a_run_row_at_80_columns_keeps_job_period_and_short_id_whole_on_one_line() -> None:
     """Run id (12 characters), job and period are on one line, whole, and no line is wider
-    than 80 or has an ellipsis; attempts and version are left out to make room."""
+    than 80 or has an ellipsis; attempts, version and revision are left out to make room, and
+    the caption names them."""
     lines = render(RUN_COLUMNS, [RUN_ROW, [short_id("8c91062d1074" + "0" * 52),
                                            "competitor-summary", "globex", "2026-12-01", "1",
                                            "1", "pending", "0"]])
@@ -39,12 +40,14 @@ def test_a_run_row_at_80_columns_keeps_job_period_and_short_id_whole_on_one_line
     assert "d4baf766fcbfd" not in row
     assert all(len(line) <= 80 and "…" not in line for line in lines)
     assert "attempts" not in lines[1] and "version" not in lines[1]
+    assert " ".join(lines[-1].split()) == "not shown at 80 columns: version, rev, attempts"
 
 
 def test_a_wide_console_shows_every_column() -> None:
     """At 120 columns nothing is left out."""
-    header = render(RUN_COLUMNS, [RUN_ROW], width=120)[1]
-    assert all(col.header in header for col in RUN_COLUMNS)
+    lines = render(RUN_COLUMNS, [RUN_ROW], width=120)
+    assert all(col.header in lines[1] for col in RUN_COLUMNS)
+    assert not any("not shown" in line for line in lines)
 
 
 def test_the_highest_drop_goes_first() -> None:

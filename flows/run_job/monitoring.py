@@ -44,9 +44,9 @@ def status_artifact_key(job: str) -> str:
 def after_tick(ledger: Ledger, job: Job, report: TickReport) -> Board | None:
     """Add the tick's duplicates and in-progress-elsewhere findings to its job's counts for the
     UTC day (one statement, none when there are none) and what its duplicates would have cost
-    (each one's answered calls' stored cost: one statement, none without duplicates), then read the job's status
-    board as the tick left it. All are evidence about the tick, not its work, which is done: a
-    failure is logged and gives no board."""
+    (each one's answered calls' stored cost: one statement, none without duplicates), then read
+    the job's status board as the tick left it. All are evidence about the tick, not its work,
+    which is done: a failure is logged and gives no board."""
     try:
         now = ledger.now()
         day = now.astimezone(UTC).date()

@@ -43,6 +43,9 @@ class LeaseLapsed(LeaseLost):
     unreachable): another attempt may hold the Run now, so this one stops where it is and
     leaves the Run to whichever attempt takes it over."""
 
+    # The Run is not lost: once the lease expires, reconcile or the next tick takes it over.
+    retryable = True
+
 
 class InvalidJob(InvalidInput):
     """A job definition is invalid."""

@@ -117,7 +117,7 @@ def lapsed_outcome(subject: str, run: Run, error: LeaseLapsed) -> SubjectOutcome
     """This attempt could not reach the ledger for longer than its lease: it failed, and asks
     the ledger nothing more; the Run stays leased until its lease expires and another attempt
     (reconcile, the next tick) takes it over."""
-    return SubjectOutcome(subject, run.run_id, "failed", run.attempts, error=str(error))
+    return SubjectOutcome(subject, run.run_id, "failed", run.attempts, error=describe(error))
 
 
 def lease_lost_outcome(tick: Tick, subject: str, run_id: str, error: LeaseLost) -> SubjectOutcome:

@@ -9,9 +9,10 @@ import pytest
 from prefect.states import Completed
 from prefect.utilities.collections import visit_collection
 
-from flows.errors import is_transient
+from flows.errors import LeaseLapsed, is_transient
 from flows.jobs import TransientError, ValidationFailed
 from flows.model import CallCount, ModelRejected, ModelUnavailable
+from flows.run_job.findings import lapsed_outcome
 from flows.run_job.outcomes import SubjectOutcome, TickReport, outcome_name
 from flows.run_job.stages import retried
 from flows.run_job.tick import Persisted
@@ -120,6 +121,18 @@ def test_timeouts_rate_limits_and_lost_connections_are_transient(error: BaseExce
 def test_invalid_input_rejections_and_bugs_are_permanent(error: BaseException) -> None:
     """Retrying cannot fix these: the Run fails until an operator requeues it."""
     assert not is_transient(error)
+
+
+def test_a_lapsed_lease_fails_the_subject_as_a_transient_error_named_by_its_type() -> None:
+    """A lease not renewed for longer than it lasts is the unreachable ledger's doing: the
+    subject is failed with the error's type first, as every failure, and a later attempt takes
+    the Run over."""
+    run = Run(run_id="9" * 64, job="probe", subject="acme", period_start=PERIOD.start,
+              version="1", params_fingerprint="0" * 64, status="leased", attempts=1)
+    lapsed = LeaseLapsed("run 999: lease of fence 1 lapsed: not renewed for 11 s (lease 10 s)")
+    outcome = lapsed_outcome("acme", run, lapsed)
+    assert (outcome.outcome, outcome.error) == ("failed", f"LeaseLapsed: {lapsed}")
+    assert is_transient(lapsed)
 
 
 def test_a_tick_read_is_retried_on_transient_errors_only() -> None:

@@ -57,6 +57,8 @@ def test_a_healthy_setup_passes_every_check_it_can_make(
     assert lines[-1].startswith("0 failed")
 
 
+# The ledger it checks is a SQLite file of its own: the fixture's ledger is not read.
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_an_empty_ledger_file_fails_and_is_left_as_it_was(
         healthy: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A 0-byte file where the ledger should be (a `touch`, a failed copy): the ledger check
@@ -74,6 +76,8 @@ def test_an_empty_ledger_file_fails_and_is_left_as_it_was(
     assert empty.stat().st_size == 0
 
 
+# The ledger it checks is a SQLite file of its own: the fixture's ledger is not read.
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_missing_ledger_a_dead_mail_server_and_a_drifting_schedule_fail_with_their_fix(
         healthy: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No ledger file (nothing created), nobody on the SMTP port, and a prefect.yaml whose cron

@@ -278,7 +278,7 @@ def test_eight_processes_reserving_against_one_budget_never_pass_its_cap(db_url:
     assert row.refused == PROCESSES * 10 - made
 
 
-def test_what_suppressed_duplicates_would_have_cost_is_each_duplicate_runs_stored_cost(
+def test_what_suppressed_duplicates_would_have_cost_is_each_duplicate_runs_answered_calls(
     ledger: Ledger,
 ) -> None:
     """Two ticks suppress the same completed Run: its answered calls' cost is added once per

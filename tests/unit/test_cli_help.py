@@ -12,8 +12,7 @@ import typer
 from rich.cells import cell_len
 from typer.testing import CliRunner
 
-from flows.cli import app
-from flows.cli.app import paragraphs
+from flows.cli.app import app, paragraphs
 
 WIDTHS = (80, 120)
 PANEL_EDGES = "│╭╰"

@@ -13,8 +13,8 @@ from flows.cli.ledger_commands import RUN_COLUMNS
 from flows.cli.tables import FOLD, Col, fit_table, short_id, utc
 
 RUN_ID = "d4baf766fcbfd7cb6ec98a67bf4ffc791a7a2ab6782994023ea1976848b8fec0"
-RUN_ROW = [short_id(RUN_ID), "competitor-summary", "acme", "2026-12-01", "1", "0", "completed",
-           "1"]
+RUN_ROW: list[str | Text] = [short_id(RUN_ID), "competitor-summary", "acme", "2026-12-01", "1",
+                             "0", "completed", "1"]
 
 
 def render(columns: list[Col], rows: list[list[str | Text]], width: int = 80) -> list[str]:

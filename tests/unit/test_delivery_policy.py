@@ -7,6 +7,7 @@ import random
 import statistics
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict
 
 import pytest
 
@@ -17,6 +18,15 @@ from store import InvalidInput, MessageClaim, Reply
 
 QUEUED = datetime(2026, 1, 5, 9, tzinfo=UTC)
 POLICY = RetryPolicy(max_attempts=8, base_delay=30, max_delay=3600, max_window=12 * 3600)
+
+
+class Limits(TypedDict, total=False):
+    """The numeric limits of a RetryPolicy, as overrides for ``dataclasses.replace``."""
+
+    max_attempts: int
+    base_delay: float
+    max_delay: float
+    max_window: float
 
 
 def claim(attempt: int = 1, waited: float = 0.0) -> MessageClaim:
@@ -112,7 +122,7 @@ def test_a_window_longer_than_the_key_retention_is_refused() -> None:
 
 @pytest.mark.parametrize("bad", [{"max_attempts": 0}, {"base_delay": 0}, {"base_delay": 10, "max_delay": 5},
                                  {"max_window": 0}])
-def test_nonsensical_limits_are_refused(bad: dict[str, float]) -> None:
+def test_nonsensical_limits_are_refused(bad: Limits) -> None:
     """Limits that cannot work are refused when the policy is made."""
     with pytest.raises(InvalidInput):
         replace(POLICY, **bad)

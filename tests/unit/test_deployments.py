@@ -8,15 +8,17 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
 from croniter import croniter
-from prefect.flows import load_flow_from_entrypoint
+from prefect.flows import Flow, load_flow_from_entrypoint
 
 from deployments.project import (
     PREFECT_FILE,
     RUN_JOB,
+    DeploymentSpec,
     InvalidDeployment,
     deployment,
     load_deployments,
@@ -39,7 +41,7 @@ def test_every_shipped_job_has_exactly_one_deployment() -> None:
 
 
 @pytest.mark.parametrize("spec", JOB_SPECS, ids=lambda s: s.name)
-def test_a_job_schedule_fires_once_per_period_in_the_jobs_timezone(spec) -> None:  # type: ignore[no-untyped-def]
+def test_a_job_schedule_fires_once_per_period_in_the_jobs_timezone(spec: DeploymentSpec) -> None:
     """The cron runs in the job's own timezone, its consecutive slots fall in consecutive
     periods of the job's cadence, so no tick skips or repeats a period, and each slot is the
     job's due time for its period, so reconcile and the schedule agree on what is late."""
@@ -107,7 +109,7 @@ def test_the_backfill_deployment_has_no_schedule_and_asks_for_job_start_and_end(
     spec = deployment("backfill")
     assert spec.entrypoint == "flows.entrypoints.backfill" and spec.schedules == []
     assert spec.parameters == {} and set(spec.tags) == {"runledger", "backfill"}
-    flow = load_flow_from_entrypoint(spec.entrypoint)
+    flow: Flow[..., Any] = load_flow_from_entrypoint(spec.entrypoint)
     required = [name for name, p in inspect.signature(flow.fn).parameters.items()
                 if p.default is inspect.Parameter.empty]
     assert flow.name == "backfill" and required == ["job", "start", "end"]
@@ -120,7 +122,7 @@ def test_the_revise_deployment_has_no_schedule_and_asks_for_the_run_and_a_reason
     spec = deployment("revise")
     assert spec.entrypoint == "flows.entrypoints.revise" and spec.schedules == []
     assert spec.parameters == {} and set(spec.tags) == {"runledger", "revise"}
-    flow = load_flow_from_entrypoint(spec.entrypoint)
+    flow: Flow[..., Any] = load_flow_from_entrypoint(spec.entrypoint)
     parameters = inspect.signature(flow.fn).parameters
     required = [name for name, p in parameters.items() if p.default is inspect.Parameter.empty]
     assert flow.name == "revise" and required == ["run_id", "reason"]
@@ -130,11 +132,11 @@ def test_the_revise_deployment_has_no_schedule_and_asks_for_the_run_and_a_reason
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_deployment_parameters_are_parameters_of_its_flow(spec) -> None:  # type: ignore[no-untyped-def]
+def test_deployment_parameters_are_parameters_of_its_flow(spec: DeploymentSpec) -> None:
     """Every entrypoint is a module path (it loads in any folder where runledger is installed),
     and every parameter exists on the flow."""
     assert spec.entrypoint.startswith("flows.entrypoints.") and ":" not in spec.entrypoint
-    flow = load_flow_from_entrypoint(spec.entrypoint)
+    flow: Flow[..., Any] = load_flow_from_entrypoint(spec.entrypoint)
     assert set(spec.parameters) <= set(inspect.signature(flow.fn).parameters)
     assert spec.work_pool == DEFAULT_POOL and "runledger" in spec.tags
 
@@ -147,7 +149,7 @@ def test_the_pull_step_moves_flow_runs_to_the_checkout_that_deployed_them() -> N
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_a_served_deployment_mirrors_prefect_yaml(spec) -> None:  # type: ignore[no-untyped-def]
+def test_a_served_deployment_mirrors_prefect_yaml(spec: DeploymentSpec) -> None:
     """`runledger serve` registers the same name, parameters, tags and schedule slugs."""
     served = runner_deployment(spec)
     assert served.name == spec.name and served.parameters == spec.parameters

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from mkdocs.utils.yaml import yaml_load
 
 ROOT = Path(__file__).resolve().parents[2]

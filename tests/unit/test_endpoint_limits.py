@@ -5,6 +5,7 @@ endpoints and how many subjects a tick runs at once."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -99,8 +100,9 @@ def test_an_acquisition_needs_a_name_and_a_whole_estimate() -> None:
                                    "model_max_concurrent"])
 def test_settings_refuse_limits_of_zero(field: str) -> None:
     """RUNLEDGER_MODEL_REQUESTS_PER_MINUTE=0 and the like are settings errors."""
+    overrides: dict[str, Any] = {field: 0}
     with pytest.raises(ValidationError, match="greater than 0"):
-        RunledgerSettings(**{field: 0})
+        RunledgerSettings(**overrides)
 
 
 def test_a_named_endpoint_refuses_limits_of_zero() -> None:

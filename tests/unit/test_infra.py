@@ -12,12 +12,15 @@ import ssl
 import tomllib
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import sqlalchemy as sa
-import yaml  # type: ignore[import-untyped]
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from prefect.client.schemas.objects import StateType
+from prefect.events.actions import ChangeFlowRunState
+from prefect.events.schemas.automations import EventTrigger
+from prefect.events.schemas.events import ResourceSpecification
 from prefect.settings.legacy import _get_valid_setting_names
 from prefect.settings.models.root import Settings as PrefectSettings
 from prefect_redis.client import RedisMessagingSettings
@@ -35,8 +38,10 @@ LONG_RUNNING = ("postgres", "redis", "prefect-server", "mailpit", "worker")
 # ${NAME:?message}: compose refuses to start without NAME (from infra/.env) and says why.
 REQUIRED = re.compile(r"\$\{(\w+):\?([^}]*)\}")
 
+T = TypeVar("T")
 
-def _subclasses(cls: type) -> set[type]:
+
+def _subclasses(cls: type[T]) -> set[type[T]]:
     found = set(cls.__subclasses__())
     for sub in list(found):
         found |= _subclasses(sub)
@@ -256,11 +261,14 @@ def test_the_crash_detector_treats_every_flow_run_event_as_a_sign_of_life() -> N
     automation = crash_detector(45)
     trigger = automation.trigger
     assert automation.name == CRASH_DETECTOR
+    assert isinstance(trigger, EventTrigger)
     assert trigger.after == {"prefect.flow-run.heartbeat", "prefect.flow-run.Running"}
     assert trigger.expect == {"prefect.flow-run.*"}
+    assert isinstance(trigger.match_related, ResourceSpecification)
     assert trigger.match_related.root["prefect.resource.id"] == "prefect.tag.runledger"
     assert trigger.within == timedelta(seconds=45)
     [action] = automation.actions
+    assert isinstance(action, ChangeFlowRunState)
     assert action.state == StateType.CRASHED
 
 

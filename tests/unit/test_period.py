@@ -13,8 +13,8 @@ BERLIN = "Europe/Berlin"
 NEW_YORK = "America/New_York"
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC)
 
 
 def test_daily_period_is_local_midnight_to_midnight_in_utc() -> None:

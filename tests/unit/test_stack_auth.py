@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from flows.cli.app import app
 from flows.stack.auth import CLIENT_AUTH_ENV, SERVER_AUTH_ENV, StackAuth, is_loopback, masked
 from flows.stack.local import LocalStack, StackConfig, flow_env
 from flows.stack.processes import StackError

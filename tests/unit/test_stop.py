@@ -30,7 +30,8 @@ def test_a_callback_registered_after_the_stop_is_set_is_called_at_once() -> None
 
 def test_a_callback_is_forgotten_when_its_waiter_leaves() -> None:
     """A tick registers one callback per batch: an ended batch's is not called, nor kept."""
-    stop, calls = Stop(), []
+    stop = Stop()
+    calls: list[int | str] = []
     for batch in range(3):
         with stop.on_set(functools.partial(calls.append, batch)):
             pass

@@ -22,7 +22,7 @@ run: setup
 # SQL of every named statement (store/sql/*.sql; `python -m store.sql --write` rewrites them).
 lint: setup
 	$(UV) run ruff check store flows deployments tests bench docs
-	$(UV) run mypy store flows deployments
+	$(UV) run mypy store flows deployments tests
 	$(UV) run mypy --strict docs/gen_reference.py docs/hooks.py docs/screenshots.py
 	$(UV) run lint-imports --no-cache
 	$(UV) run python -m store.sql

@@ -23,6 +23,8 @@ from flows.cli.app import app, help_as_paragraphs
 from flows.cli.output import error
 from store import RunledgerError
 
+__all__ = ["app", "main"]
+
 help_as_paragraphs(app)
 
 

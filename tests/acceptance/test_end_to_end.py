@@ -19,7 +19,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterId,
 )
 from prefect.client.schemas.objects import FlowRun
-from prefect.client.schemas.schedules import IntervalSchedule
+from prefect.client.schemas.schedules import SCHEDULE_TYPES, IntervalSchedule
 from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
 
 from deployments.project import load_deployments
@@ -27,6 +27,7 @@ from flows.jobs.competitor_summary import subscribers, workspaces
 from flows.registry import get_job
 from flows.run_job.outcomes import outcome_name
 from store import Run
+from tests.support.pipeline import lease_expired
 from tests.support.stack import (
     AcceptanceStack,
     in_seconds,
@@ -86,9 +87,10 @@ def scheduled_tick(stack: AcceptanceStack) -> Tick:
     deployment_id = stack.deployment_id(SUMMARY)
     slot = in_seconds(8).replace(microsecond=0)
     with stack.client() as api:
-        [schedule] = api.create_deployment_schedules(deployment_id, [(
+        daily: list[tuple[SCHEDULE_TYPES, bool]] = [(
             IntervalSchedule(interval=timedelta(days=1), anchor_date=slot, timezone="UTC"), True,
-        )])
+        )]
+        [schedule] = api.create_deployment_schedules(deployment_id, daily)
 
         def scheduled() -> UUID | None:
             runs = api.read_flow_runs(deployment_filter=DeploymentFilter(
@@ -111,7 +113,8 @@ def test_a_scheduled_run_completes_and_delivery_sends_one_email_per_recipient(
     exactly one email."""
     run = scheduled_tick.final
     assert run.state is not None and run.state.name == "Completed", run.state
-    assert run.auto_scheduled and run.idempotency_key.startswith("scheduled ")
+    assert run.auto_scheduled and (run.idempotency_key or "").startswith("scheduled ")
+    assert run.expected_start_time is not None
     assert run.name == f"{SUMMARY}/{JOB.latest_due_period(run.expected_start_time).label}"
     runs = ledger_runs(stack, scheduled_tick.label)
     assert sorted(r.run_id for r in runs) == sorted(scheduled_tick.run_ids)
@@ -224,7 +227,7 @@ def crash(stack: AcceptanceStack, killed_worker: UUID, second_wave: SecondWave) 
                "the crash detector to mark the flow run Crashed")
     ledger = stack.ledger()
     try:
-        wait_until(lambda: ledger.database.now() > ledger.get(the_run).lease_expires_at, 60,
+        wait_until(lambda: lease_expired(ledger, the_run), 60,
                    "the dead worker's lease to expire")
     finally:
         ledger.close()

@@ -120,7 +120,8 @@ def stack_up(tmp_path: Path, request: pytest.FixtureRequest
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        process.stdout.close()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -186,15 +187,16 @@ def test_stack_up_serves_every_deployment_and_stops_cleanly_on_ctrl_c(
     assert "stopping" not in said and process.poll() is None
 
     assert process.stdout is not None
+    out = process.stdout
     os.kill(child_running(folder, " sink "), signal.SIGKILL)
-    line = wait_until(lambda: next((x for x in iter(process.stdout.readline, "")
+    line = wait_until(lambda: next((x for x in iter(out.readline, "")
                                     if "SMTP sink exited" in x), None), 30, "the sink report")
     assert "the rest of the stack runs on" in line and "runledger sink --host" in line
     assert process.poll() is None
 
     serve = child_running(folder, " serve ")
     os.kill(serve, signal.SIGKILL)
-    line = wait_until(lambda: next((x for x in iter(process.stdout.readline, "")
+    line = wait_until(lambda: next((x for x in iter(out.readline, "")
                                     if "serve exited" in x), None), 30, "the serve report")
     assert "serve exited (-9); started it again as pid" in line, line
     again = int(line.split(" as pid ")[1].split()[0])

@@ -22,6 +22,7 @@ from flows.jobs.competitor_summary import subscribers, workspaces
 from flows.registry import get_job
 from flows.run_job.monitoring import tick_artifact_key
 from flows.run_job.outcomes import outcome_name
+from tests.support.pipeline import lease_expired
 from tests.support.stack import AcceptanceStack, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(600)]
@@ -87,7 +88,7 @@ def test_a_shard_killed_mid_transform_fails_the_tick_and_its_retry_completes_the
     assert final.state is not None and final.state.is_failed(), final.state
     assert f"{killed.name} ended Crashed" in (final.state.message or "")
     with stack.ledger() as ledger:
-        wait_until(lambda: ledger.database.now() > ledger.get(acme).lease_expires_at, 60,
+        wait_until(lambda: lease_expired(ledger, acme), 60,
                    "the killed attempt's lease to expire")
     stack.retry(parent)
     retried = stack.wait_final(parent, timeout=240, run_count=2)

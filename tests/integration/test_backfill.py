@@ -32,7 +32,7 @@ from flows.backfill.report import BackfillReport
 from flows.jobs import PermanentError
 from flows.run_job.outcomes import outcome_name
 from store import Ledger
-from tests.support.pipeline import Env, Probe, probe_job, wait_until
+from tests.support.pipeline import Env, Probe, final_state, probe_job, wait_until
 
 DAYS = ("2026-01-01", "2026-01-04")
 postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -40,7 +40,7 @@ postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 
 def run_backfill(job: str, start: str = DAYS[0], end: str = DAYS[1],
                  **options: Any) -> tuple[str, BackfillReport | BaseException]:
-    state = asyncio.run(backfill(job=job, start=start, end=end, return_state=True, **options))
+    state = final_state(backfill(job=job, start=start, end=end, return_state=True, **options))
     return outcome_name(state), state.result(raise_on_failure=False)
 
 
@@ -211,7 +211,7 @@ def test_a_backfill_with_bad_parameters_is_refused_with_the_fix_and_writes_nothi
         env: Env, options: dict[str, Any], message: str) -> None:
     """The flow run fails before anything runs, naming the parameter; no Run, no limit."""
     probe = two_subjects()
-    state = asyncio.run(backfill(job=probe.name, **{"start": DAYS[0], "end": DAYS[1], **options},
+    state = final_state(backfill(job=probe.name, **{"start": DAYS[0], "end": DAYS[1], **options},
                                  return_state=True))
     error = state.result(raise_on_failure=False)
     assert state.is_failed() and isinstance(error, Exception)
@@ -280,7 +280,11 @@ def test_a_cancelled_backfill_starts_no_further_period_and_leaves_no_run_claimed
     """Cancelled while the first period collects: that period's Run is released (pending, no
     lease), and no later period is ever registered."""
     collecting = threading.Event()
-    probe = probe_job(("acme",), on_collect=lambda subject: (collecting.set(), time.sleep(1)))
+
+    def collect(subject: str) -> None:
+        collecting.set()
+        time.sleep(1)
+    probe = probe_job(("acme",), on_collect=collect)
 
     async def cancel_during_first_period() -> None:
         task = asyncio.create_task(backfill(job=probe.name, start=DAYS[0], end=DAYS[1],

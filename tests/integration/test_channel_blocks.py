@@ -25,6 +25,7 @@ from store import Ledger, OutboxMessage
 from tests.support.channels import complete_with
 from tests.support.delivery import SENDER, statuses
 from tests.support.object_store import BUCKET, MotoS3
+from tests.support.pipeline import final_state
 from tests.support.webhook_receiver import SECRET, WebhookReceiver
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -133,7 +134,7 @@ def test_one_flow_run_delivers_every_channel_it_is_given(
                             "RUNLEDGER_MAIL_FROM": SENDER,
                             "RUNLEDGER_DELIVERY_CHANNELS": "email,webhook,object"}.items():
             monkeypatch.setenv(name, value)
-        state = asyncio.run(deliver_outbox(batch_size=10, max_seconds=30, return_state=True))
+        state = final_state(deliver_outbox(batch_size=10, max_seconds=30, return_state=True))
         assert state.is_completed(), state.message
         assert state.result()["sent"] == 3
         assert len(sink.messages) == 1 and len(receiver.processed) == 1

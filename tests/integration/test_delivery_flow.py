@@ -13,6 +13,7 @@ from flows.delivery.flow import ARTIFACT_KEY, deliver_outbox
 from flows.mail.sink import Fault, Sink
 from store import Ledger
 from tests.support.delivery import SENDER, queue
+from tests.support.pipeline import final_state
 
 
 async def artifacts_and_events(flow_run_id: str) -> tuple[list[Any], list[Any]]:
@@ -51,7 +52,7 @@ def test_the_flow_delivers_and_reports_with_an_artifact_and_events(
                             "RUNLEDGER_SMTP_PORT": str(sink.port), "RUNLEDGER_SMTP_TLS": "none",
                             "RUNLEDGER_MAIL_FROM": SENDER}.items():
             monkeypatch.setenv(name, value)
-        state = asyncio.run(deliver_outbox(batch_size=10, max_seconds=30, return_state=True))
+        state = final_state(deliver_outbox(batch_size=10, max_seconds=30, return_state=True))
     assert state.is_completed(), state.message
     counts = state.result()
     assert (counts["sent"], counts["dead"]) == (1, 1)

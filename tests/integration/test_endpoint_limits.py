@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prefect.states import State
+from prefect.client.schemas.objects import State
 
 from bench.limited_provider import Arrivals, LimitedModelServer
 from flows.errors import is_transient

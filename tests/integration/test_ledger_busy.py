@@ -73,7 +73,11 @@ def test_a_lock_released_within_the_retries_is_waited_out(sqlite_path: Path) -> 
     """A short lock only delays the write: the claim succeeds once the other writer commits."""
     def hold_write_lock(_run_id: str) -> Callable[[], None]:
         holder = lock(sqlite_path)
-        return lambda: (holder.execute("ROLLBACK"), holder.close())
+
+        def release() -> None:
+            holder.execute("ROLLBACK")
+            holder.close()
+        return release
 
     ledger = Ledger.connect(f"sqlite:///{sqlite_path}", busy_timeout_ms=50, locked_retries=8)
     try:
@@ -248,7 +252,11 @@ def test_a_postgres_lock_released_within_the_lock_timeout_is_waited_out(
     """A short transaction on the Run only delays the claim."""
     def hold_row(run_id: str) -> Callable[[], None]:
         holder = hold(f"SELECT 1 FROM runs WHERE run_id = '{run_id}' FOR UPDATE")
-        return lambda: (holder.rollback(), holder.close())
+
+        def release() -> None:
+            holder.rollback()
+            holder.close()
+        return release
 
     ledger = Ledger.connect(pg_url, lock_timeout_ms=5_000)
     try:

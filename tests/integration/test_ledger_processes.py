@@ -320,7 +320,7 @@ def test_a_worker_killed_while_holding_the_lease_is_replaced_after_expiry(db_url
         process, conn = spawn(hold_lease_until_killed, db_url, run.run_id)
         dead: Claim = receive(conn)
         assert dead is not None
-        os.kill(process.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        os.kill(process.pid, signal.SIGKILL)
         process.join(30)
         assert process.exitcode == -signal.SIGKILL
         if ledger.database.now() < dead.lease_expires_at:

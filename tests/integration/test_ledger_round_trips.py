@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlmodel import Session
 
 from store import Claim, Effect, Ledger, OutboxMessage, Reply, RunIdentity, revisions
 from store import occurrences as oc
@@ -49,9 +50,18 @@ def _overdue(ledger: Ledger) -> str:
     return "trips"
 
 
+def _dead_message_id(ledger: Ledger) -> str:
+    """A queued message, claimed and marked dead: its id."""
+    queue(ledger, 1)
+    claim = ledger.outbox.claim_messages("d:1", 1, 60)[0]
+    ledger.outbox.mark_dead(claim, "550 no")
+    return claim.message_id
+
+
 def _effect(claim: Claim) -> Effect:
-    return lambda session, output: session.execute(sa.insert(BUSINESS.tables["credits"]).values(
-        run_id=claim.run_id))
+    def credit(session: Session, output: dict[str, Any]) -> None:
+        session.execute(sa.insert(BUSINESS.tables["credits"]).values(run_id=claim.run_id))
+    return credit
 
 
 # transition, how to prepare its arguments, the call, and the statements it sends between
@@ -108,8 +118,7 @@ CASES: dict[str, Case] = {
                         lambda led: (queue(led, 1), led.outbox.claim_messages("d:1", 1, 60)[0])[1],
                         lambda led, c: led.outbox.release_message(c), {"sqlite": 1}),
     "requeue_message": (ob.requeue_message_txn,
-                        lambda led: (queue(led, 1), c := led.outbox.claim_messages("d:1", 1, 60)[0],
-                                     led.outbox.mark_dead(c, "550 no"))[1].message_id,
+                        _dead_message_id,
                         lambda led, message_id: led.outbox.requeue_message(message_id), {"sqlite": 1}),
 }
 

@@ -9,21 +9,23 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
+from uuid import UUID
 
 import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.objects import FlowRun, State
 from prefect.context import FlowRunContext
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.flow_engine import run_flow
 from prefect.settings import PREFECT_API_URL, temporary_settings
-from prefect.states import Scheduled, State
+from prefect.states import Scheduled
 from prefect.utilities.collections import visit_collection
 
 from flows.board import Board
@@ -51,6 +53,7 @@ from tests.support.pipeline import (
     ModelServer,
     Probe,
     Reply,
+    final_state,
     outbox_recipients,
     outcomes,
     pipeline_env,
@@ -106,29 +109,35 @@ def test_two_flow_runs_of_the_same_period_at_once_call_the_model_once(env: Env) 
     assert outbox_recipients(env.ledger, run.run_id) == ACME
 
 
+def run_to_state(flow_run: FlowRun) -> State[Any]:
+    """run_job run in this process for a flow run the server made, to its final state."""
+    return final_state(cast("Awaitable[State[Any]]",
+                            run_flow(run_job, flow_run=flow_run, return_type="state")))
+
+
 def test_retried_and_new_flow_runs_of_a_period_map_to_its_run_and_a_custom_period_does_not(
         env: Env) -> None:
     """A flow run set back to Scheduled (the UI's Retry) keeps its expected start time, a new
     run of the deployment later that day is the same period, `period=` picks another day."""
     job = register(CATCHING_UP)
-    deployment = run_job.to_deployment(name="pipeline-test").apply()
+    deployment = run_job.to_deployment(name="pipeline-test").apply()  # type: ignore[union-attr]  # sync: a RunnerDeployment
+    assert isinstance(deployment, UUID), deployment
     slot = datetime(2026, 1, 5, 7, tzinfo=UTC)  # 08:00 in Paris
     params = {"job": job.name, "subjects": ["acme"]}
     with get_client(sync_client=True) as client:
         scheduled = client.create_flow_run_from_deployment(
             deployment, parameters=params, state=Scheduled(scheduled_time=slot))
-        first = asyncio.run(run_flow(run_job, flow_run=scheduled, return_type="state"))
+        first = run_to_state(scheduled)
         client.set_flow_run_state(scheduled.id, Scheduled(scheduled_time=datetime.now(UTC)),
                                   force=True)
-        retried = asyncio.run(run_flow(run_job, flow_run=client.read_flow_run(scheduled.id),
-                                       return_type="state"))
+        retried = run_to_state(client.read_flow_run(scheduled.id))
         later = client.create_flow_run_from_deployment(
             deployment, parameters=params,
             state=Scheduled(scheduled_time=slot + timedelta(hours=14)))  # 22:00 in Paris
-        same_day = asyncio.run(run_flow(run_job, flow_run=later, return_type="state"))
+        same_day = run_to_state(later)
         custom = client.create_flow_run_from_deployment(
             deployment, parameters={**params, "period": "2026-01-06"})
-        other_day = asyncio.run(run_flow(run_job, flow_run=custom, return_type="state"))
+        other_day = run_to_state(custom)
         names = [client.read_flow_run(f.id).name for f in (scheduled, later, custom)]
         tags = set(client.read_flow_run(scheduled.id).tags)
     assert [outcome_name(s) for s in (first, retried, same_day, other_day)] == [
@@ -232,6 +241,7 @@ def test_bad_input_fails_the_flow_run_with_a_clear_message_and_writes_nothing(
     assert env.ledger.runs() == []
     assert re.search(message, state.message or ""), state.message
     with get_client(sync_client=True) as client:
+        assert state.state_details.flow_run_id is not None
         assert client.read_flow_run(state.state_details.flow_run_id).name == f"{job}/invalid-input"
 
 
@@ -261,7 +271,7 @@ def test_a_refused_naming_call_is_logged_and_leaves_the_flow_run_completed(
                 await asyncio.to_thread(asyncio.run, label_flow_run("probe/2026-01-05", None))
             return "tick done"
 
-        state = asyncio.run(labelled(return_state=True))
+        state = final_state(labelled(return_state=True))
     assert state.is_completed() and state.result() == "tick done"
     assert refusing.requests, "the naming call never reached the refusing server"
     assert any(r.levelname == "WARNING" and "could not name the flow run 'probe/2026-01-05'"
@@ -302,7 +312,7 @@ def test_a_rerun_of_a_completed_tick_starts_no_task_runs_and_calls_no_model(env:
         assert task_runs(second) == 0
         artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(
             id=FlowRunFilterId(any_=[second.state_details.flow_run_id])))
-    by_key = {a.key: a for a in artifacts}
+    by_key = {str(a.key): a for a in artifacts}
     assert sorted(by_key) == [f"{probe.name}-tick", f"runledger-status-{probe.name}"]
     assert all(run_id in str(by_key[f"{probe.name}-tick"].data) for run_id in run_ids)
 
@@ -413,6 +423,7 @@ def test_prefect_finds_nothing_to_walk_in_the_registrations_register_and_claim_r
     state = register_and_claim.fn(tick, {s: probe.job.identity(s, period)
                                          for s in probe.job.subject_names()})
     registrations = state.data
+    assert isinstance(registrations, Mapping), registrations  # a mappingproxy: one leaf
     assert set(registrations) == {f"s{i}" for i in range(50)}
     assert all(r.claim is not None for r in registrations.values())
     visited: list[Any] = []
@@ -452,7 +463,10 @@ def test_sixteen_subject_threads_writing_at_once_take_turns_for_the_ledgers_conn
     env.set(subject_concurrency=len(subjects))
     lock = WriteLock(db_url)
     together = threading.Barrier(len(subjects), action=lock.hold_for_a_second, timeout=60)
-    probe = probe_job(subjects, ["ops@example.com"], on_collect=lambda _: together.wait())
+
+    def meet(_: str) -> None:
+        together.wait()
+    probe = probe_job(subjects, ["ops@example.com"], on_collect=meet)
     state, report = env.run(probe.name, period="2026-01-05")
     assert lock.taken.is_set() and lock.released.wait(10)
     assert state.name == "Completed", state.message
@@ -553,7 +567,7 @@ def test_a_flow_run_past_its_timeout_releases_the_subjects_it_did_not_start(env:
     subjects = ["s0", "s1", "s2"]
     env.set(subject_concurrency=1)
     probe = probe_job(subjects, ["ops@example.com"], on_collect=lambda _: time.sleep(2))
-    state = asyncio.run(run_job.with_options(timeout_seconds=1)(
+    state = final_state(run_job.with_options(timeout_seconds=1)(
         job=probe.name, period="2026-01-05", return_state=True))
     assert state.name == "TimedOut", state
     assert (probe.collects, probe.transforms) == (["s0"], [])
@@ -593,7 +607,7 @@ def test_the_run_graph_links_each_subjects_collect_transform_and_persist(env: En
 
 def test_daily_credit_commits_its_credit_with_the_completion(env: Env) -> None:
     """One credit row per account and day, whatever the number of reruns."""
-    from sqlmodel import Session, select
+    from sqlmodel import Session, col, select
 
     from flows.jobs.daily_credit import Credit, balance
 
@@ -603,7 +617,7 @@ def test_daily_credit_commits_its_credit_with_the_completion(env: Env) -> None:
     next_day, _ = env.run("daily-credit", ["alice"], period="2026-01-06")
     assert [outcome_name(s) for s in (first, second, next_day)] == ["Completed", "Duplicate", "Completed"]
     with Session(env.ledger.engine) as session:
-        credits = session.exec(select(Credit).order_by(Credit.account, Credit.day)).all()
+        credits = session.exec(select(Credit).order_by(col(Credit.account), col(Credit.day))).all()
         assert [(c.account, c.day.isoformat(), c.units) for c in credits] == [
             ("alice", "2026-01-05", 10), ("alice", "2026-01-06", 10), ("bob", "2026-01-05", 10)]
         assert balance(session, "alice") == 20
@@ -759,7 +773,7 @@ def test_a_completed_run_records_the_flow_run_and_persist_task_run_that_complete
     assert run.completed_flow_run_id == str(first.state_details.flow_run_id)
     assert run.completed_task_run_id is not None
     with get_client(sync_client=True) as client:
-        task_run = client.read_task_run(run.completed_task_run_id)
+        task_run = client.read_task_run(UUID(run.completed_task_run_id))
     assert task_run.name == "persist[acme]"
     assert str(task_run.flow_run_id) == run.completed_flow_run_id
 
@@ -800,8 +814,11 @@ def test_the_stats_agree_with_the_events_the_flows_emit(env: Env) -> None:
                 "runledger.run.duplicate": day.duplicates,
                 "runledger.run.in-progress-elsewhere": day.in_progress_elsewhere}
     assert list(expected.values()) == [3, 3, 2]
+
+    def seen(name: str, count: int) -> Callable[[], bool]:
+        return lambda: run_events(name, run_ids) == count
     for name, count in expected.items():
-        wait_until(lambda name=name, count=count: run_events(name, run_ids) == count, 30, name)
+        wait_until(seen(name, count), 30, name)
     assert day.model_calls == env.model_calls() == 3
     assert (day.attempts, dict(day.attempts_per_completed)) == (4, {1: 3})
 
@@ -822,7 +839,7 @@ def test_a_refused_status_artifact_is_logged_and_leaves_the_flow_run_completed(
                 await asyncio.to_thread(asyncio.run, create_status_artifact(board))
             return "tick done"
 
-        state = asyncio.run(refreshed(return_state=True))
+        state = final_state(refreshed(return_state=True))
     assert state.is_completed() and state.result() == "tick done"
     assert refusing.requests, "the artifact call never reached the refusing server"
     assert any(r.levelname == "WARNING"
@@ -873,6 +890,6 @@ def test_a_custom_run_of_a_period_not_yet_due_is_refused_unless_allowed(env: Env
     assert state.is_failed() and isinstance(result, PeriodNotDue), state.message
     assert "--allow-not-due (CLI) or the parameter allow_not_due=true" in str(result)
     assert env.ledger.runs(job=probe.name) == []
-    allowed = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", run_job(
-        job=probe.name, period="2099-01-05", allow_not_due=True, return_state=True)))
+    allowed = final_state(run_job(
+        job=probe.name, period="2099-01-05", allow_not_due=True, return_state=True))
     assert outcome_name(allowed) == "Completed", allowed.message

@@ -14,7 +14,7 @@ from flows.prices import NO_PRICES
 from flows.run_job.flow import persist_output
 from flows.run_job.lease_keeper import LeaseKeeper
 from flows.run_job.outcomes import outcome_name
-from flows.run_job.tick import Held, Tick
+from flows.run_job.tick import Held, Persisted, Tick
 from flows.settings import RunledgerSettings
 from store import AFTER_MODEL_ANSWER
 from store.faults import AFTER_CHECKPOINT_COMMIT
@@ -89,8 +89,8 @@ def test_a_worker_killed_after_the_models_answer_leaves_the_run_to_be_transforme
     assert killed.status == "running" and killed.raw_input is not None
     assert env.model_calls() == 1 and outbox_recipients(env.ledger, killed.run_id) == []
     wait_until(lambda: lease_expired(env.ledger, killed.run_id), 30, "the dead worker's lease")
-    state, report = env.run(SUMMARY, ["acme"], PERIOD)
-    assert state.name == "Completed" and outcomes(report) == {"acme": "new"}
+    state, rerun = env.run(SUMMARY, ["acme"], PERIOD)
+    assert state.name == "Completed" and outcomes(rerun) == {"acme": "new"}
     assert env.model_calls() == 2
     assert [a.outcome for a in env.ledger.attempts(killed.run_id)] == ["expired", "completed"]
     assert outbox_recipients(env.ledger, killed.run_id) == ACME
@@ -106,8 +106,8 @@ def test_a_worker_killed_after_the_answer_was_checkpointed_is_completed_without_
     env.monkeypatch.delenv("RUNLEDGER_FAULTS")
     killed = env.the_run("acme", PERIOD)
     wait_until(lambda: lease_expired(env.ledger, killed.run_id), 30, "the dead worker's lease")
-    state, report = env.run(SUMMARY, ["acme"], PERIOD)
-    assert state.name == "Completed" and outcomes(report) == {"acme": "new"}
+    state, rerun = env.run(SUMMARY, ["acme"], PERIOD)
+    assert state.name == "Completed" and outcomes(rerun) == {"acme": "new"}
     [call] = env.calls()
     assert (call["outcome"], call["reuses"]) == ("answered", 1)
     completed = env.the_run("acme", PERIOD)
@@ -130,8 +130,8 @@ def test_a_worker_killed_during_the_call_leaves_it_lost_and_the_next_attempt_pay
     run_id = env.the_run("acme", PERIOD).run_id
     wait_until(lambda: lease_expired(env.ledger, run_id), 30, "the dead worker's lease")
     env.set(lease_seconds=900)
-    state, report = env.run(SUMMARY, ["acme"], PERIOD)
-    assert state.name == "Completed" and outcomes(report) == {"acme": "new"}
+    state, rerun = env.run(SUMMARY, ["acme"], PERIOD)
+    assert state.name == "Completed" and outcomes(rerun) == {"acme": "new"}
     calls = env.ledger.calls.of_run(run_id)
     # The first call is lost; the next attempt pays again (a call the stage retried, if the
     # loaded machine timed one out, is recorded failed between them).
@@ -160,8 +160,8 @@ def test_a_worker_killed_while_holding_the_lease_is_replaced_once_the_lease_expi
     assert f"(acme: leased by {held.owner} until {until})" in (state.message or "")
     run_id = held.run_id
     wait_until(lambda: lease_expired(env.ledger, run_id), 30, "the dead worker's lease to expire")
-    state, report = env.run(SUMMARY, ["acme"], PERIOD)
-    assert state.name == "Completed" and outcomes(report) == {"acme": "new"}
+    state, rerun = env.run(SUMMARY, ["acme"], PERIOD)
+    assert state.name == "Completed" and outcomes(rerun) == {"acme": "new"}
     assert env.model_calls() == 2
     attempts = env.ledger.attempts(run_id)
     assert [a.outcome for a in attempts] == ["expired", "completed"]
@@ -237,5 +237,5 @@ def test_a_persist_retried_after_its_reply_was_lost_finds_its_own_completion(env
     first = persist_output.fn("acme", Held(tick, claim, keeper), candidate)
     again = persist_output.fn("acme", Held(tick, claim, keeper), candidate)
     assert (first.name, again.name) == ("Completed", "Completed")
-    assert again.data.outbox_rows == 2
+    assert isinstance(again.data, Persisted) and again.data.outbox_rows == 2
     assert len(env.ledger.outbox.messages(run_id=identity.run_id)) == 2

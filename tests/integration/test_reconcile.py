@@ -22,12 +22,14 @@ from flows.reconcile.flow import JobReconciled, reconcile_jobs
 from flows.reconcile.flow import reconcile as reconcile_flow
 from flows.run_job.flow import run_ledgered_tick
 from flows.run_job.outcomes import TickReport
+from flows.run_job.shards import ShardPlan
 from flows.run_job.stop import Stop
 from flows.settings import RunledgerSettings
 from store import RunIdentity, unemitted
 from tests.support.ledger import register_and_claim
 from tests.support.pipeline import (
     Env,
+    final_state,
     outcomes,
     pipeline_env,
     probe_job,
@@ -208,8 +210,10 @@ def test_a_stale_scheduled_tick_of_a_skip_job_runs_nothing_and_ends_skipped(env:
     probe = probe_job(["acme", "globex"], ["ops@example.com"], missed_runs="skip")
     monday = probe.job.period_at(at(0))
     identities = {s: probe.job.identity(s, monday) for s in ("acme", "globex")}
-    report, _ = run_ledgered_tick(probe.job, monday, identities, RunledgerSettings(), "test",
-                                  Stop(), expected_start=probe.job.due_at(monday))
+    ticked = run_ledgered_tick(probe.job, monday, identities, RunledgerSettings(), "test",
+                               Stop(), expected_start=probe.job.due_at(monday))
+    assert not isinstance(ticked, ShardPlan), ticked
+    report, _ = ticked
     assert isinstance(report, TickReport) and report.state_name() == "Skipped"
     assert set(outcomes(report).values()) == {"skipped"}
     assert "period=2026-01-05" in (report.subjects[0].error or "")
@@ -231,7 +235,7 @@ def test_a_reconcile_flow_run_refreshes_each_jobs_status_board_artifact(env: Env
     probe = probe_job(["acme"], ["ops@example.com"], missed_runs="skip",
                       start=now - timedelta(days=2), grace=timedelta(0),
                       max_lateness=timedelta(0))
-    state = asyncio.run(reconcile_flow(job=probe.name, return_state=True))
+    state = final_state(reconcile_flow(job=probe.name, return_state=True))
     assert state.is_completed(), state.message
     [board, *_] = status_boards(probe.name)
     assert len(board) == 3 and all((r["owed"], r["skipped"]) == (1, 1) for r in board)

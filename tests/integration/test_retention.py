@@ -118,7 +118,7 @@ def test_pruning_a_large_ledger_keeps_every_tombstone_and_other_writers_keep_wor
         assert report.total("skipped_failed") == seeded.failed
         assert report.total("skipped_unfinished") == seeded.pending
         with ledger.engine.connect() as conn:
-            by_state = dict(conn.execute(sa.text(
+            by_state: dict[str, int] = dict(conn.execute(sa.text(
                 "SELECT CASE WHEN pruned_at IS NULL THEN 'kept' ELSE 'tombstone' END, "
                 "count(*) FROM runs WHERE job = :job GROUP BY 1"), {"job": probe.name}).all())
             broken = conn.execute(sa.text(
@@ -235,7 +235,7 @@ def test_the_prune_flow_prunes_and_publishes_its_summary_as_an_artifact(env: Env
 
     probe = probe_job()
     seeded = seed(env.ledger, probe.name, 300, old(env.ledger))
-    done = asyncio.run(prune(job=probe.name, batch_size=100))  # type: ignore[arg-type]
+    done = asyncio.run(prune(job=probe.name, batch_size=100))
     assert done["totals"]["runs"] == seeded.completed - seeded.unsent
     assert done["totals"]["batches"] == 3  # windows of 100 over the 300 Runs
     with get_client(sync_client=True) as client:

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -31,6 +30,7 @@ from tests.support.pipeline import (
     RUNLEDGER,
     SUMMARY,
     Env,
+    final_state,
     lease_expired,
     outbox_recipients,
     outcomes,
@@ -46,8 +46,7 @@ pytestmark = pytest.mark.usefixtures("subprocesses_use_the_session_server")
 
 
 def revised(**parameters: Any) -> tuple[State[Any], RevisionReport | BaseException]:
-    state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]",
-                             revise(**parameters, return_state=True)))
+    state = final_state(revise(**parameters, return_state=True))
     return state, state.result(raise_on_failure=False)
 
 
@@ -275,9 +274,9 @@ def test_a_revision_of_a_period_not_yet_due_is_refused_unless_allowed(env: Env) 
     refusal names the flag and the parameter and writes nothing; allowed, it is revised."""
     probe = probe_job()
     future = "2099-01-05"
-    state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]", run_job(
+    state = final_state(run_job(
         job=probe.name, subjects=["acme"], period=future, allow_not_due=True,
-        return_state=True)))
+        return_state=True))
     assert outcome_name(state) == "Completed", state.message
     original = env.the_run("acme", future, probe.job)
     state, result = revised(run_id=original.run_id, reason="typo")

@@ -3,7 +3,6 @@ anything is written, and a flow run of no deployment runs its whole tick itself.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -12,13 +11,13 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlo
 
 from flows.run_job.flow import run_job
 from flows.run_job.outcomes import TickReport
-from tests.support.pipeline import Env
+from tests.support.pipeline import Env, final_state
 
 SUMMARY = "competitor-summary"
 
 
 def run(**parameters: Any) -> Any:
-    return asyncio.run(run_job(job=SUMMARY, period="2026-01-05", return_state=True,  # type: ignore[call-overload]
+    return final_state(run_job(job=SUMMARY, period="2026-01-05", return_state=True,
                                **parameters))
 
 

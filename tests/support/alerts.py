@@ -25,7 +25,8 @@ from tests.support.loopback import Answer, LoopbackServer, Request
 T = TypeVar("T")
 
 
-def wait_for(check: Callable[[], T], timeout: float, what: str, every: float = 0.5) -> T:
+def wait_for(check: Callable[[], T | None], timeout: float, what: str,
+             every: float = 0.5) -> T:
     """Poll ``check`` until it returns something truthy; fail naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout
     while not (value := check()):
@@ -72,6 +73,7 @@ def webhook_block(api: str, webhook: Webhook, path: str) -> Iterator[tuple[str, 
         name="runledger-ops", url=f"{webhook.origin}{path}",
         json_data={"subject": "{{subject}}", "body": "{{body}}"})
     block_id = block.save(name)
+    assert isinstance(block_id, UUID), block_id  # saved from sync code: the id, not a coroutine
     try:
         yield f"custom-webhook/{name}", block_id
     finally:

@@ -62,7 +62,7 @@ def smtp_settings(sink: Sink, **overrides: Any) -> SmtpSettings:
     return SmtpSettings(**values)
 
 
-def dispatcher(ledger: Ledger, sink: Sink | None = None, *, transport: Transport | None = None,
+def dispatcher(ledger: Ledger, sink: Sink | None = None, *, transport: Transport[Any] | None = None,
                policy: RetryPolicy = FAST, lease_seconds: float = 30.0,
                **settings: Any) -> Dispatcher:
     if transport is None:

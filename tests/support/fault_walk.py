@@ -169,8 +169,9 @@ def _prune(ledger: Ledger, old: RunIdentity, owner: str) -> None:
         claim = found.claim or _claim_when_free(ledger, found.run, owner)
         ledger.complete(claim, {"text": "to be pruned"})
     cutoff, cursor = ledger.now() + timedelta(days=1), ""
-    while (cursor := ledger.retention.prune_batch(cutoff, [PRUNED_JOB], limit=10, after=cursor).cursor):
-        pass
+    while (following := ledger.retention.prune_batch(cutoff, [PRUNED_JOB], limit=10,
+                                                     after=cursor).cursor) is not None:
+        cursor = following
 
 
 def _emit(ledger: Ledger) -> None:

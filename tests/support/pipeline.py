@@ -13,14 +13,14 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from prefect.states import State
+from prefect.client.schemas.objects import State
 
 from flows.jobs import Candidate, Job
 from flows.jobs.competitor_summary import SAMPLE_DATA
@@ -38,6 +38,9 @@ SUMMARY = "competitor-summary"
 ACME = ["ceo@acme.example", "product-team@acme.example"]
 
 
+USAGE = {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}
+
+
 @dataclass
 class Reply:
     """One scripted answer of the model server."""
@@ -49,9 +52,6 @@ class Reply:
     raw: bytes | None = None
     # The answer's ``usage`` field, as the server reports it (None: a server that reports none).
     usage: dict[str, int] | None = field(default_factory=lambda: dict(USAGE))
-
-
-USAGE = {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}
 
 
 class ModelServer(LoopbackServer):
@@ -221,7 +221,7 @@ class Env:
 
     def run(self, job: str, subjects: list[str] | None = None,
             period: str | None = None) -> tuple[State[Any], TickReport | BaseException]:
-        state = asyncio.run(run_job(job=job, subjects=subjects, period=period, return_state=True))
+        state = final_state(run_job(job=job, subjects=subjects, period=period, return_state=True))
         return state, state.result(raise_on_failure=False)
 
     def the_run(self, subject: str, period: str, job: Job = competitor_summary) -> Run:
@@ -252,6 +252,12 @@ def pipeline_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         ledger.close()
 
 
+def final_state(call: Awaitable[State[Any]]) -> State[Any]:
+    """The final state of a flow called with ``return_state=True`` from sync code: Prefect
+    types the call as an awaitable, and asyncio.run takes the coroutine it is."""
+    return asyncio.run(cast("Coroutine[Any, Any, State[Any]]", call))
+
+
 def status_boards(job: str) -> list[list[dict[str, Any]]]:
     """Every version of the job's status board artifact on the Prefect server, newest first,
     each as its table's rows."""
@@ -263,7 +269,8 @@ def status_boards(job: str) -> list[list[dict[str, Any]]]:
         found = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"runledger-status-{job}"])),
             sort=ArtifactSort.CREATED_DESC)
-    return [json.loads(a.data) if isinstance(a.data, str) else a.data for a in found]
+    return [json.loads(a.data) if isinstance(a.data, str) else cast("list[dict[str, Any]]", a.data)
+            for a in found]
 
 
 def outcomes(report: TickReport | BaseException) -> dict[str, str]:

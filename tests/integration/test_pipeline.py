@@ -22,6 +22,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun, State
 from prefect.context import FlowRunContext
+from prefect.deployments.runner import RunnerDeployment
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.flow_engine import run_flow
 from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -120,7 +121,9 @@ def test_retried_and_new_flow_runs_of_a_period_map_to_its_run_and_a_custom_perio
     """A flow run set back to Scheduled (the UI's Retry) keeps its expected start time, a new
     run of the deployment later that day is the same period, `period=` picks another day."""
     job = register(CATCHING_UP)
-    deployment = run_job.to_deployment(name="pipeline-test").apply()  # type: ignore[union-attr]  # sync: a RunnerDeployment
+    runner = run_job.to_deployment(name="pipeline-test")
+    assert isinstance(runner, RunnerDeployment), runner  # made from sync code: not a coroutine
+    deployment = runner.apply()
     assert isinstance(deployment, UUID), deployment
     slot = datetime(2026, 1, 5, 7, tzinfo=UTC)  # 08:00 in Paris
     params = {"job": job.name, "subjects": ["acme"]}

@@ -25,19 +25,25 @@ def claimed(ledger: Ledger, subject: str, owner: str, lease: float) -> Claim:
     return claim
 
 
+def lease_expiry(ledger: Ledger, run_id: str) -> datetime:
+    """The lease expiry of a claimed Run (a claimed Run has one)."""
+    expires_at = ledger.get(run_id).lease_expires_at
+    assert expires_at is not None
+    return expires_at
+
+
 def test_the_keeper_renews_every_held_claim_in_one_statement(ledger: Ledger) -> None:
     """Three claims of one tick are renewed by one round that reads the database clock once:
     every new expiry is the same instant (separate statements would each read it anew)."""
     claims = [claimed(ledger, s, "tick-a", 60) for s in ("acme", "globex", "initech")]
-    before = {c.run_id: ledger.get(c.run_id).lease_expires_at for c in claims}
+    before = {c.run_id: lease_expiry(ledger, c.run_id) for c in claims}
     keeper = LeaseKeeper(ledger, 60)
     keeper.hold(claims)
     time.sleep(0.05)
     keeper.renew()
-    after = {c.run_id: ledger.get(c.run_id).lease_expires_at for c in claims}
+    after = {c.run_id: lease_expiry(ledger, c.run_id) for c in claims}
     assert len(set(after.values())) == 1
-    assert all(after[run_id] > expiry  # type: ignore[operator]  # claimed: both are set
-               for run_id, expiry in before.items())
+    assert all(after[run_id] > expiry for run_id, expiry in before.items())
     assert all(keeper.lost(c) is None for c in claims)
     assert keeper.renewals == 1 and sorted(keeper.held(), key=str) == sorted(claims, key=str)
 

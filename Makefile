@@ -23,6 +23,7 @@ run: setup
 lint: setup
 	$(UV) run ruff check store flows deployments tests bench docs
 	$(UV) run mypy store flows deployments tests
+	$(UV) run mypy --explicit-package-bases bench
 	$(UV) run mypy --strict docs/gen_reference.py docs/hooks.py docs/screenshots.py
 	$(UV) run lint-imports --no-cache
 	$(UV) run python -m store.sql

@@ -38,7 +38,12 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
+    from prefect.client.schemas.objects import State
 
 SCENARIOS = ["twice", "concurrent", "kill-after-model", "handoff-fails", "handoff-crash",
              "recipients", "storage-deleted"]
@@ -101,7 +106,9 @@ def child(system: str, job_name: str, period: str, recipients: list[str], storag
         from flows.run_job.flow import run_job
         from store import Ledger
 
-        state = asyncio.run(run_job(job_name, period=period, return_state=True))
+        # Prefect types an async flow's call as an Awaitable; it is the coroutine asyncio.run takes.
+        state = asyncio.run(cast("Coroutine[Any, Any, State[Any]]",
+                                 run_job(job_name, period=period, return_state=True)))
         print(json.dumps({"state": state.name, "message": state.message}), flush=True)
         ledger = Ledger.connect()
         try:
@@ -109,7 +116,7 @@ def child(system: str, job_name: str, period: str, recipients: list[str], storag
         finally:
             ledger.close()
         return
-    import prefect_native
+    from bench import prefect_native
 
     if kill == "handoff":
         original = prefect_native.send
@@ -118,14 +125,15 @@ def child(system: str, job_name: str, period: str, recipients: list[str], storag
             original(smtp, messages[:1])
             os.kill(os.getpid(), signal.SIGKILL)
 
-        prefect_native.send = send_then_die  # type: ignore[assignment]
-    from call_log import CallLog
+        prefect_native.send = send_then_die
+    from bench.call_log import CallLog
 
     model = OfflineModel(delay_seconds=delay)
     native = prefect_native.native_flow(
         job, model, lock=system.removeprefix("native-"), storage=storage,
         smtp=("127.0.0.1", smtp_port), calls=CallLog(Path(os.environ["BEHAVIOUR_CALLS"])))
-    state = asyncio.run(native(period, return_state=True))
+    # The same Awaitable typing of an async flow's call as above.
+    state = asyncio.run(cast("Coroutine[Any, Any, State[int]]", native(period, return_state=True)))
     print(json.dumps({"state": state.name, "message": state.message}), flush=True)
 
 
@@ -252,7 +260,7 @@ def scenario(case: Case) -> dict[str, Any]:
         for process in both:
             case.finish(process)
     elif name == "kill-after-model":
-        extra = {"RUNLEDGER_FAULTS": "after_model_answer"} if case.system == "runledger" \
+        extra: dict[str, Any] = {"RUNLEDGER_FAULTS": "after_model_answer"} if case.system == "runledger" \
             else {"BEHAVIOUR_KILL": "after-model"}
         case.run(**extra)
         time.sleep(LEASE_SECONDS + 1)
@@ -287,7 +295,7 @@ def prefect_api() -> Iterator[str]:
         yield os.environ["PREFECT_API_URL"]
         return
     sys.path.insert(0, str(Path(__file__).parent))
-    from pipeline_bench import own_server
+    from bench.pipeline_bench import own_server
 
     with own_server(0) as api:
         yield api

@@ -28,8 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import aiosmtplib
-from databases import postgres_database
 
+from bench.databases import postgres_database
 from flows.delivery.dispatcher import Dispatcher
 from flows.delivery.policy import RetryPolicy
 from flows.mail.letter import Letter

@@ -64,9 +64,9 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from pgproxy import Proxy, in_process
 from psycopg.types.json import Jsonb
 
+from bench.pgproxy import Proxy, in_process
 from store import Claim, Ledger, OutboxMessage, RunIdentity
 
 TARGET_RATIO = 1.0

@@ -20,8 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from databases import postgres_database
-
+from bench.databases import postgres_database
 from store import Ledger
 
 FILL_POSTGRES = """

@@ -55,10 +55,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from databases import postgres_database
+from bench.databases import postgres_database
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
+    from prefect.client.schemas.objects import State
 
 TARGET = 1.15  # run_job's first run : the bare flow's, client CPU, at most
 NATIVE_TARGET = 0.8  # run_job's first run : Prefect-native's, client CPU, at most
@@ -194,7 +200,7 @@ def ledger_url(dialect: str, directory: Path) -> Iterator[str | None]:
     from store import Ledger
 
     if dialect == "sqlite":
-        url = f"sqlite:///{directory / f'ledger-{uuid.uuid4().hex[:6]}.db'}"
+        url: str | None = f"sqlite:///{directory / f'ledger-{uuid.uuid4().hex[:6]}.db'}"
         Ledger.connect(url).migrate()
         yield url
         return
@@ -349,8 +355,7 @@ def one_round(size: int, delay: float, concurrency: int, order: list[str],
               smtp: tuple[str, int], stats: Path, storage: Path) -> dict[str, Any]:
     """Each flow of ``order`` on the same subjects (new periods), then the safe versions'
     reruns of their completed ticks."""
-    from prefect_native import native_flow
-
+    from bench.prefect_native import native_flow
     from flows.model import OfflineModel
     from flows.run_job.flow import run_job
 
@@ -367,12 +372,14 @@ def one_round(size: int, delay: float, concurrency: int, order: list[str],
 
     def call(name: str) -> Any:
         if name == "run_job":
-            return asyncio.run(run_job(job.name, period=periods[name], return_state=True))
+            # Prefect types an async flow's call as an Awaitable; asyncio.run takes the coroutine.
+            return asyncio.run(cast("Coroutine[Any, Any, State[Any]]",
+                                    run_job(job.name, period=periods[name], return_state=True)))
         return asyncio.run(flows[name](periods[name], return_state=True))
 
     for name in order:
         result[f"{name}_s"], result[f"{name}_cpu_s"], done = timed(
-            lambda n=name: call(n), 3 * size + (name == "run_job"))
+            partial(call, name), 3 * size + (name == "run_job"))
         assert done.name == "Completed", done.message
         if name == "run_job":
             first = done
@@ -381,7 +388,7 @@ def one_round(size: int, delay: float, concurrency: int, order: list[str],
     for name in ("run_job", *(f"native_{lock}" for lock in LOCKS)):
         before, sent = len(calls), received(stats)
         result[f"{name}_rerun_s"], result[f"{name}_rerun_cpu_s"], again = timed(
-            lambda n=name: call(n), 0 if name == "run_job" else 3 * size)
+            partial(call, name), 0 if name == "run_job" else 3 * size)
         assert again.name == ("Cached" if name == "run_job" else "Completed"), again.message
         result[f"{name}_rerun_model_calls"] = len(calls) - before
         result[f"{name}_rerun_emails"] = received(stats) - sent
@@ -496,7 +503,9 @@ def run(args: argparse.Namespace) -> None:
                     continue
                 warm = bench_job(10, [])
                 os.environ["RUNLEDGER_DATABASE_URL"] = url
-                warm_up = asyncio.run(run_job(warm.name, period="2025-12-31", return_state=True))
+                warm_up = asyncio.run(cast(  # the Awaitable typing of a flow call, as in one_round
+                    "Coroutine[Any, Any, State[Any]]",
+                    run_job(warm.name, period="2025-12-31", return_state=True)))
                 drain(warm_up.state_details.flow_run_id, 3 * 10 + 1)  # server start-up and imports
                 for size in args.sizes:
                     row = measure(size, dialect, url, args.model_delay, args.repeat, smtp, stats,

@@ -21,13 +21,13 @@ import asyncio
 import contextvars
 import hashlib
 import smtplib
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from email.message import EmailMessage
 from email.utils import make_msgid
 from pathlib import Path
 from typing import Any
 
-from call_log import CallLog
 from prefect import Flow, flow, task
 from prefect.cache_policies import CacheKeyFnPolicy
 from prefect.context import SyncClientContext, TaskRunContext
@@ -36,6 +36,7 @@ from prefect.locking.filesystem import FileSystemLockManager
 from prefect.locking.protocol import LockManager
 from prefect.transactions import Transaction, get_transaction
 
+from bench.call_log import CallLog
 from flows.jobs import Job
 from flows.model import Model
 
@@ -48,7 +49,9 @@ def lock_manager(kind: str, storage: Path) -> LockManager:
     if kind == "redis":
         from prefect_redis import RedisLockManager
 
-        return RedisLockManager(host=REDIS[0], port=REDIS[1])
+        # prefect_redis ships no type hints: its RedisLockManager is a LockManager.
+        manager: LockManager = RedisLockManager(host=REDIS[0], port=REDIS[1])
+        return manager
     if kind == "file":
         return FileSystemLockManager(lock_files_directory=storage / "locks")
     raise ValueError(f"lock must be 'redis' or 'file', got {kind!r}")
@@ -75,7 +78,8 @@ def send(smtp: tuple[str, int], messages: list[dict[str, str]]) -> None:
 
 
 def native_flow(job: Job, model: Model, *, lock: str, storage: Path, smtp: tuple[str, int],
-                concurrency: int = 8, calls: CallLog | None = None) -> Flow[..., Any]:
+                concurrency: int = 8, calls: CallLog | None = None,
+                ) -> Flow[[str], Coroutine[Any, Any, int]]:
     """The Prefect-native safe version of ``job``'s tick (see the module's docstring)."""
     manager = lock_manager(lock, storage)
     # Prefect takes a task's result storage only as a block saved on its server.

@@ -46,7 +46,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from prefect.futures import PrefectFuture
+    from prefect.task_runners import TaskRunner
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
@@ -247,7 +251,11 @@ def native_worker(n: int, threads: int) -> None:
             {"role": "user", "content": f"{subject} raised its prices."}])
         return answer.choices[0].message.content or ""
 
-    @flow(task_runner=ThreadPoolTaskRunner(max_workers=threads), persist_result=False)
+    # Prefect's TaskRunner is invariant in its future type, so its own ThreadPoolTaskRunner is not
+    # the TaskRunner[PrefectFuture[Any]] the decorator declares.
+    runner = cast("TaskRunner[PrefectFuture[Any]]", ThreadPoolTaskRunner(max_workers=threads))
+
+    @flow(task_runner=runner, persist_result=False)
     def tick_states(subjects: list[str]) -> int:
         futures = transform.map(subjects)
         futures.wait()
@@ -309,7 +317,9 @@ def acquisition_cost(api: str, database_url: str, calls: int = 300) -> None:
                 found = ledger.register_and_claim_many(
                     [(RunIdentity(job, f"s{i}", datetime(2026, 12, 1, tzinfo=UTC), "1"), {})],
                     owner="bench", lease=600)
-                claims.append(next(iter(found.values())).claim)
+                claim = next(iter(found.values())).claim
+                assert claim is not None
+                claims.append(claim)
             taken = Acquisition(job, 100, 60.0)
             started = time.perf_counter()
             for claim in claims:
@@ -327,7 +337,7 @@ def acquisition_cost(api: str, database_url: str, calls: int = 300) -> None:
 
 
 def prefect_api() -> Any:
-    from behaviour import prefect_api as found
+    from bench.behaviour import prefect_api as found
 
     return found()
 

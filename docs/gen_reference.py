@@ -566,7 +566,10 @@ def states_page() -> str:
                                   "switch waits for it)",
                 "reconcile.capped": "a reconcile pass left owed occurrences for the next pass",
                 "budget.exhausted": "a budget window of the job had no room for a call (once per "
-                                    "window): what was spent of what cap, how to raise it"}
+                                    "window): what was spent of what cap, how to raise it",
+                "budget.overrun": "a provider billed an answer beyond the bound its call "
+                                  "reserved (it did not honour max_tokens): the call, the bound, "
+                                  "the tokens billed"}
     _check_keys(job_when, tuple(JOB_EVENTS), "the job events")
     out += [f"| `{JOB_EVENTS[k]}` | `runledger.job.<job>` | {job_when[k]} |" for k in JOB_EVENTS]
     out += [f"| `{EVENT_PREFIX}.{s.value}` | `runledger.outbox.message.<message id>` (related: "

@@ -1,6 +1,7 @@
 """What a tick does about its job's budget: the estimator each subject's calls reserve with, the
 words a refused subject, its flow run's OverBudget state and the once-per-window
-``runledger.budget.exhausted`` event say (how much was spent of what cap, and how to raise it)."""
+``runledger.budget.exhausted`` event say (how much was spent of what cap, and how to raise it),
+and what the ``runledger.budget.overrun`` event says of an answer billed beyond its bound."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from datetime import datetime
 from typing import Any
 
 from flows.jobs.budget import Budget, Estimator, spent_text
+from flows.model import CallBound
 from flows.prices import PriceList
-from store import BudgetExhausted, Period
+from store import BudgetExhausted, Period, Usage
 
 OVER_BUDGET_STATE = "OverBudget"
 
@@ -44,3 +46,15 @@ def exhausted_payload(budget: Budget, refused: BudgetExhausted) -> dict[str, Any
             "unit": r.unit, "currency": r.currency, "cap": r.window.cap,
             "spent": spent_text(budget, r.spent + r.reserved, r.window.cap, r.currency),
             "refused": 1, "fix": raise_hint(r.job, r.window.scope)}
+
+
+def overrun_payload(endpoint: str, model: str, subject: str, call_id: str, bound: CallBound,
+                    usage: Usage) -> dict[str, Any]:
+    """The ``runledger.budget.overrun`` event's payload: a provider billed a call beyond the
+    bound it reserved (it did not honour ``max_tokens``), so a cap may have been passed."""
+    return {"endpoint": endpoint, "model": model, "subject": subject, "call_id": call_id,
+            "input_bound": bound.input_tokens, "max_tokens": bound.max_tokens,
+            "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "overrun_tokens": usage.overrun,
+            "fix": "check that the endpoint honours max_tokens (RUNLEDGER_MODEL_MAX_TOKENS, or "
+                   "the endpoint's max_tokens); `runledger costs` counts these calls"}

@@ -43,6 +43,8 @@ JOB_EVENTS = {
     "reconcile.capped": "runledger.reconcile.capped",
     # Once per budget window, by the worker whose call first found it without room.
     "budget.exhausted": "runledger.budget.exhausted",
+    # Each answer a provider billed beyond the bound its call reserved.
+    "budget.overrun": "runledger.budget.overrun",
 }
 
 

@@ -38,6 +38,9 @@ class EndpointSettings(EndpointLimits):
     timeout_seconds: float | None = Field(
         default=None, gt=0, description="Seconds to wait for one answer (default: "
                                         "RUNLEDGER_MODEL_TIMEOUT_SECONDS).")
+    max_tokens: int | None = Field(
+        default=None, gt=0, description="The most tokens one answer may use, sent with every "
+                                        "request (default: RUNLEDGER_MODEL_MAX_TOKENS).")
 
 
 class RunledgerSettings(BaseSettings):
@@ -73,6 +76,10 @@ class RunledgerSettings(BaseSettings):
     )
     model_timeout_seconds: float = Field(
         default=60.0, gt=0, description="Seconds to wait for one model answer.")
+    model_max_tokens: int = Field(
+        default=1024, gt=0, description="The most tokens one answer may use, sent with every "
+        "request as ``max_tokens`` (the offline model stops there too): a budget reserves it, "
+        "and the endpoint's tokens per minute take it, before each call leaves.")
     model_currency: Currency | None = Field(
         default=None, description="ISO 4217 code of RUNLEDGER_MODEL_PRICES' currency, e.g. "
                                   "``USD`` (needed with prices).")

@@ -1,7 +1,8 @@
 """What jobs spend, from the ledger's model call records: calls paid (answered, failed, lost:
 every call that left and may have been billed), lost in flight, refused (the provider's error
 reply: not billed), answers reused from a checkpoint, tokens, and cost per currency (a call
-without a price counts its tokens and shows "no price"); and what the duplicates the ledger
+without a price counts its tokens and shows "no price"), answers billed beyond the bound their
+call reserved (a provider that did not honour max_tokens); and what the duplicates the ledger
 suppressed would have cost, measured as each duplicate Run's answered calls' stored cost."""
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class Spend:
     cost: Counter[str] = field(default_factory=Counter)  # currency: billionths
     unpriced: int = 0  # paid calls whose usage is known and whose model has no price
     unknown: int = 0  # paid calls whose usage never reached the ledger (lost, failed)
+    overran: int = 0  # answers billed beyond their call's bound
+    overrun_tokens: int = 0  # the tokens billed beyond those bounds, together
 
     def add(self, row: dict[str, Any]) -> None:
         """Add one model call record (a row of ``CallBook.since``, or a ``ModelCall``'s dict)."""
@@ -45,6 +48,9 @@ class Spend:
         self.lost += outcome == "lost"
         self.failed += outcome == "failed"
         self.tokens += (row.get("prompt_tokens") or 0) + (row.get("completion_tokens") or 0)
+        if row.get("overrun"):
+            self.overran += 1
+            self.overrun_tokens += row["overrun"]
         if row.get("cost_nanos") is not None and row.get("currency") is not None:
             self.cost[row["currency"]] += row["cost_nanos"]
         elif row.get("prompt_tokens") is None and row.get("completion_tokens") is None:
@@ -75,7 +81,8 @@ class Spend:
                 "calls_refused": self.refused, "calls_in_flight": self.in_flight,
                 "calls_reused": self.reused, "tokens": self.tokens,
                 "cost": {c: str(money(n)) for c, n in sorted(self.cost.items())},
-                "calls_without_price": self.unpriced, "calls_of_unknown_cost": self.unknown}
+                "calls_without_price": self.unpriced, "calls_of_unknown_cost": self.unknown,
+                "calls_over_bound": self.overran, "tokens_over_bound": self.overrun_tokens}
 
 
 def _calls(n: int) -> str:

@@ -70,19 +70,22 @@ class Intent:
 @dataclass(frozen=True)
 class Usage:
     """What the provider reported a call used, and what it cost: tokens (None when not
-    reported), latency, and the cost in billionths of ``currency`` (both None: no price)."""
+    reported), latency, the cost in billionths of ``currency`` (both None: no price), and the
+    tokens billed beyond the call's bound (``overrun``: 0 or None when within it)."""
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     latency_ms: int | None = None
     cost_nanos: int | None = None
     currency: str | None = None
+    overrun: int | None = None
 
     def __post_init__(self) -> None:
         _check_count(self.prompt_tokens, "prompt_tokens")
         _check_count(self.completion_tokens, "completion_tokens")
         _check_count(self.latency_ms, "latency_ms")
         _check_count(self.cost_nanos, "cost_nanos")
+        _check_count(self.overrun, "overrun")
         if (self.cost_nanos is None) != (self.currency is None):
             raise InvalidInput("a call's cost and its currency are given together, or neither")
 
@@ -93,7 +96,7 @@ class Usage:
     def params(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "latency_ms": self.latency_ms, "cost_nanos": self.cost_nanos,
-                "currency": self.currency}
+                "currency": self.currency, "overrun": self.overrun}
 
 
 NO_USAGE = Usage()  # a call that ended without a usage report
@@ -167,7 +170,8 @@ def _usage() -> dict[str, Any]:
     return {"prompt_tokens": param(calls.c.prompt_tokens),
             "completion_tokens": param(calls.c.completion_tokens),
             "latency_ms": param(calls.c.latency_ms), "cost_nanos": param(calls.c.cost_nanos),
-            "currency": param(calls.c.currency), "finished_at": db_now()}
+            "currency": param(calls.c.currency), "overrun": param(calls.c.overrun),
+            "finished_at": db_now()}
 
 
 def _answer(d: str) -> Any:
@@ -272,7 +276,7 @@ _SINCE = Statement(
     lambda d: sa.select(calls.c.run_id, calls.c.job, calls.c.model, calls.c.started_at,
                         calls.c.outcome, calls.c.prompt_tokens, calls.c.completion_tokens,
                         calls.c.cost_nanos, calls.c.currency, calls.c.reuses,
-                        calls.c.rejected_at, runs.c.revision)
+                        calls.c.rejected_at, calls.c.overrun, runs.c.revision)
     .join_from(calls, runs, runs.c.run_id == calls.c.run_id)
     .where(calls.c.started_at >= sa.bindparam("since", type_=calls.c.started_at.type),
            sa.or_(sa.cast(param(calls.c.job), calls.c.job.type).is_(None),
@@ -414,14 +418,17 @@ def record_answer_txn(conn: Connection, call: InFlight, answer: dict[str, Any],
 def record_answer_and_settle_txn(conn: Connection, call: InFlight, answer: dict[str, Any],
                                  usage: Usage) -> bool:
     """As ``record_answer_txn``, and settle the call's budget reservation to its real cost
-    (money, or tokens) in the same commit."""
+    (money, or tokens) in the same commit; an answer without a usage report (or a price) is
+    charged its reservation, the most it could cost."""
     if call.charge is None:
         raise InvalidInput("a call without a budget charge is recorded by record_answer_txn")
     row = _answered(conn, call, answer, usage)
     if row is None:
         return False  # a late report of a call already settled
-    spent = usage.cost_nanos if call.charge.unit == "money" else usage.tokens
-    _settle(conn, call.charge, spent or 0)
+    reported = usage.prompt_tokens is not None and usage.completion_tokens is not None
+    spent = (usage.cost_nanos if call.charge.unit == "money"
+             else usage.tokens if reported else None)
+    _settle(conn, call.charge, call.charge.estimate if spent is None else spent)
     return bool(row["outcome"] == "answered")
 
 

@@ -330,6 +330,9 @@ class ModelCall(SQLModel, table=True):
     # NULL with a currency of NULL: the model has no price.
     cost_nanos: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
     currency: str | None = Field(default=None, max_length=3)
+    # Tokens the provider billed beyond the call's bound (its input bounded, plus max_tokens):
+    # a provider that did not honour max_tokens, recorded and reported (`runledger costs`).
+    overrun: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
     answer: dict[str, Any] | None = _json()
     rejected_at: datetime | None = _ts()
     reuses: int = _count()

@@ -1,7 +1,8 @@
 """`runledger costs`: what each job spent on its model from a day on (calls paid, lost in
 flight, reused from a checkpoint, tokens, money per currency; revisions apart) and what the
 duplicates the ledger suppressed would have cost: each duplicate Run's answered calls'
-stored cost, measured when the tick suppressed it (reads only)."""
+stored cost, measured when the tick suppressed it; a line per job whose provider billed
+answers beyond the bound their calls reserved (reads only)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def costs(
     checkpoint instead of paid again, tokens and cost (a model without a price shows its tokens
     and "no price"), revisions apart; the duplicate Runs suppressed and what they would have
     cost had they run again (each one's answered calls as stored: the money the ledger
-    saved, measured). Reads only."""
+    saved, measured). A job some of whose answers were billed beyond the bound their calls
+    reserved (a provider that did not honour max_tokens) gets a line saying how many and by
+    how many tokens. Reads only."""
     start = checked_window(job, since)
     with open_ledger() as ledger:
         start = window_start(ledger, start)
@@ -60,3 +63,20 @@ def costs(
         console().print(f"nothing recorded since {start.date().isoformat()} (UTC)")
         return
     print_table(console(), COLUMNS, [_row(c) for c in found])
+    for line in overrun_lines(found):
+        console().print(line)
+
+
+def overrun_lines(found: list[JobCosts]) -> list[str]:
+    """One line per job some of whose answers were billed beyond their call's bound: what a
+    budget may have been passed by, never hidden."""
+    lines = []
+    for c in found:
+        over = c.spent.overran + c.revisions.overran
+        if over:
+            tokens = c.spent.overrun_tokens + c.revisions.overrun_tokens
+            lines.append(
+                f"{c.job}: {over} answer{'s' if over != 1 else ''} billed {tokens} tokens "
+                "beyond their calls' bound (the provider did not honour max_tokens): its "
+                "budget may be passed by that much; see the runledger.budget.overrun events")
+    return lines

@@ -1,23 +1,25 @@
 """A job's budget: a cap on what it may spend per period, and optionally per UTC day across all
 its periods (backfills included), in money (the model prices' currency) or in tokens (for a
-model without a price). Before each model call the worker reserves the call's estimate against
-every window in the ledger in one guarded statement each; the answer settles it to the real
-cost. Two workers on two hosts never together pass a cap by more than one call's estimate.
+model without a price). Before each model call the worker reserves the most the call can cost
+against every window in the ledger, in one guarded statement each; the answer settles it to the
+real cost. So what is spent never passes a cap, whatever the number of threads, processes and
+hosts, as long as the provider honours the ``max_tokens`` each call sends.
 
-The estimate of a call: ``call_estimate`` when the job gives one (in the budget's unit), else
-the most a call of this job has cost so far in this worker, and before any call the prompt's
-size read as tokens (one token per 4 characters) plus as many output tokens, priced."""
+What a call reserves: its bound (``flows.model.bound``: its input tokens bounded from above plus
+its ``max_tokens``), priced with the endpoint's prices for a budget in money, or ``call_estimate``
+when the job gives a larger one (in the budget's unit); a ``call_estimate`` below the bound is
+raised to it. A provider that bills more than the bound is recorded on the call (its
+``overrun``), and reported."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time
 from decimal import Decimal, InvalidOperation
-from math import ceil
 from typing import Literal
 
 from flows.errors import InvalidJob
-from flows.model import CHARS_PER_TOKEN, token_estimate
+from flows.model import CallBound
 from flows.prices import PriceList, format_money, nanos
 from store import Charge, Window
 
@@ -45,7 +47,8 @@ class Budget:
     """What a job may spend: ``per_period`` (each of its periods) and/or ``per_day`` (each UTC
     day, all its periods together), in ``unit``: ``money`` (in the model prices' currency,
     e.g. ``Budget(per_period="2.50")``) or ``tokens`` (``Budget(per_period=50_000,
-    unit="tokens")``). ``call_estimate``: what one call is expected to cost, in that unit."""
+    unit="tokens")``). ``call_estimate``: what one call may cost, in that unit; a call reserves
+    it when it is above the call's bound, the bound otherwise (a lower one is raised to it)."""
 
     per_period: int | str | Decimal | None = None
     per_day: int | str | Decimal | None = None
@@ -95,7 +98,7 @@ class Budget:
 
 
 class Estimator:
-    """The estimate of each call of one job in one worker (see the module's docstring)."""
+    """What each call of one job in one tick reserves (see the module's docstring)."""
 
     def __init__(self, job: str, budget: Budget, prices: PriceList,
                  period_start: datetime, day: datetime) -> None:
@@ -104,30 +107,23 @@ class Estimator:
         self.prices = prices
         self.windows = budget.windows(period_start, day)
         given = budget._caps[2]
-        self.fixed = None if given is None else budget.stored(given)
-        self.largest = 0  # the most a call has cost so far, in the budget's unit
+        self.given = None if given is None else budget.stored(given)
 
-    def charge(self, model: str, prompt_chars: int) -> Charge:
-        """What a call of ``model`` with a prompt of ``prompt_chars`` reserves."""
+    def charge(self, model: str, bound: CallBound) -> Charge:
+        """What a call of ``model`` whose use is at most ``bound`` reserves."""
         return Charge(self.job, self.budget.unit,
                       self.prices.currency if self.budget.unit == "money" else None,
-                      self.estimate(model, prompt_chars), self.windows)
+                      self.estimate(model, bound), self.windows)
 
-    def estimate(self, model: str, prompt_chars: int) -> int:
-        if self.fixed is not None:
-            return self.fixed
-        if self.largest:
-            return self.largest
+    def estimate(self, model: str, bound: CallBound) -> int:
+        """The bound in the budget's unit, or ``call_estimate`` when that is larger (one given
+        too low is raised to the bound: it would let the cap be passed)."""
         if self.budget.unit == "tokens":
-            return token_estimate(prompt_chars)  # the estimate the endpoint's limits take
-        tokens = ceil(prompt_chars / CHARS_PER_TOKEN)
-        return self.prices.cost_nanos(model, tokens, tokens) or 0
-
-    def learn(self, cost_nanos: int | None, tokens: int) -> None:
-        """Remember a real cost (the next estimates are at least as large)."""
-        spent = tokens if self.budget.unit == "tokens" else cost_nanos
-        if spent is not None:
-            self.largest = max(self.largest, spent)
+            most = bound.tokens
+        else:
+            self.budget.check_prices(self.job, model, self.prices)  # a price, or refused
+            most = bound.cost_nanos(self.prices, model) or 0
+        return most if self.given is None else max(self.given, most)
 
 
 def spent_text(budget: Budget, spent: int, cap: int, currency: str | None) -> str:

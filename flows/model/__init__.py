@@ -1,6 +1,7 @@
 """Models a job's transform can call: an offline extractive summarizer (the default) and an
 OpenAI-compatible chat-completions client, and the recording wrapper a transform receives."""
 
+from flows.model.bound import CallBound, InputBound, call_bound
 from flows.model.endpoint import DEFAULT, Endpoint, ModelEndpoint, UnknownEndpoint, endpoint_named
 from flows.model.errors import (
     EndpointRefusing,
@@ -9,7 +10,7 @@ from flows.model.errors import (
     ModelUnavailable,
 )
 from flows.model.factory import model_from_settings, prices_from_settings
-from flows.model.limiter import CHARS_PER_TOKEN, EndpointLimiter, token_estimate
+from flows.model.limiter import EndpointLimiter
 from flows.model.offline import OfflineModel
 from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.model.price_block import ModelPrices
@@ -17,9 +18,27 @@ from flows.model.protocol import Generation, Model
 from flows.model.recorded import CallCount, RecordedModel, prompt_digest
 
 __all__ = [
-    "CHARS_PER_TOKEN", "DEFAULT", "CallCount", "Endpoint", "EndpointLimiter", "EndpointRefusing",
-    "Generation", "Model", "ModelEndpoint", "ModelMisconfigured", "ModelPrices", "ModelRejected",
-    "ModelUnavailable", "OfflineModel", "OpenAICompatibleModel",
-    "RecordedModel", "UnknownEndpoint", "endpoint_named", "model_from_settings",
-    "prices_from_settings", "prompt_digest", "token_estimate",
+    "DEFAULT",
+    "CallBound",
+    "CallCount",
+    "Endpoint",
+    "EndpointLimiter",
+    "EndpointRefusing",
+    "Generation",
+    "InputBound",
+    "Model",
+    "ModelEndpoint",
+    "ModelMisconfigured",
+    "ModelPrices",
+    "ModelRejected",
+    "ModelUnavailable",
+    "OfflineModel",
+    "OpenAICompatibleModel",
+    "RecordedModel",
+    "UnknownEndpoint",
+    "call_bound",
+    "endpoint_named",
+    "model_from_settings",
+    "prices_from_settings",
+    "prompt_digest",
 ]

@@ -34,7 +34,8 @@ class ModelEndpoint(Block, EndpointSettings):
     _block_type_name = "runledger model endpoint"
     _block_type_slug = "runledger-model-endpoint"
     _description = ("A model endpoint runledger jobs share (Job(endpoint=\"<block name>\")): "
-                    "base URL, model name, the Secret block of its API key, the requests and "
+                    "base URL, model name, the Secret block of its API key, the most tokens "
+                    "an answer may use, the requests and "
                     "tokens per minute and calls in flight its provider allows every worker "
                     "together, and the prices block of its model.")
 
@@ -71,6 +72,12 @@ class Endpoint:
             return self.given.timeout_seconds
         return self.settings.model_timeout_seconds
 
+    @property
+    def max_tokens(self) -> int:
+        if self.given is not None and self.given.max_tokens is not None:
+            return self.given.max_tokens
+        return self.settings.model_max_tokens
+
     def model(self) -> Model:
         """A new client of this endpoint's model (the caller closes it)."""
         if self.given is None:
@@ -79,7 +86,8 @@ class Endpoint:
         key = (api_key_in_block(self.given.api_key_block, named_by)
                if self.given.api_key_block else None)
         return OpenAICompatibleModel(self.given.base_url, self.given.model_name, key,
-                                     timeout_seconds=self.timeout_seconds)
+                                     timeout_seconds=self.timeout_seconds,
+                                     max_tokens=self.max_tokens)
 
     def prices(self) -> PriceList:
         """The prices of its model: its prices block, else the RUNLEDGER_MODEL_PRICES ones."""

@@ -51,7 +51,8 @@ def model_from_settings(settings: RunledgerSettings | None = None) -> Model:
     """The model the settings select; an incomplete openai configuration is a clear error."""
     settings = settings or RunledgerSettings()
     if settings.model == "offline":
-        return OfflineModel(delay_seconds=settings.offline_model_delay_seconds)
+        return OfflineModel(delay_seconds=settings.offline_model_delay_seconds,
+                            max_tokens=settings.model_max_tokens)
     if not settings.model_base_url or not settings.model_name:
         raise ModelMisconfigured(
             "RUNLEDGER_MODEL=openai needs RUNLEDGER_MODEL_BASE_URL (e.g. http://localhost:11434/v1) "
@@ -59,7 +60,7 @@ def model_from_settings(settings: RunledgerSettings | None = None) -> Model:
         )
     return OpenAICompatibleModel(
         settings.model_base_url, settings.model_name, api_key(settings),
-        timeout_seconds=settings.model_timeout_seconds,
+        timeout_seconds=settings.model_timeout_seconds, max_tokens=settings.model_max_tokens,
     )
 
 

@@ -1,7 +1,7 @@
 """The limiter a tick's calls to one endpoint go through: before a call leaves it takes the
 call's slot of the endpoint's shared limits in the ledger, waiting as long as the ledger says,
 and records the call in flight; a provider's refusal pauses the endpoint for every worker; an
-answer settles the tokens the call took to what it used.
+answer settles the tokens the call took (its bound) to what it used.
 
 An endpoint that bounds its calls in flight takes the slot and records the call in one
 transaction, its row locked throughout (the count of calls in flight must include every call
@@ -21,20 +21,11 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from math import ceil
 
 from store import Acquisition, CallBook, Claim, InFlight, Intent, LedgerUnavailable, Usage
 
-CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text and BPE tokenizers
 POLL_SECONDS = 0.05  # how often to ask while only the calls in flight are too many
 JITTER = 0.1  # a share of each wait added at random: workers do not all ask at once
-
-
-def token_estimate(prompt_chars: int) -> int:
-    """What a call is expected to use before it is made: the prompt's size read as tokens,
-    and as many again for the answer (a budget in tokens reserves the same)."""
-    tokens = ceil(prompt_chars / CHARS_PER_TOKEN)
-    return 2 * tokens
 
 
 class EndpointLimiter:
@@ -56,11 +47,13 @@ class EndpointLimiter:
         self._unreachable: LedgerUnavailable | None = None  # what the last such asking found
         self._times_unreachable = 0  # how many askings found the ledger unreachable
 
-    def record(self, claim: Claim, intent: Intent, prompt_chars: int) -> InFlight:
-        """Record the call in flight once the endpoint's limits allow it (sleeping meanwhile);
-        ``LeaseLost`` and ``BudgetExhausted`` as ``CallBook.record_intent``; ``LedgerUnavailable``
-        at once if the ledger was found unreachable while this call queued for its turn."""
-        taken = Acquisition(self.name, token_estimate(prompt_chars), self.in_flight_seconds)
+    def record(self, claim: Claim, intent: Intent, tokens: int) -> InFlight:
+        """Record the call in flight once the endpoint's limits allow it (sleeping meanwhile),
+        taking ``tokens`` (the call's bound: input bounded plus ``max_tokens``) of its tokens
+        per minute until its answer settles them; ``LeaseLost`` and ``BudgetExhausted`` as
+        ``CallBook.record_intent``; ``LedgerUnavailable`` at once if the ledger was found
+        unreachable while this call queued for its turn."""
+        taken = Acquisition(self.name, tokens, self.in_flight_seconds)
         seen = self._times_unreachable
         with self._turn:
             self._fail_if_found_unreachable_since(seen)

@@ -57,19 +57,23 @@ def words(text: str | None) -> int:
 
 
 class OfflineModel:
-    """A Model that summarizes the prompt by extraction; ``delay_seconds`` simulates latency."""
+    """A Model that summarizes the prompt by extraction, in at most ``max_tokens`` words;
+    ``delay_seconds`` simulates latency."""
 
     name = NAME
     endpoint = "offline"
 
-    def __init__(self, *, max_sentences: int = 3, delay_seconds: float = 0.0) -> None:
+    def __init__(self, *, max_sentences: int = 3, delay_seconds: float = 0.0,
+                 max_tokens: int = 1024) -> None:
         self.max_sentences = max_sentences
         self.delay_seconds = delay_seconds
+        self.max_tokens = max_tokens
 
     def generate(self, prompt: str, *, system: str | None = None) -> Generation:
         if self.delay_seconds:
             time.sleep(self.delay_seconds)
-        text = summarize(prompt, self.max_sentences)
+        # At most max_tokens words, as a provider stops at max_tokens tokens.
+        text = " ".join(summarize(prompt, self.max_sentences).split(" ")[:self.max_tokens])
         return Generation(text, self.name, words(system) + words(prompt), words(text))
 
     def close(self) -> None:

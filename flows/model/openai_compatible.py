@@ -42,6 +42,7 @@ class OpenAICompatibleModel:
         *,
         timeout_seconds: float = 60.0,
         temperature: float | None = None,
+        max_tokens: int = 1024,
     ) -> None:
         if not base_url or not base_url.startswith(("http://", "https://")):
             raise ModelMisconfigured(
@@ -54,6 +55,7 @@ class OpenAICompatibleModel:
         self.base_url = base_url.rstrip("/")
         self.endpoint = self.base_url
         self.temperature = temperature
+        self.max_tokens = max_tokens
         self.timeout_seconds = timeout_seconds
         key = api_key.get_secret_value() if api_key is not None else ""
         self._headers: dict[str, Any] = {} if key else {"Authorization": openai.Omit()}
@@ -74,7 +76,8 @@ class OpenAICompatibleModel:
             options["temperature"] = self.temperature
         try:
             completion = self._client.chat.completions.create(
-                model=self.name, messages=messages, extra_headers=self._headers, **options)
+                model=self.name, messages=messages, max_tokens=self.max_tokens,
+                extra_headers=self._headers, **options)
         except openai.APITimeoutError as exc:
             raise ModelUnavailable(
                 f"model {self.name} at {self.base_url} did not answer within "

@@ -20,10 +20,12 @@ class Generation:
 class Model(Protocol):
     """Turns a prompt into text. Failures raise ``ModelUnavailable`` (transient: retried) or
     ``ModelRejected`` (permanent: the Run fails). ``endpoint`` names where the calls go (the
-    base URL, or ``offline``), as model call records show it."""
+    base URL, or ``offline``), as model call records show it; ``max_tokens`` is the most
+    tokens an answer may use, asked of the provider with every call (what a budget reserves)."""
 
     name: str
     endpoint: str
+    max_tokens: int
 
     def generate(self, prompt: str, *, system: str | None = None) -> Generation:
         """Answer ``prompt``; ``system`` holds the instructions when the model takes them."""

@@ -6,9 +6,11 @@ the transform and their prompt's digest) instead of paying for them again."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from flows.model.bound import INPUT_BOUND, CallBound, InputBound, call_bound
 from flows.model.errors import EndpointRefusing, ModelRejected, ModelUnavailable
 from flows.model.limiter import EndpointLimiter
 from flows.model.protocol import Generation, Model
@@ -29,13 +31,13 @@ from store import (
 class Budgeting(Protocol):
     """What a call asks of its job's budget (``flows.jobs.budget.Estimator``)."""
 
-    def charge(self, model: str, prompt_chars: int) -> Charge:
-        """The reservation of a call of ``model`` with a prompt of ``prompt_chars``."""
+    def charge(self, model: str, bound: CallBound) -> Charge:
+        """The reservation of a call of ``model`` whose use is at most ``bound``."""
         ...
 
-    def learn(self, cost_nanos: int | None, tokens: int) -> None:
-        """Remember what a call really cost."""
-        ...
+
+# Told of each answer billed beyond its call's bound: the call's id, the bound and the usage.
+Overran = Callable[[str, CallBound, Usage], None]
 
 
 def prompt_digest(model: str, prompt: str, system: str | None) -> str:
@@ -65,14 +67,20 @@ class RecordedModel:
     With a ``limiter``, calls are recorded under its endpoint's name once its shared limits
     allow them, and a call the provider refuses (429) is tried again in this process after
     the pause every worker then observes, as long as the refusals last at most
-    ``refused_for_seconds``; longer, it ends as ``EndpointRefusing`` (transient)."""
+    ``refused_for_seconds``; longer, it ends as ``EndpointRefusing`` (transient).
+
+    Each call's bound (its input tokens bounded, plus the inner model's ``max_tokens``) is what
+    its budget charge and its endpoint's tokens take before it leaves; an answer billed beyond
+    it is recorded with its overrun and told to ``overran``."""
 
     def __init__(self, inner: Model, calls: CallBook, claim: Claim, prices: PriceList,
                  count: CallCount, *, budgeting: Budgeting | None = None,
                  limiter: EndpointLimiter | None = None,
-                 refused_for_seconds: float = 300.0) -> None:
+                 refused_for_seconds: float = 300.0, overran: Overran | None = None,
+                 inputs: InputBound = INPUT_BOUND) -> None:
         self.inner = inner
         self.name = inner.name
+        self.max_tokens = inner.max_tokens
         self.endpoint = inner.endpoint if limiter is None else limiter.name
         self.limiter = limiter
         self.refused_for_seconds = refused_for_seconds
@@ -81,6 +89,8 @@ class RecordedModel:
         self.prices = prices
         self.count = count
         self.budgeting = budgeting
+        self.overran = overran
+        self.inputs = inputs
         self.position = 0
         # A first claim (fence 1) has no earlier attempt whose calls it could replay or lose.
         self._replaying = claim.fence > 1
@@ -94,11 +104,12 @@ class RecordedModel:
             replayed = self._replay(position, digest)
             if replayed is not None:
                 return replayed
+        bound = call_bound(self.inner.name, prompt, system, self.inner.max_tokens, self.inputs)
+        charge = None if self.budgeting is None else self.budgeting.charge(self.inner.name, bound)
         refused_since: float | None = None
         while True:
             call, record = self._record(Intent(self.endpoint, self.inner.name, position,
-                                               digest, self._charge(prompt, system)),
-                                        len(prompt) + len(system or ""))
+                                               digest, charge), bound)
             started = time.monotonic()
             try:
                 answer = self.inner.generate(prompt, system=system)
@@ -130,13 +141,14 @@ class RecordedModel:
             cost = self.prices.cost_nanos(self.inner.name, answer.prompt_tokens,
                                           answer.completion_tokens)
         usage = Usage(answer.prompt_tokens, answer.completion_tokens, _since(started), cost,
-                      self.prices.currency if cost is not None else None)
+                      self.prices.currency if cost is not None else None,
+                      bound.overrun(answer.prompt_tokens, answer.completion_tokens))
         self.calls.record_answer(call, _document(answer), usage)
         record.update(outcome="answered", **usage.params())
         if self.limiter is not None:
             self.limiter.answered(call, usage)
-        if self.budgeting is not None:
-            self.budgeting.learn(cost, usage.tokens)
+        if usage.overrun and self.overran is not None:
+            self.overran(call.call_id, bound, usage)
         self.count.tokens += usage.tokens
         if cost is None:
             self.count.unpriced += 1
@@ -144,16 +156,11 @@ class RecordedModel:
             self.count.cost_nanos += cost
         return answer
 
-    def _charge(self, prompt: str, system: str | None) -> Charge | None:
-        if self.budgeting is None:
-            return None
-        return self.budgeting.charge(self.inner.name, len(prompt) + len(system or ""))
-
-    def _record(self, intent: Intent, prompt_chars: int) -> tuple[InFlight, dict[str, Any]]:
+    def _record(self, intent: Intent, bound: CallBound) -> tuple[InFlight, dict[str, Any]]:
         """Record the call in flight (once its endpoint's limits allow it) and count it; its
         entry in the count's records (its outcome and usage once known)."""
         call = (self.calls.record_intent(self.claim, intent) if self.limiter is None
-                else self.limiter.record(self.claim, intent, prompt_chars))
+                else self.limiter.record(self.claim, intent, bound.tokens))
         self.count.value += 1
         self.count.call_ids.append(call.call_id)
         record: dict[str, Any] = {"outcome": None}

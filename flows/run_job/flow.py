@@ -41,12 +41,18 @@ from prefect.tasks import Task
 from prefect.utilities.annotations import quote
 
 from flows.board import Board
-from flows.budgeting import OVER_BUDGET_STATE, estimator, exhausted_payload, refusal_text
+from flows.budgeting import (
+    OVER_BUDGET_STATE,
+    estimator,
+    exhausted_payload,
+    overrun_payload,
+    refusal_text,
+)
 from flows.errors import LeaseLapsed, is_transient
 from flows.events import emit_job_event
 from flows.jobs import Candidate, Job, TransientError, ValidationFailed
 from flows.jobs.schedule import require_due
-from flows.model import EndpointLimiter, RecordedModel, endpoint_named
+from flows.model import CallBound, EndpointLimiter, RecordedModel, endpoint_named
 from flows.registry import get_job
 from flows.run_job.findings import (
     FINDINGS,
@@ -100,6 +106,7 @@ from store import (
     Run,
     RunIdentity,
     RunledgerError,
+    Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -376,7 +383,8 @@ def transform_input(subject: str, held: Held, raw: dict[str, Any]) -> State[Any]
         return lost
     model = RecordedModel(tick.model, tick.ledger.calls, held.claim, tick.prices, held.calls,
                           budgeting=tick.estimator, limiter=tick.limiter,
-                          refused_for_seconds=tick.settings.model_refused_for_seconds)
+                          refused_for_seconds=tick.settings.model_refused_for_seconds,
+                          overran=functools.partial(_overran, tick, subject))
     try:
         return tick.job.transform(raw, model)
     except BudgetExhausted as exc:
@@ -533,6 +541,18 @@ def run_spend(tick: Tick, hold: Held) -> Spend | None:
                     "without the Run's spend", hold.claim.run_id, exc_info=True)
         return None
     return spend_of([c.model_dump() for c in calls])
+
+
+def _overran(tick: Tick, subject: str, call_id: str, bound: CallBound, usage: Usage) -> None:
+    """A provider billed an answer beyond its call's bound (recorded on the call): said in the
+    log and as an event, never hidden."""
+    payload = overrun_payload(tick.limiter.name if tick.limiter else tick.model.endpoint,
+                              tick.model.name, subject, call_id, bound, usage)
+    log.warning("job %s, subject %s: model call %s was billed %s tokens beyond its bound (input "
+                "%s, max_tokens %s): the provider did not honour max_tokens, and a budget may "
+                "be passed by that much", tick.job.name, subject, call_id, usage.overrun,
+                bound.input_tokens, bound.max_tokens)
+    emit_job_event("budget.overrun", tick.job, **payload)
 
 
 def _over_budget(tick: Tick, claim: Claim, subject: str, refused: BudgetExhausted,

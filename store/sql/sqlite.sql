@@ -107,10 +107,10 @@ WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? 
 -- Record a call answered with its usage and checkpoint its answer, only while its Attempt holds
 -- the Run's lease; otherwise the call is lost (another attempt may be paying for it again) and
 -- only its usage is recorded.
--- parameters: run_id, owner, status_1, param_1, param_2, prompt_tokens, completion_tokens, latency_ms, cost_nanos, currency, run_id, owner, status_1, answer, call_id, outcome_1
+-- parameters: run_id, owner, status_1, param_1, param_2, prompt_tokens, completion_tokens, latency_ms, cost_nanos, currency, overrun, run_id, owner, status_1, answer, call_id, outcome_1
 UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = ? AND runs.fence = model_calls.fence AND runs.owner = ? AND runs.status = ?))) THEN ? ELSE ? END, prompt_tokens=?, completion_tokens=?, latency_ms=?, cost_nanos=?, currency=?, answer=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
+WHERE runs.run_id = ? AND runs.fence = model_calls.fence AND runs.owner = ? AND runs.status = ?))) THEN ? ELSE ? END, prompt_tokens=?, completion_tokens=?, latency_ms=?, cost_nanos=?, currency=?, overrun=?, answer=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
 FROM runs 
 WHERE runs.run_id = ? AND runs.fence = model_calls.fence AND runs.owner = ? AND runs.status = ?))) THEN ? ELSE NULL END WHERE model_calls.call_id = ? AND (model_calls.outcome IS NULL OR model_calls.outcome = ? AND model_calls.latency_ms IS NULL) RETURNING outcome;
 
@@ -118,8 +118,8 @@ WHERE runs.run_id = ? AND runs.fence = model_calls.fence AND runs.owner = ? AND 
 -- Record a call refused by the provider (an error reply: not billed) or failed (no usable answer:
 -- timeout, connection lost, malformed reply), with its error; a call already marked lost learns
 -- what became of it.
--- parameters: outcome, error, prompt_tokens, completion_tokens, latency_ms, cost_nanos, currency, call_id, outcome_1
-UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=?, prompt_tokens=?, completion_tokens=?, latency_ms=?, cost_nanos=?, currency=? WHERE model_calls.call_id = ? AND (model_calls.outcome IS NULL OR model_calls.outcome = ? AND model_calls.latency_ms IS NULL) RETURNING outcome;
+-- parameters: outcome, error, prompt_tokens, completion_tokens, latency_ms, cost_nanos, currency, overrun, call_id, outcome_1
+UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=?, prompt_tokens=?, completion_tokens=?, latency_ms=?, cost_nanos=?, currency=?, overrun=? WHERE model_calls.call_id = ? AND (model_calls.outcome IS NULL OR model_calls.outcome = ? AND model_calls.latency_ms IS NULL) RETURNING outcome;
 
 -- name: mark_calls_lost
 -- A Run's calls in flight whose Attempt no longer holds a lease (its fence moved on: taken over
@@ -152,7 +152,7 @@ WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ?)
 -- name: list_model_calls
 -- A Run's model calls, in the order they were made, without answers.
 -- parameters: run_id
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
 FROM model_calls 
 WHERE model_calls.run_id = ? ORDER BY model_calls.started_at, model_calls.fence, model_calls.position;
 
@@ -160,7 +160,7 @@ WHERE model_calls.run_id = ? ORDER BY model_calls.started_at, model_calls.fence,
 -- The model calls of the Runs whose ids are given, without answers: one statement for a whole
 -- tick.
 -- parameters: json_extract_1, ids
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
 FROM model_calls 
 WHERE model_calls.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
 FROM json_each(?) AS anon_1) ORDER BY model_calls.run_id, model_calls.started_at, model_calls.position;
@@ -169,7 +169,7 @@ FROM json_each(?) AS anon_1) ORDER BY model_calls.run_id, model_calls.started_at
 -- The model calls started from a moment on (optionally of one job), with their Run's revision:
 -- what stats and costs add up, no answers.
 -- parameters: since, job, job
-SELECT model_calls.run_id, model_calls.job, model_calls.model, model_calls.started_at, model_calls.outcome, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cost_nanos, model_calls.currency, model_calls.reuses, model_calls.rejected_at, runs.revision 
+SELECT model_calls.run_id, model_calls.job, model_calls.model, model_calls.started_at, model_calls.outcome, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cost_nanos, model_calls.currency, model_calls.reuses, model_calls.rejected_at, model_calls.overrun, runs.revision 
 FROM model_calls JOIN runs ON runs.run_id = model_calls.run_id 
 WHERE model_calls.started_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR model_calls.job = CAST(? AS VARCHAR(200)));
 

@@ -50,6 +50,13 @@ def test_an_answer_is_returned_with_the_model_name_and_usage(server: ModelServer
                                            {"role": "user", "content": "documents"}]
 
 
+def test_every_request_asks_for_at_most_the_models_max_tokens(server: ModelServer) -> None:
+    """The client's max_tokens (1024 unless given) is sent with every request."""
+    client(server).generate("documents")
+    OpenAICompatibleModel(server.base_url, "probe-model", max_tokens=77).generate("documents")
+    assert [r["json"]["max_tokens"] for r in server.requests] == [1024, 77]
+
+
 def test_a_server_without_usage_gives_an_answer_without_token_counts(server: ModelServer) -> None:
     """No ``usage`` field: the tokens are unknown (None), not zero."""
     server.script.append(Reply(text="ok", usage=None))

@@ -742,7 +742,7 @@ def test_the_completed_event_carries_what_the_run_spent_over_every_attempt(
     one_call = {"calls_paid": 1, "calls_lost": 0, "calls_failed": 0, "calls_refused": 0,
                 "calls_in_flight": 0, "calls_reused": 0, "tokens": 150,
                 "cost": {"USD": "0.000036"}, "calls_without_price": 0,
-                "calls_of_unknown_cost": 0}
+                "calls_of_unknown_cost": 0, "calls_over_bound": 0, "tokens_over_bound": 0}
     expected = {"acme": {**one_call, "calls_paid": 2, "calls_lost": 1,
                          "calls_of_unknown_cost": 1}, "globex": one_call}
     assert isinstance(report, TickReport)

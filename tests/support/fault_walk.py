@@ -192,6 +192,7 @@ class Refusing:
 
     name = "refusing"
     endpoint = "loopback"
+    max_tokens = 16
 
     def generate(self, prompt: str, *, system: str | None = None) -> Generation:
         refused = ModelRejected("model refusing refused the request with HTTP 400")

@@ -1,5 +1,5 @@
 """A job's budget: bad caps are clear errors, windows per period and UTC day, a budget in money
-needs a priced model, and how a call's estimate is made."""
+needs a priced model, and what a call reserves (its bound, or a larger call_estimate)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from flows.errors import InvalidJob
 from flows.jobs.budget import Budget, Estimator
+from flows.model import CallBound
 from flows.prices import ModelPrice, PriceList
 
 PERIOD = datetime(2026, 12, 3, 6, tzinfo=UTC)
@@ -49,14 +50,19 @@ def test_a_budget_in_money_needs_a_priced_model() -> None:
     Budget(per_period=100, unit="tokens").check_prices("j", "other", PRICES)
 
 
-def test_the_estimate_is_the_prompt_size_then_the_largest_real_cost() -> None:
-    """Before any call: prompt characters / 4 as input tokens and as many output tokens,
-    priced; then the most a call really cost; a given call_estimate always."""
-    estimator = Estimator("j", Budget(per_period=1), PRICES, PERIOD, PERIOD)
-    assert estimator.charge("m", 4000).estimate == (1000 * 1 + 1000 * 3) * 1000
-    estimator.learn(250, 10)
-    estimator.learn(100, 10)
-    assert estimator.charge("m", 4000).estimate == 250
-    fixed = Estimator("j", Budget(per_period=1000, unit="tokens", call_estimate=150),
-                      PRICES, PERIOD, PERIOD)
-    assert fixed.charge("x", 10).estimate == 150 and fixed.charge("x", 10).currency is None
+def test_a_call_reserves_its_bound_priced_or_a_larger_call_estimate() -> None:
+    """Money: the input bound and max_tokens priced; tokens: the two added; a call_estimate
+    below the bound is raised to it, one above it is kept."""
+    bound = CallBound(input_tokens=1000, max_tokens=500)
+    priced = Estimator("j", Budget(per_period=1), PRICES, PERIOD, PERIOD)
+    assert priced.charge("m", bound).estimate == (1000 * 1 + 500 * 3) * 1000
+    assert priced.charge("m", bound).currency == "EUR"
+    too_low = Estimator("j", Budget(per_period=1, call_estimate="0.000001"), PRICES, PERIOD,
+                        PERIOD)
+    assert too_low.charge("m", bound).estimate == (1000 * 1 + 500 * 3) * 1000
+    tokens = Estimator("j", Budget(per_period=10_000, unit="tokens", call_estimate=150),
+                       PRICES, PERIOD, PERIOD)
+    assert tokens.charge("x", bound).estimate == 1500 and tokens.charge("x", bound).currency is None
+    larger = Estimator("j", Budget(per_period=10_000, unit="tokens", call_estimate=2000),
+                       PRICES, PERIOD, PERIOD)
+    assert larger.charge("x", bound).estimate == 2000

@@ -11,7 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from flows.jobs.budget import Budget, Estimator
-from flows.model import DEFAULT, endpoint_named, token_estimate
+from flows.model import DEFAULT, call_bound, endpoint_named
+from flows.model.bound import byte_bound
 from flows.prices import PriceList
 from flows.retry_after import pause_hint, reset_seconds
 from flows.run_job.tick import Tick
@@ -129,11 +130,12 @@ def test_retry_after_wins_over_the_reset_headers_and_the_longest_reset_counts() 
     assert pause_hint({"Retry-After": "garbage"}) is None
 
 
-def test_a_budget_in_tokens_and_the_endpoint_limits_estimate_alike() -> None:
-    """The tokens a call reserves in a budget are what its endpoint's limits take."""
+def test_a_budget_in_tokens_and_the_endpoint_limits_take_the_same_bound() -> None:
+    """The tokens a call reserves in a budget are its bound, what its endpoint's limits take."""
     budget = Budget(per_period=10_000, unit="tokens")
     spend = Estimator("j", budget, PriceList(), NOW, NOW)
-    assert spend.charge("m", 400).estimate == token_estimate(400) == 200
+    bound = call_bound("m", "x" * 400, None, 100)
+    assert spend.charge("m", bound).estimate == bound.tokens == byte_bound(["x" * 400]) + 100
 
 
 def test_the_default_endpoint_is_the_model_settings_and_the_offline_model_is_unlimited() -> None:

@@ -22,12 +22,20 @@ LOAD = (f"import os; from tests.support.reconcile_probe import probe; "
         f"from flows.cli import main; main()")
 
 
+SYSTEM = "Summarize."
+
+
+def collect_text(subject: str, label: str) -> str:
+    """The text the probe collects for a subject and period (what its model call is asked)."""
+    return f"News about {subject} for {label}."
+
+
 def _collect(subject: str, period: Period) -> dict[str, Any]:
-    return {"subject": subject, "text": f"News about {subject} for {period.label}."}
+    return {"subject": subject, "text": collect_text(subject, period.label)}
 
 
 def _transform(raw: dict[str, Any], model: Model) -> Candidate:
-    answer = model.generate(raw["text"], system="Summarize.")
+    answer = model.generate(raw["text"], system=SYSTEM)
     return Candidate(answer.text, answer.model, {"subject": raw["subject"]})
 
 

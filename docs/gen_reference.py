@@ -124,6 +124,12 @@ OTHER_VARIABLES: list[tuple[str | Callable[[], str], str, str]] = [
      "in its `runledger run` subprocesses; set by that test."),
     ("RUNLEDGER_TEST_BUDGET_CALLS", "tests/support/budget_probe.py",
      "Test suite: how many calls that job's budget has room for; set by that test."),
+    ("RUNLEDGER_TEST_CAP_PROBE", "tests/support/cap_probe.py",
+     "Test suite: the name of the job whose budget in money the three-process cap test "
+     "registers in its `runledger run` subprocesses; set by the cap tests."),
+    ("RUNLEDGER_TEST_CAP_CALLS", "tests/support/cap_probe.py",
+     "Test suite: how many calls' bound that job's budget has room for (a fraction: less than "
+     "one call); set by the cap tests."),
     ("RUNLEDGER_BENCH_POSTGRES_URL", "bench/databases.py",
      "Benchmarks: the PostgreSQL admin URL the benchmark databases are created on."),
     ("RUNLEDGER_BENCH_DATABASE_PREFIX", "bench/databases.py",

@@ -3,8 +3,8 @@ the reserve-then-settle transitions that keep it. Before a model call the worker
 call's estimate in one guarded upsert per window, which succeeds only while what is spent, what
 is reserved and this estimate together stay within the cap: the row is locked by the statement
 (PostgreSQL) or the write transaction (SQLite), so concurrent workers see each other's
-reservations and together never pass the cap by more than the difference between one call's
-estimate and its real cost. The answer settles the reservation to the real cost; a call that
+reservations; since each estimate is an upper bound of its call's cost (the caller's bound),
+what is spent never passes the cap. The answer settles the reservation to the real cost; a call that
 failed or was refused releases it; a call lost in flight is charged its estimate."""
 
 from __future__ import annotations

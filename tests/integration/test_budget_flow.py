@@ -47,9 +47,11 @@ USAGE_TOKENS = budget_probe.CALL_TOKENS  # what the loopback server reports for 
 @pytest.fixture
 def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         prefect_api: str) -> Iterator[Env]:
-    """A fresh ledger, fast retries and no re-drive backoff."""
+    """A fresh ledger, fast retries and no re-drive backoff; answers of at most 16 tokens, so
+    that a call's bound stays below the call_estimate of what the server bills (the estimate
+    a call reserves, the bound being lower: N calls fit the cap exactly)."""
     with pipeline_env(db_url, tmp_path, monkeypatch) as found:
-        found.set(reconcile_backoff_seconds=0)
+        found.set(reconcile_backoff_seconds=0, model_max_tokens=16)
         yield found
 
 

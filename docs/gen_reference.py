@@ -437,8 +437,9 @@ OUTCOME_MEANINGS = {
                "policy decisions emit the same event.",
     "over-budget": "The job's budget had no room for the subject's next model call: no call was "
                    "made, the Run is pending again with its attempt given back, owed until the "
-                   "window resets or the cap is raised (then reconcile runs it). The flow run "
-                   "is named `OverBudget` and says what was spent and how to raise the cap.",
+                   "window resets or the cap is raised (then `runledger reconcile JOB` runs it, "
+                   "whatever its period in the catch-up window). The flow run is `Failed`, "
+                   "named `OverBudget`, and says what was spent of which cap and how to go on.",
     "failed": "A permanent failure marked the Run failed (`runledger runs requeue ID` after a "
               "fix), or a transient one outlasted the retries (the Run is pending again), or "
               "the Run exists with other parameters (`RunConflict`).",
@@ -469,11 +470,15 @@ MESSAGE_STATUS_MEANINGS = {
 }
 
 
-def _prefect_name(name: str, prefect_names: dict[str, str]) -> str:
-    """The Prefect state name a flow run with outcome ``name`` ends in."""
-    if name in ("Failed", "Cancelled"):
-        return name
-    return prefect_names.get(name, "Completed")
+def _prefect_state(outcome: str, name: str) -> str:
+    """The Prefect state (name, and its type when the name is not Prefect's) a flow run whose
+    deciding outcome is ``outcome``, named ``name``, ends in."""
+    from flows.run_job.outcomes import OUTCOMES, outcome_state
+
+    assert outcome in OUTCOMES
+    state = outcome_state(outcome, name, "", None)  # type: ignore[arg-type]  # checked above
+    kind = state.type.value.title()
+    return f"`{state.name}`" if state.name == kind else f"`{state.name}` (a `{kind}` state)"
 
 
 def _check_keys(meanings: dict[str, str], names: Iterable[str], what: str) -> None:
@@ -501,10 +506,9 @@ def states_page() -> str:
         EVENTS,
         NO_SUBJECTS,
         OUTCOMES,
-        PREFECT_NAMES,
         STATE_NAMES,
     )
-    from flows.run_job.revision import STATE_NAMES as REVISE_STATES
+    from flows.run_job.revision import REVISION_STATE_NAMES as REVISE_STATES
     from store import MESSAGE_STATUSES, RUN_STATUSES
     from store.models import ATTEMPT_OUTCOMES
 
@@ -517,24 +521,27 @@ def states_page() -> str:
            "## Flow run states of `run-job`", "",
            "Each subject of a tick has an outcome; the flow run's outcome is the strongest one: "
            f"{precedence}, then `Duplicate` when every subject was already completed, else "
-           "`Completed`. The flow run ends in a state with one of Prefect's own names, because "
-           "the UI's deployment page and Runs list hide any other with their default filter "
-           "(\"All except scheduled\" lists Prefect's state names): `Failed`, `Cancelled`, "
-           "`Cached` for a Duplicate (a stored result returned, nothing run again), else "
-           "`Completed`. The outcome's name leads the state's message (`Duplicate: ...`), which "
-           "then counts the outcomes and names up to five subjects behind a deciding one, with "
-           "the reason.", "",
+           "`Completed`. A Completed flow run ends in a state with one of Prefect's own names, "
+           "because the V1 UI's deployment page and Runs list hide any other with their default "
+           "filter (\"All except scheduled\" lists Prefect's state names): `Cached` for a "
+           "Duplicate (a stored result returned, nothing run again), else `Completed`, and the "
+           "outcome's name leads the state's message (`Duplicate: ...`), which then counts the "
+           "outcomes and names up to five subjects behind a deciding one, with the reason. A "
+           "failure ends `Failed`, a stop `Cancelled`, and over-budget ends `Failed` named "
+           "`OverBudget` (red in every list; its message counts the outcomes, then what was "
+           "spent of which cap and the remedy; each subject's refusal is in the tick's "
+           "artifact).", "",
            "| outcome | outcome name | flow run state | event | meaning |",
            "|---|---|---|---|---|"]
-    out += [f"| `{o}` | `{STATE_NAMES[o]}` | `{_prefect_name(STATE_NAMES[o], PREFECT_NAMES)}` | "
+    out += [f"| `{o}` | `{STATE_NAMES[o]}` | {_prefect_state(o, STATE_NAMES[o])} | "
             f"`{EVENTS[o]}` | {_cell(OUTCOME_MEANINGS[o])} |" for o in OUTCOMES]
     out += ["",
             f"A tick of a job that lists no subjects ends `Completed` with `{NO_SUBJECTS}: ...`: "
             "nothing ran, which is not a healthy tick. The `reconcile` flow ends `Completed` "
             "(`DryRun: ...` for a dry run), or `Failed` when a period it ran failed.", "",
             "A `revise` flow run ends in a state named after its revision's outcome "
-            + ", ".join(f"`{n}` ({o}, state `{_prefect_name(n, PREFECT_NAMES)}`)"
-                        for o, n in REVISE_STATES.items())
+            + ", ".join(f"`{n}` ({o}, state {_prefect_state(o, n)})"
+                        for o, n in REVISE_STATES.items() if o not in ("failed", "skipped"))
             + ", or `Failed` (its stages failed, or the request was refused: "
             "`RevisionInProgress`, `RevisionRefused`).", "",
             "Prefect's own states also appear: `Crashed` (the process died; the crash detector "

@@ -33,10 +33,14 @@ def refusal_text(budget: Budget, refused: BudgetExhausted) -> str:
 
 
 def raise_hint(job: str, scope: str) -> str:
-    """How to go on after a refusal: the window resets, or the cap is raised."""
-    when = "next period" if scope == "period" else "next UTC day"
-    return (f"it runs again in the {when}, or raise the cap (the job's Budget(per_{scope}=...)) "
-            f"and run `runledger reconcile {job}`: over-budget occurrences are owed")
+    """How to go on after a refusal: raise the cap and reconcile (which re-drives the job's
+    pending Runs of every period in its catch-up window), or, for a day's cap, let the next
+    UTC day's budget do it. A period's window never resets: its Runs wait for a raised cap."""
+    fix = (f"raise the cap (the job's Budget(per_{scope}=...)) and run "
+           f"`runledger reconcile {job}`")
+    if scope == "period":
+        return f"{fix} to finish it; the next period has a budget of its own"
+    return f"{fix} to finish it now, or reconcile runs it once the next UTC day has room"
 
 
 def exhausted_payload(budget: Budget, refused: BudgetExhausted) -> dict[str, Any]:

@@ -10,12 +10,13 @@ from prefect import State
 from prefect.states import Completed, Failed
 
 from flows.backfill.plan import PeriodPlan, Plan
-from flows.run_job.outcomes import TickReport
+from flows.run_job.outcomes import Outcome, TickReport, over_budget_state
 
 # What each (subject, period) of a backfill came to: a run-job outcome, or, for those the plan
-# left alone, "duplicate" (completed before), "failed" (failed before) or "skipped".
-COUNTED = ("new", "duplicate", "failed", "skipped", "stopped", "in-progress-elsewhere",
-           "lease-lost")
+# left alone, "duplicate" (completed before), "failed" (failed before) or "skipped". Every
+# Outcome, in the order the summary names them.
+COUNTED: tuple[Outcome, ...] = ("new", "duplicate", "failed", "over-budget", "skipped", "stopped",
+                                "in-progress-elsewhere", "lease-lost")
 
 
 @dataclass
@@ -89,6 +90,12 @@ class BackfillReport:
     def final_state(self) -> State[Any]:
         if self.failed():
             return Failed(message=self.summary(), data=self)
+        if self.counts()["over-budget"]:
+            # Its periods may be older than reconcile's catch-up window: the backfill itself,
+            # run again, takes up every Run it left pending.
+            return over_budget_state(
+                f"{self.summary()}; the budget refused some Runs' model calls: raise the cap "
+                "and run the same backfill again", self)
         return Completed(message=self.summary(), data=self)
 
     def as_dict(self) -> dict[str, Any]:

@@ -19,10 +19,14 @@ from store import Period, RunledgerError
 if TYPE_CHECKING:
     from prefect import State
 
-    from flows.run_job.outcomes import TickReport
+    from flows.run_job.outcomes import Outcome, TickReport
 
-STYLES = {"new": "green", "duplicate": "cyan", "in-progress-elsewhere": "yellow",
-          "lease-lost": "yellow", "stopped": "yellow", "failed": "bold red"}
+# One style per Outcome (flows/run_job/outcomes.py); tests/unit/test_outcome_renderers.py walks
+# every outcome through every table, so a new one cannot crash a command after its tick ran.
+STYLES: dict[Outcome, str] = {
+    "new": "green", "duplicate": "cyan", "in-progress-elsewhere": "yellow",
+    "lease-lost": "yellow", "stopped": "yellow", "skipped": "dim", "over-budget": "magenta",
+    "failed": "bold red"}
 
 
 @app.command("run")

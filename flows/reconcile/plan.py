@@ -108,6 +108,27 @@ def owed_occurrences(job: Job, owed_from: Mapping[str, datetime], now: datetime,
             for subject in subjects if period.start >= owed_from[subject]]
 
 
+def asked_for(job: Job, owed: Iterable[Owed], runs: Mapping[str, RunState],
+              now: datetime) -> list[Owed]:
+    """The stranded Runs of the job's current version and subjects in the window that no
+    obligation owes (a period run by hand before reconcile first saw the job, e.g. one left
+    over budget), due by ``now``: someone asked for each, so each is re-driven like an owed
+    one. Oldest first."""
+    known = {o.identity.run_id for o in owed}
+    subjects = set(job.subject_names())
+    found = []
+    for run in runs.values():
+        if run.run_id in known or not run.stranded or run.version != job.version \
+                or run.subject not in subjects:
+            continue
+        period = job.period_at(run.period_start)
+        identity = job.identity(run.subject, period)
+        # A Run of another cadence's period (the job's cadence changed) is not this job's.
+        if identity.run_id == run.run_id and job.due_at(period) <= now:
+            found.append(Owed(run.subject, period, identity, job.due_at(period)))
+    return sorted(found, key=lambda o: (o.period.start, o.subject))
+
+
 def redrive_delay(attempts: int, base: timedelta, ceiling: timedelta) -> timedelta:
     """How long after its last change a stranded Run waits before the next re-drive: nothing
     before the first attempt, then ``base`` doubling per attempt up to ``ceiling``."""

@@ -6,7 +6,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from flows.jobs import Job
-from flows.reconcile.plan import DEFAULT_CAP, Plan, first_owed, owed_occurrences, plan, window_start
+from flows.reconcile.plan import (
+    DEFAULT_CAP,
+    Plan,
+    asked_for,
+    first_owed,
+    owed_occurrences,
+    plan,
+    window_start,
+)
 from store import Ledger
 
 
@@ -28,6 +36,7 @@ def prepare(ledger: Ledger, job: Job, now: datetime | None = None, *, dry_run: b
            for s in job.subject_names() if s not in known}
     owed_from = ledger.occurrences.owe(job.name, new) if new and not dry_run else {**new, **known}
     owed = owed_occurrences(job, owed_from, now, since)
+    owed = sorted([*owed, *asked_for(job, owed, runs, now)], key=lambda o: o.period.start)
     occurrences = {o.run_id: o for o in ledger.occurrences.list(job.name, since)}
     return plan(job, owed, runs, occurrences, now, cap=cap, backoff=backoff,
                 max_backoff=max_backoff)

@@ -21,7 +21,7 @@ from flows.events import run_resource
 from flows.model import CallCount
 from flows.prices import money
 from flows.run_job.stop import Stop
-from flows.spend import Spend, cost_text
+from flows.spend import Spend, cost_text, spend_of
 from store import OutputPruned, Period
 
 # "stopped": the flow run was cancelled or timed out before the subject's next stage and its Run
@@ -30,7 +30,7 @@ from store import OutputPruned, Period
 # policy says not to run it (the occurrence is recorded skipped).
 # "over-budget": the job's budget had no room for the subject's next model call; no call was
 # made, its Run is pending again and owed (reconcile runs it once the window resets or the cap
-# is raised); not a failure, and not retried by Prefect.
+# is raised); not a failure of the Run, and not retried by Prefect.
 Outcome = Literal["new", "duplicate", "in-progress-elsewhere", "lease-lost", "stopped", "skipped",
                   "over-budget", "failed"]
 OUTCOMES: tuple[Outcome, ...] = ("new", "duplicate", "in-progress-elsewhere", "lease-lost",
@@ -47,10 +47,11 @@ EVENTS: dict[Outcome, str] = {
 }
 NO_SUBJECTS = "NoSubjects"
 # Prefect's UIs list a deployment's flow runs, and the Runs page, with the default filter "All
-# except scheduled", which the V1 UI sends as a list of Prefect's own state names (V2 sends
-# state types): a flow run in a state of any other name is hidden there. So every flow run ends
-# in one of Prefect's names, and the outcome's own name leads its state message. A duplicate
-# is Prefect's "Cached": a stored result returned, nothing run again.
+# except scheduled", which the V1 UI sends as a list of Prefect's own state names (V2, the
+# default UI since Prefect 3.9, sends state types): a flow run in a state of any other name is
+# hidden there. So a Completed flow run ends in one of Prefect's names, and the outcome's own
+# name leads its state message. A duplicate is Prefect's "Cached": a stored result returned,
+# nothing run again. OverBudget is the one exception (``over_budget_state``).
 PREFECT_NAMES: dict[str, str] = {"Duplicate": "Cached"}
 # The outcomes that name a tick's flow run when any subject has them, strongest first.
 DECIDING: tuple[Outcome, ...] = ("failed", "stopped", "over-budget", "lease-lost",
@@ -73,6 +74,30 @@ def listed_completed(name: str, message: str, data: Any) -> State[Any]:
     listed = PREFECT_NAMES.get(name, "Completed")
     return Completed(name=listed, data=data,
                      message=message if name == listed else f"{name}: {message}")
+
+
+def over_budget_state(message: str, data: Any) -> State[Any]:
+    """An over-budget flow run's state: Failed, named OverBudget, so that no UI paints money
+    left unspent on owed Runs as a success (the runs list and the run page read "OverBudget" in
+    red). Failed rather than Cancelled: Cancelled says a person stopped the run, runs no
+    ``on_failure`` hook (the tick's artifacts are waited for in one) and is what a stopped
+    tick is; a flow run with Prefect ``retries`` set runs again on Failed, which costs no model
+    call (the budget refuses before a call leaves) and ends OverBudget again. Prefect's Runs
+    filter "All except scheduled" of its V1 UI lists names, and hides this one; the V2 UI (the
+    default) and every state-type filter list it."""
+    return Failed(name=OVER_BUDGET_STATE, message=message, data=data)
+
+
+def outcome_state(outcome: Outcome, name: str, message: str, data: Any) -> State[Any]:
+    """A flow run's state for its deciding ``outcome``, named ``name`` when it is Completed:
+    Failed for a failure, Cancelled for a stop, Failed named OverBudget for over-budget."""
+    if outcome == "failed":
+        return Failed(message=message, data=data)
+    if outcome == "stopped":
+        return Cancelled(message=message, data=data)
+    if outcome == "over-budget":
+        return over_budget_state(message, data)
+    return listed_completed(name, message, data)
 
 
 def outcome_name(state: State[Any]) -> str:
@@ -113,12 +138,23 @@ class SubjectOutcome:
         currency), under ``run_spend``: None but for a Run this attempt completed."""
         return {"run_spend": None if self.run_spend is None else self.run_spend.as_dict()}
 
-    def spend_fields(self) -> dict[str, Any]:
-        """This attempt's model calls: paid, reused from a checkpoint, tokens, cost (a decimal
-        string in ``currency``; None when no call had a price)."""
+    def attempt_spend(self) -> Spend:
+        """This attempt's model calls added up as ``costs`` adds them (``flows.spend``): a
+        call the provider refused is not paid; answers replayed from a checkpoint counted."""
         spent = self.spend or CallCount()
+        total = spend_of(spent.records)
+        total.reused = spent.reused
+        return total
+
+    def spend_fields(self) -> dict[str, Any]:
+        """This attempt's model calls: those that left (``model_calls``), paid, refused by the
+        provider (not paid), reused from a checkpoint, tokens, cost (a decimal string in
+        ``currency``; None when no call had a price)."""
+        spent = self.spend or CallCount()
+        calls = self.attempt_spend()
         priced = bool(self.currency) and spent.value > spent.unpriced
-        return {"model_calls": spent.value, "calls_reused": spent.reused,
+        return {"model_calls": spent.value, "calls_paid": calls.paid,
+                "calls_refused": calls.refused, "calls_reused": spent.reused,
                 "tokens": spent.tokens,
                 "cost": str(money(spent.cost_nanos)) if priced else None,
                 "currency": self.currency if priced else None}
@@ -203,19 +239,19 @@ class TickReport:
             return listed_completed(NO_SUBJECTS, (
                 f"{self.name}: the job listed no subjects, so nothing ran; check where its "
                 "subjects come from"), self)
-        if outcome in DECIDING:
-            behind = [s for s in self.subjects if s.outcome == outcome and s.error]
-            if behind:
-                message += f" ({'; '.join(f'{s.subject}: {s.error}' for s in behind[:5])})"
+        behind = [s for s in self.subjects if s.outcome == outcome and s.error]
+        if outcome == "over-budget" and behind:
+            # Short, for the runs list: the counts, then one refusal (what was spent of which
+            # cap, and the remedy); every subject's is in the tick's artifact.
+            refusal = behind[0].error or ""
+            message += f". {refusal[:1].upper()}{refusal[1:]}"
+        elif outcome in DECIDING and behind:
+            message += f" ({'; '.join(f'{s.subject}: {s.error}' for s in behind[:5])})"
         pruned = [s for s in self.subjects if s.pruned]
         if pruned:  # a rerun that finds tombstones says so, instead of recomputing
             message += (f" (output pruned, not recomputed: "
                         f"{'; '.join(f'{s.subject}: {s.pruned}' for s in pruned[:5])})")
-        if outcome == "failed":
-            return Failed(message=message, data=self)
-        if outcome == "stopped":
-            return Cancelled(message=message, data=self)
-        return listed_completed(STATE_NAMES[outcome], message, self)
+        return outcome_state(outcome, STATE_NAMES[outcome], message, self)
 
     def markdown(self) -> str:
         lines = [
@@ -229,7 +265,7 @@ class TickReport:
             "",
             f"Model: {self.spend_summary()}.",
             "",
-            "| subject | Run id | outcome | attempts | outbox rows queued | model calls "
+            "| subject | Run id | outcome | attempts | outbox rows queued | calls paid "
             "(reused) | tokens | cost | error |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
@@ -238,24 +274,24 @@ class TickReport:
                      ).replace("|", "\\|").replace("\n", " ")
             spent = s.spend_fields()
             lines.append(f"| {s.subject} | `{s.run_id}` | {s.outcome} | {s.attempts} | "
-                         f"{s.outbox_rows} | {spent['model_calls']} ({spent['calls_reused']}) | "
+                         f"{s.outbox_rows} | {spent['calls_paid']} ({spent['calls_reused']}) | "
                          f"{spent['tokens']} | {s.cost_text()} | {error} |")
         return "\n".join(lines) + "\n"
 
     def spend_summary(self) -> str:
-        """The tick's model calls added up: paid, reused, tokens and cost."""
-        calls = reused = tokens = unpriced = 0
-        cost: Counter[str] = Counter()
+        """The tick's model calls added up as ``costs`` adds them: paid (answered, failed,
+        lost), refused by the provider (not paid), in flight, reused, tokens and cost."""
+        total = Spend()
         for s in self.subjects:
             if s.spend is not None:
-                calls += s.spend.value
-                reused += s.spend.reused
-                tokens += s.spend.tokens
-                unpriced += s.spend.unpriced
-                if s.currency and s.spend.cost_nanos:
-                    cost[s.currency] += s.spend.cost_nanos
-        return (f"{calls} calls paid, {reused} answers reused from a checkpoint, {tokens} "
-                f"tokens, {cost_text(cost, unpriced) if calls else '-'}")
+                for record in s.spend.records:
+                    total.add(record)
+                total.reused += s.spend.reused
+        apart = [f"{n} {what}" for n, what in ((total.refused, "refused (not paid)"),
+                                               (total.in_flight, "in flight")) if n]
+        return (f"{total.paid} calls paid{''.join(f', {a}' for a in apart)}, {total.reused} "
+                f"answers reused from a checkpoint, {total.tokens} tokens, "
+                f"{total.money() if total.paid else '-'}")
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -16,7 +16,6 @@ from typing import Any
 
 from prefect import State, flow, get_run_logger
 from prefect.runtime import flow_run as current_flow_run
-from prefect.states import Failed
 
 from flows.jobs import Job
 from flows.jobs.schedule import require_due
@@ -24,7 +23,7 @@ from flows.registry import get_job
 from flows.run_job.findings import describe
 from flows.run_job.flow import configured_stages, ledgered, process_subject
 from flows.run_job.lease_keeper import LeaseKeeper
-from flows.run_job.outcomes import SubjectOutcome, listed_completed
+from flows.run_job.outcomes import STATE_NAMES, Outcome, SubjectOutcome, outcome_state
 from flows.run_job.stop import Stop
 from flows.run_job.tick import Revising
 from flows.settings import RunledgerSettings
@@ -71,9 +70,8 @@ async def revise(run_id: str, reason: str, recollect: bool = False, resend: bool
     return report.final_state()
 
 
-# A revise flow run's state per outcome of its revision ("failed" is a Failed state).
-STATE_NAMES = {"new": "Revised", "duplicate": "Duplicate", "stopped": "Cancelled",
-               "in-progress-elsewhere": "InProgressElsewhere", "lease-lost": "LeaseLost"}
+# A revise flow run's state name per outcome of its revision: a tick's, but "Revised" for new.
+REVISION_STATE_NAMES: dict[Outcome, str] = {**STATE_NAMES, "new": "Revised"}
 
 
 class RevisionReport:
@@ -83,15 +81,14 @@ class RevisionReport:
 
     __slots__ = ("message", "outcome", "run")
 
-    def __init__(self, run: Run, outcome: str, message: str) -> None:
+    def __init__(self, run: Run, outcome: Outcome, message: str) -> None:
         self.run = run
         self.outcome = outcome
         self.message = message
 
     def final_state(self) -> State[Any]:
-        if self.outcome == "failed":
-            return Failed(message=self.message, data=self)
-        return listed_completed(STATE_NAMES[self.outcome], self.message, self)
+        return outcome_state(self.outcome, REVISION_STATE_NAMES[self.outcome], self.message,
+                             self)
 
     def as_dict(self) -> dict[str, Any]:
         r = self.run

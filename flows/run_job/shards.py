@@ -14,6 +14,7 @@ from math import ceil
 from typing import Any
 from uuid import UUID
 
+from prefect import State
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 
@@ -151,6 +152,10 @@ def _ended(tick: Tick, subject: str, run: Run, calls: list[ModelCall], ours: set
         return failed_permanently(subject, run)
     state = flow_run.state
     name = state.name if state is not None else "unknown"
+    if run.status == "pending" and ended_over_budget(state):
+        # The shard's deciding outcome was over-budget, and this Run is one it released.
+        return SubjectOutcome(subject, run.run_id, "over-budget", run.attempts,
+                              error=run.error or f"left pending by its shard {flow_run.name}")
     if state is None or not state.is_completed():
         outcome: Outcome = ("stopped" if state is not None and state.is_cancelled()
                             else "failed")
@@ -165,9 +170,13 @@ def _ended(tick: Tick, subject: str, run: Run, calls: list[ModelCall], ours: set
             else "?"
         return SubjectOutcome(subject, run.run_id, "in-progress-elsewhere", run.attempts,
                               error=f"leased by {run.owner} until {until}")
-    left: Outcome = "over-budget" if OVER_BUDGET_STATE in f"{name} {state.message}" else "failed"
-    return SubjectOutcome(subject, run.run_id, left, run.attempts,
+    return SubjectOutcome(subject, run.run_id, "failed", run.attempts,
                           error=run.error or f"left pending by its shard {flow_run.name}")
+
+
+def ended_over_budget(state: State[Any] | None) -> bool:
+    """A shard that ended over-budget: its state's type and name, never its message."""
+    return state is not None and state.is_failed() and state.name == OVER_BUDGET_STATE
 
 
 def _unstarted(subject: str, identity: RunIdentity, flow_run: FlowRun) -> SubjectOutcome:

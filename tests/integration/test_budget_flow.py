@@ -1,6 +1,6 @@
 """A job's budget through the real run-job flow against an OpenAI-compatible server on loopback,
 on both ledgers: a budget of N calls lets exactly N subjects call, the others end over-budget
-(no call, no failure, their Runs owed), the flow run is named OverBudget and says how to go on,
+(no call, no failure, their Runs owed), the flow run is Failed named OverBudget and says how to go on,
 one runledger.budget.exhausted event is emitted; once the cap is raised, reconcile finishes
 them, once each. Two worker processes ticking one job's period at once share its budget and
 never spend past its cap together. A budget in money on a model without a price is refused,
@@ -72,7 +72,7 @@ def test_a_budget_of_n_calls_lets_exactly_n_subjects_call_and_reconcile_finishes
     now = env.ledger.now()
     period = (now - timedelta(days=1)).date().isoformat()  # owed, inside the catch-up window
     state, report = env.run(probe.name, None, period)
-    assert state.name == "Completed" and outcome_name(state) == "OverBudget", state
+    assert state.is_failed() and state.name == outcome_name(state) == "OverBudget", state
     assert "raise the cap" in (state.message or "")
     assert Counter(outcomes(report).values()) == {"new": N, "over-budget": 2 * N}
     assert len(model_server.requests) == N == env.model_calls()

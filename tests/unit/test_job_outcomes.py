@@ -16,6 +16,7 @@ from flows.run_job.findings import lapsed_outcome
 from flows.run_job.outcomes import SubjectOutcome, TickReport, outcome_name
 from flows.run_job.stages import retried
 from flows.run_job.tick import Persisted
+from flows.spend import spend_of
 from store import InvalidInput, Period, Run
 from store.errors import LedgerBusy, LedgerError, LedgerUnavailable
 
@@ -37,16 +38,20 @@ def report(*outcomes: str) -> TickReport:
     (("new", "failed", "lease-lost"), "Failed"),
     (("new", "stopped", "in-progress-elsewhere"), "Cancelled"),
     (("stopped", "failed"), "Failed"),
+    (("new", "over-budget", "in-progress-elsewhere"), "OverBudget"),
+    (("over-budget", "stopped"), "Cancelled"),
 ])
 def test_the_flow_runs_final_state_summarises_its_subjects(outcomes: tuple[str, ...],
                                                              state: str) -> None:
-    """Failed wins, then a stop; Duplicate only when every subject was a duplicate."""
+    """Failed wins, then a stop, then over-budget; Duplicate only when every subject was a
+    duplicate."""
     final = report(*outcomes).final_state()
     assert outcome_name(final) == state
-    # Only Prefect's own names: the UI's default filters hide any other (a Duplicate is Cached).
+    # A Completed state has one of Prefect's own names: the V1 UI's default filters hide any
+    # other (a Duplicate is Cached). OverBudget is a Failed state of its own name.
     assert final.name == {"Duplicate": "Cached", "InProgressElsewhere": "Completed",
                           "LeaseLost": "Completed"}.get(state, state)
-    assert final.is_failed() == (state == "Failed")
+    assert final.is_failed() == (state in ("Failed", "OverBudget"))
     assert final.is_cancelled() == (state == "Cancelled")
 
 
@@ -71,8 +76,11 @@ def test_the_summary_counts_each_outcome() -> None:
 def test_the_artifact_lists_every_subject_with_its_run_id_outcome_and_cost() -> None:
     """One Markdown table row per subject with its model calls, tokens and cost, and the tick's
     total; a pipe in an error cannot break the table; an unpriced call says "no price"."""
-    priced = CallCount(value=1, reused=1, tokens=150, cost_nanos=450_000)
-    unpriced = CallCount(value=1, tokens=90, unpriced=1)
+    priced = CallCount(value=1, reused=1, tokens=150, cost_nanos=450_000, records=[
+        {"outcome": "answered", "prompt_tokens": 100, "completion_tokens": 50,
+         "cost_nanos": 450_000, "currency": "USD"}])
+    unpriced = CallCount(value=1, tokens=90, unpriced=1, records=[
+        {"outcome": "answered", "prompt_tokens": 60, "completion_tokens": 30}])
     report = TickReport("probe", "1", PERIOD, [
         SubjectOutcome("acme", "a" * 64, "new", 1, 2, spend=priced, currency="USD"),
         SubjectOutcome("globex", "b" * 64, "failed", 1, 0, error="bad | input", spend=unpriced,
@@ -84,6 +92,38 @@ def test_the_artifact_lists_every_subject_with_its_run_id_outcome_and_cost() -> 
     assert ("Model: 2 calls paid, 1 answers reused from a checkpoint, 240 tokens, 0.000450 USD "
             "+ 1 call with no price.") in text
     assert report.subjects[0].as_dict()["cost"] == "0.00045"
+
+
+def test_the_artifact_counts_paid_calls_as_costs_does_a_refused_call_unpaid() -> None:
+    """21 calls left, 20 answered and one refused with a 429: the artifact says 20 paid and 1
+    refused, as ``costs`` (flows.spend) counts them; the subject's row and JSON agree."""
+    answered = {"outcome": "answered", "prompt_tokens": 10, "completion_tokens": 5,
+                "cost_nanos": 1_000, "currency": "USD"}
+    records = [dict(answered) for _ in range(20)] + [{"outcome": "refused"}]
+    spend = CallCount(value=21, tokens=300, cost_nanos=20_000, records=records)
+    tick = TickReport("probe", "1", PERIOD, [
+        SubjectOutcome("acme", "a" * 64, "new", 1, 1, spend=spend, currency="USD")])
+    assert spend_of(records).paid == 20
+    assert ("Model: 20 calls paid, 1 refused (not paid), 0 answers reused from a checkpoint, "
+            "300 tokens, 0.000020 USD.") in tick.markdown()
+    assert f"| acme | `{'a' * 64}` | new | 1 | 1 | 20 (0) | 300 |" in tick.markdown()
+    fields = tick.subjects[0].as_dict()
+    assert (fields["model_calls"], fields["calls_paid"], fields["calls_refused"]) == (21, 20, 1)
+
+
+def test_an_over_budget_tick_is_a_failed_state_named_over_budget_with_a_short_message() -> None:
+    """Counts, then one refusal (spent of which cap, the remedy), not one per subject: every
+    subject's refusal is in the artifact."""
+    refusal = ("over budget: the period budget from 2026-01-05T00:00:00+00:00 has spent 300 "
+               "tokens of 300 tokens, no room for a call of about 150 tokens; raise the cap "
+               "(the job's Budget(per_period=...)) and run `runledger reconcile probe` to "
+               "finish it; the next period has a budget of its own")
+    tick = TickReport("probe", "1", PERIOD, [SubjectOutcome("acme", "a" * 64, "new")] + [
+        SubjectOutcome(f"s{i}", f"{i:064d}", "over-budget", error=refusal) for i in range(4)])
+    state = tick.final_state()
+    assert (state.type.value, state.name) == ("FAILED", "OverBudget")
+    assert state.message == f"probe/2026-01-05: 1 new, 4 over-budget. O{refusal[1:]}"
+    assert tick.markdown().count(refusal) == 4
 
 
 def _run() -> Run:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from flows.jobs import Candidate, Job
-from flows.reconcile.plan import first_owed, owed_occurrences, plan, redrive_delay
+from flows.reconcile.plan import asked_for, first_owed, owed_occurrences, plan, redrive_delay
 from flows.run_job.stale import stale_reason
 from store import RunState
 
@@ -131,6 +131,28 @@ def test_a_stranded_run_waits_its_backoff_then_is_re_driven_then_given_up() -> N
     assert action(state(job, day, "running", 1, expired=False), changed) == "none"
     assert action(state(job, day, "failed", 1), changed) == "none"
     assert action(state(job, day, "completed", 1), changed) == "none"
+
+
+def test_a_stranded_run_no_obligation_owes_is_re_driven_like_an_owed_one() -> None:
+    """A Run of a period before the subject's obligation (run by hand, left over budget) is
+    re-driven; one of another version, of a subject the job no longer lists, not yet due or
+    finished is not."""
+    job = make(subjects=["acme", "globex"])
+    day = datetime(2026, 1, 9, tzinfo=UTC)
+    now = day + timedelta(days=3)
+    owed = owed_occurrences(job, {"acme": day + timedelta(days=2)}, now)
+    stranded = state(job, day, "pending", 0, updated=day)
+    other_version = RunState("v" * 64, "acme", day + timedelta(days=1), "0", "pending", 0, day,
+                             None, False)
+    gone = RunState("g" * 64, "initech", day, "1", "pending", 0, day, None, False)
+    done = state(job, day - timedelta(days=1), "completed")
+    future = state(job, now + timedelta(days=1), "pending", 0)
+    runs = {r.run_id: r for r in (stranded, other_version, gone, done, future)}
+    [extra] = asked_for(job, owed, runs, now)
+    assert (extra.subject, extra.period.start, extra.identity.run_id) == (
+        "acme", day, stranded.run_id)
+    steps = plan(job, [extra, *owed], runs, {}, now).steps
+    assert (steps[0].state, steps[0].action) == ("stranded", "redrive")
 
 
 def test_the_cap_defers_the_newest_work_and_counts_it() -> None:

@@ -5,9 +5,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from prefect.states import Completed, Failed
 
 from flows.errors import InvalidJob
-from flows.run_job.shards import InvalidSharding, check_shard_label, shard_size_for, split
+from flows.run_job.outcomes import over_budget_state
+from flows.run_job.shards import (
+    InvalidSharding,
+    check_shard_label,
+    ended_over_budget,
+    shard_size_for,
+    split,
+)
 from store import RunIdentity
 from tests.support.pipeline import probe_job
 
@@ -59,3 +67,11 @@ def test_a_shard_label_other_than_n_of_m_is_refused(label: object) -> None:
     with pytest.raises(InvalidSharding, match="leave it empty"):
         check_shard_label(label)
     assert check_shard_label("2/4") == "2/4" and check_shard_label(None) is None
+
+
+def test_a_shard_ended_over_budget_is_told_by_its_state_type_and_name_not_its_message() -> None:
+    """Failed named OverBudget is over budget; a message that mentions it is not."""
+    assert ended_over_budget(over_budget_state("probe/2026-12-01: 2 over-budget", None))
+    assert not ended_over_budget(Failed(message="OverBudget: a subject's error quoted it"))
+    assert not ended_over_budget(Completed(message="OverBudget: probe/2026-12-01"))
+    assert not ended_over_budget(None)

@@ -476,7 +476,7 @@ def _prefect_state(outcome: str, name: str) -> str:
     from flows.run_job.outcomes import OUTCOMES, outcome_state
 
     assert outcome in OUTCOMES
-    state = outcome_state(outcome, name, "", None)  # type: ignore[arg-type]  # checked above
+    state = outcome_state(outcome, name, "", None)
     kind = state.type.value.title()
     return f"`{state.name}`" if state.name == kind else f"`{state.name}` (a `{kind}` state)"
 

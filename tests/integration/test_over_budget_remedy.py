@@ -36,8 +36,9 @@ def test_the_remedy_an_over_budget_tick_prints_completes_its_runs_once_each(
     """3N subjects, room for N calls: `runledger run` prints N new and 2N over-budget in its
     table, and again as JSON; the flow run is Failed named OverBudget with the command once in
     its message; the cap raised, that command completes the 2N: 3N answered calls, one per
-    Run."""
-    env.set(reconcile_backoff_seconds=0)
+    Run. Answers of at most 16 tokens keep a call's bound below the call_estimate, so that N
+    calls fit the cap exactly."""
+    env.set(reconcile_backoff_seconds=0, model_max_tokens=16)
     budget = Budget(per_period=N * USAGE_TOKENS, unit="tokens", call_estimate=USAGE_TOKENS)
     probe = probe_job([f"s{i}" for i in range(3 * N)], budget=budget)
     # The stack's reconcile pass saw the job first: it owes from today's period on.

@@ -17,20 +17,18 @@ from flows.cli.tables import FOLD, Col, print_table, short_id, utc
 from flows.jobs import Job
 from store import UNFINISHED_KINDS, Ledger, UnfinishedRun
 
-# Who holds a Run and until when is what the table is read for; the fence and the run id go
-# first on a narrow console (`runs show` has them).
-COLUMNS = [Col("job", fold=FOLD), Col("subject", fold=FOLD), Col("period"), Col("state"),
+# Who holds a Run and until when is what the table is read for, and the run id is what `runs
+# release` takes; the job (a status board names it) and the fence go first on a narrow console.
+COLUMNS = [Col("job", fold=FOLD, drop=3), Col("subject", fold=FOLD), Col("period"), Col("state"),
            Col("owner", fold=FOLD), Col("lease until (UTC)"), Col("fence", drop=2),
            Col("run id", drop=1)]
 STYLES = {"held": "yellow", "stranded": "bold red", "over-budget": "magenta",
           "pending": "bold red"}
 # What on-call does about each kind, printed under the table for the kinds it lists.
 REMEDIES = {
-    "held": "held: its worker is at it until the lease ends; if that worker is dead, "
-            "`runledger runs release RUN` (or --owner OWNER) takes the lease over now",
-    "stranded": "stranded: its lease ended with its worker; the next tick or `runledger "
-                "reconcile JOB` runs it again",
-    "over-budget": "over-budget: raise the job's cap and run `runledger reconcile JOB`",
+    "held": "held: if its worker is dead, `runledger runs release RUN`; if not, wait",
+    "stranded": "stranded: its lease ended; the next tick or `runledger reconcile JOB` runs it",
+    "over-budget": "over-budget: raise the job's cap, then `runledger reconcile JOB`",
     "pending": "pending: the next tick or `runledger reconcile JOB` runs it",
 }
 

@@ -119,7 +119,7 @@ def overdue(
         for one in jobs:
             planned = prepare(ledger, one, dry_run=True)
             found += late_steps(one, planned.steps, planned.now)
-        unfinished = of_jobs(ledger, jobs, ledger.now()) if jobs else []
+        unfinished = of_jobs(ledger, jobs, ledger.now())
     except RunledgerError as exc:
         raise fail(exc, ERROR_EXIT) from None
     finally:

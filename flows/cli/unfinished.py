@@ -37,6 +37,8 @@ def of_jobs(ledger: Ledger, jobs: Iterable[Job], now: datetime) -> list[Unfinish
     """The unfinished Runs of ``jobs`` at their current versions (a Run of a version no longer
     deployed is never run again: `runledger runs list` shows it), oldest period first."""
     wanted = {(job.name, job.version) for job in jobs}
+    if not wanted:
+        return []
     only = next(iter(wanted))[0] if len(wanted) == 1 else None
     return [run for run in ledger.unfinished(job=only, now=now)
             if (run.job, run.version) in wanted]

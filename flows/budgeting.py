@@ -11,7 +11,7 @@ from typing import Any
 from flows.jobs.budget import Budget, Estimator, spent_text
 from flows.model import CallBound
 from flows.prices import PriceList
-from store import BudgetExhausted, Period, Usage
+from store import OVER_BUDGET_ERROR, BudgetExhausted, Period, Usage
 
 OVER_BUDGET_STATE = "OverBudget"
 
@@ -28,7 +28,7 @@ def refusal_text(budget: Budget, refused: BudgetExhausted) -> str:
     r = refused.refusal
     window = f"{r.window.scope} budget from {r.window.start.isoformat()}"
     spent = spent_text(budget, r.spent + r.reserved, r.window.cap, r.currency)
-    return (f"over budget: the {window} has {spent}, no room for a call of about "
+    return (f"{OVER_BUDGET_ERROR}the {window} has {spent}, no room for a call of about "
             f"{budget.shown(r.estimate, r.currency)}; {raise_hint(r.job, r.window.scope)}")
 
 

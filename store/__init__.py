@@ -59,21 +59,22 @@ from store.outbox_book import OutboxBook
 from store.period import Period
 from store.retention_book import RetentionBook
 from store.revisions import Revision, latest_completed
-from store.runs import FinishedRun
+from store.runs import OVER_BUDGET_ERROR, UNFINISHED_KINDS, FinishedRun, UnfinishedRun
 from store.settings import LedgerSettings
 from store.stats import Activity
 from store.tombstones import MAX_BATCH, Prunable, Pruned
 
 __all__ = [
     "AFTER_MODEL_ANSWER", "AFTER_SEND_BEFORE_MARK", "CHANNELS", "MAX_BATCH", "MESSAGE_STATUSES",
-    "RUN_STATUSES", "Acquisition", "Activity", "Attempt", "BudgetExhausted", "CallBook", "Charge",
+    "OVER_BUDGET_ERROR", "RUN_STATUSES", "UNFINISHED_KINDS", "Acquisition", "Activity", "Attempt", "BudgetExhausted", "CallBook", "Charge",
     "Checkpoint", "Claim", "CompletedBy", "Completion", "DeliveryLeaseLost", "Effect",
     "EndpointLimit", "FinishedRun", "InFlight", "Intent", "InvalidInput", "LeaseLost", "Ledger",
     "LedgerBusy", "LedgerError", "LedgerNotReady", "LedgerSettings", "LedgerUnavailable", "Limits",
     "MessageClaim", "ModelCall", "Occurrence", "OccurrenceBook", "OutboxBook", "OutboxMessage",
     "OutputPruned", "Period", "Prunable", "Pruned", "QueuedMessage", "Refusal", "Registration",
     "Reply", "RetentionBook", "Revision", "RevisionInProgress", "RevisionRefused", "Run",
-    "RunConflict", "RunIdentity", "RunState", "RunledgerError", "Storage", "Throttle", "Usage",
+    "RunConflict", "RunIdentity", "RunState", "RunledgerError", "Storage", "Throttle",
+    "UnfinishedRun", "Usage",
     "Window", "canonical_json", "check_object_key", "create_database_if_missing",
     "document_digest", "fault_point", "latest_completed", "normalize_address", "object_target",
     "params_fingerprint", "revised_target", "split_object_target", "unemitted",

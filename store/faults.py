@@ -23,6 +23,7 @@ AFTER_SAVE_INPUT_COMMIT = "after_save_input_commit"  # collect: the raw input is
 AFTER_COMPLETE_COMMIT = "after_complete_commit"  # persist: output, outbox rows and effect
 AFTER_FAIL_COMMIT = "after_fail_commit"
 AFTER_REQUEUE_RUN_COMMIT = "after_requeue_run_commit"
+AFTER_TAKE_OVER_COMMIT = "after_take_over_commit"  # an operator took over a lease (fence raised)
 AFTER_REQUEST_REVISION_COMMIT = "after_request_revision_commit"  # a revision is pending
 AFTER_OWE_COMMIT = "after_owe_commit"
 AFTER_SKIP_COMMIT = "after_skip_commit"
@@ -59,7 +60,8 @@ AFTER_SEND_BEFORE_MARK = "after_send_before_mark"  # flows/delivery/dispatcher.p
 LEDGER_POINTS = (
     AFTER_REGISTER_COMMIT, AFTER_CLAIM_COMMIT, AFTER_REGISTER_AND_CLAIM_COMMIT,
     AFTER_RENEW_MANY_COMMIT, AFTER_SAVE_INPUT_COMMIT, AFTER_COMPLETE_COMMIT,
-    AFTER_FAIL_COMMIT, AFTER_REQUEUE_RUN_COMMIT, AFTER_REQUEST_REVISION_COMMIT,
+    AFTER_FAIL_COMMIT, AFTER_REQUEUE_RUN_COMMIT, AFTER_TAKE_OVER_COMMIT,
+    AFTER_REQUEST_REVISION_COMMIT,
     AFTER_OWE_COMMIT, AFTER_SKIP_COMMIT,
     AFTER_UNSKIP_COMMIT, AFTER_MARK_OVERDUE_COMMIT, AFTER_MARK_RECOVERED_COMMIT,
     AFTER_GIVE_UP_COMMIT, AFTER_CLAIM_EVENTS_COMMIT, AFTER_MARK_EMITTED_COMMIT,

@@ -42,6 +42,7 @@ from store.retention_book import RetentionBook
 from store.revisions import Revision, list_revisions, request_revision_txn
 from store.runs import (
     FinishedRun,
+    UnfinishedRun,
     claim_txn,
     complete_txn,
     complete_with_effect_txn,
@@ -51,20 +52,30 @@ from store.runs import (
     list_attempts,
     list_attempts_of,
     list_runs,
+    list_unfinished_runs,
     register_and_claim_txn,
     register_txn,
     renew_many_txn,
     requeue_run_txn,
     require_run,
     save_input_txn,
+    take_over_txn,
 )
 from store.settings import LedgerSettings
 from store.statement import Transition
 from store.stats import Activity, count_suppressed_txn, read_activity
-from store.validators import error_text, json_document, lease_seconds, revision_reason
+from store.validators import (
+    check_owner,
+    error_text,
+    json_document,
+    lease_seconds,
+    revision_reason,
+)
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 IDENTITY_RACE_TRIES = 3
+# The error a Run taken over keeps, and its released Attempt.
+TAKEN_OVER = "an operator said its holder is dead (runledger runs release)"
 
 P = ParamSpec("P")
 
@@ -305,6 +316,16 @@ class Ledger:
         """Operator action: a failed Run goes back to pending (see ``requeue_run_txn``)."""
         return self._write(faults.AFTER_REQUEUE_RUN_COMMIT, requeue_run_txn, run_id)
 
+    def take_over(self, run_id: str | None = None, *, owner: str | None = None,
+                  reason: str = TAKEN_OVER) -> list[Run]:
+        """Operator action: take over the lease of the running Run ``run_id``, or of every Run
+        ``owner`` holds, that the operator says is dead: each goes pending with its fence raised,
+        so a holder that was alive is refused at its next write (see ``take_over_txn``)."""
+        if owner is not None:
+            check_owner(owner)
+        return self._write(faults.AFTER_TAKE_OVER_COMMIT, take_over_txn, error_text(reason),
+                           run_id=run_id, owner=owner)
+
     def request_revision(self, run_id: str, reason: str, *,
                          params: dict[str, Any] | None = None, recollect: bool = False,
                          resend: bool = True, requested_by: str | None = None) -> Revision:
@@ -342,6 +363,12 @@ class Ledger:
     def runs(self, *, job: str | None = None, status: str | None = None, limit: int = 100) -> list[Run]:
         """The latest Runs, newest period first."""
         return self._read(list_runs, job=job, status=status, limit=limit)
+
+    def unfinished(self, *, job: str | None = None,
+                   now: datetime | None = None) -> list[UnfinishedRun]:
+        """Every Run neither completed nor failed (of ``job``, if given), oldest period first,
+        each held, stranded, over-budget or pending at ``now`` (default: the database clock)."""
+        return self._read(list_unfinished_runs, self.now() if now is None else now, job)
 
     def attempts(self, run_id: str) -> list[Attempt]:
         """A Run's Attempts, oldest first."""

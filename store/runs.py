@@ -50,6 +50,11 @@ runs = runs_table
 attempts = attempts_table
 
 IDENTITY_COLUMNS = ("job", "subject", "period_start", "version")  # what a Run's revisions share
+# How the error of a Run the budget released begins (flows.budgeting writes it): on-call tells
+# an over-budget Run from one merely pending by it.
+OVER_BUDGET_ERROR = "over budget: "
+# What an unfinished Run is to on-call, judged at a moment ``now`` (``unfinished_kind``).
+UNFINISHED_KINDS = ("held", "stranded", "over-budget", "pending")
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,37 @@ class FinishedRun:
     # A tombstone's: when retention pruned its output, and the output's sha256.
     pruned_at: datetime | None = None
     output_digest: str | None = None
+
+
+@dataclass(frozen=True)
+class UnfinishedRun:
+    """A Run neither completed nor failed, as on-call reads it: where it stands (``kind``), who
+    holds its lease and until when, its fence; not its documents."""
+
+    run_id: str
+    job: str
+    subject: str
+    period_start: datetime
+    version: str
+    revision: int
+    status: str
+    owner: str | None
+    lease_expires_at: datetime | None
+    fence: int
+    attempts: int
+    error: str | None
+    updated_at: datetime | None
+    kind: str
+
+
+def unfinished_kind(status: str, lease_expires_at: datetime | None, error: str | None,
+                    now: datetime) -> str:
+    """What an unfinished Run is at ``now``: held (running on a lease that lasts past ``now``),
+    stranded (running on a lease that ended), over-budget (pending, released by the budget) or
+    pending (waiting for a claim)."""
+    if status == "running":
+        return "held" if lease_expires_at is not None and lease_expires_at > now else "stranded"
+    return "over-budget" if (error or "").startswith(OVER_BUDGET_ERROR) else "pending"
 
 
 def run_from_row(row: dict[str, Any]) -> Run:
@@ -380,6 +416,33 @@ _LIST = Statement(
     lambda d: sa.select(runs).where(optional(runs.c.job), optional(runs.c.status))
     .order_by(runs.c.period_start.desc(), runs.c.subject)
     .limit(sa.bindparam("limit", type_=sa.Integer())))
+_UNFINISHED = [runs.c[f.name] for f in fields(UnfinishedRun) if f.name != "kind"]
+_LIST_UNFINISHED = Statement(
+    "list_unfinished_runs", "Every Run neither completed nor failed (pending or running), "
+    "optionally of one job, oldest period first, with its lease (owner, end) and fence: what "
+    "on-call reads, without documents.",
+    lambda d: sa.select(*_UNFINISHED)
+    .where(optional(runs.c.job), one_of(runs.c.status, ("pending", "running")))
+    .order_by(runs.c.period_start, runs.c.job, runs.c.subject, runs.c.revision))
+_TAKE_OVER = Statement(
+    "take_over_run", "Operator action: a running Run (the one given, or every one the given "
+    "owner holds) goes back to pending, its lease cleared and its fence raised by one, so that "
+    "the holder's next write is refused, whether its lease had expired or not; its error says "
+    "whose lease was taken over and why.",
+    lambda d: sa.update(runs)
+    .where(optional(runs.c.run_id), optional(runs.c.owner), runs.c.status == "running")
+    .values(status="pending", fence=runs.c.fence + 1, owner=sa.null(),
+            lease_expires_at=sa.null(), updated_at=db_now(),
+            error=sa.literal("lease of ", sa.Text) + runs.c.owner
+            + sa.literal(" taken over: ", sa.Text) + sa.bindparam("reason", type_=sa.Text))
+    .returning(*runs.c))
+_END_TAKEN_OVER = Statement(
+    "end_taken_over_attempt", "The Attempt of a Run taken over (its claim's fence) ends "
+    "released, with the reason.",
+    lambda d: sa.update(attempts)
+    .where(attempts.c.run_id == param(attempts.c.run_id),
+           attempts.c.fence == param(attempts.c.fence), attempts.c.finished_at.is_(None))
+    .values(outcome="released", error=param(attempts.c.error), finished_at=db_now()))
 _LIST_ATTEMPTS = Statement(
     "list_attempts", "A Run's Attempts in claim (fence) order.",
     lambda d: sa.select(attempts).where(attempts.c.run_id == param(runs.c.run_id))
@@ -435,6 +498,15 @@ def list_runs(
 ) -> list[Run]:
     """The latest Runs, newest period first."""
     return [run_from_row(row) for row in _LIST.rows(conn, job=job, status=status, limit=limit)]
+
+
+def list_unfinished_runs(conn: Connection, now: datetime,
+                         job: str | None = None) -> list[UnfinishedRun]:
+    """Every Run neither completed nor failed (of ``job``, if given), oldest period first,
+    each with its kind at ``now``."""
+    return [UnfinishedRun(**row, kind=unfinished_kind(row["status"], row["lease_expires_at"],
+                                                      row["error"], now))
+            for row in _LIST_UNFINISHED.rows(conn, job=job)]
 
 
 def list_attempts(conn: Connection, run_id: str) -> list[Attempt]:
@@ -644,3 +716,27 @@ def requeue_run_txn(conn: Connection, run_id: str) -> Run:
         run = require_run(conn, run_id)
         raise InvalidTransition(f"run {run_id} is {run.status}; only a failed run can be requeued")
     return run_from_row(row)
+
+
+@transition(one_statement_on=NOWHERE)
+def take_over_txn(conn: Connection, reason: str, *, run_id: str | None = None,
+                  owner: str | None = None) -> list[Run]:
+    """Operator action: a running Run (by id, or every one ``owner`` holds) goes pending with
+    its fence raised by one and its Attempt ended released; nothing else can be taken over."""
+    if (run_id is None) == (owner is None):
+        raise InvalidInput("take over one Run by its id, or the Runs of one owner, not both "
+                           "nor neither")
+    taken = [run_from_row(row) for row in
+             _TAKE_OVER.rows(conn, run_id=run_id, owner=owner, reason=reason)]
+    for run in taken:
+        _END_TAKEN_OVER.rows(conn, run_id=run.run_id, fence=run.fence - 1, error=run.error)
+    if taken:
+        return taken
+    if owner is not None:
+        raise InvalidTransition(f"no running Run is leased by {owner!r}: nothing to release "
+                                "(`runledger status` lists who holds which Run)")
+    assert run_id is not None
+    found = require_run(conn, run_id)
+    raise InvalidTransition(f"run {run_id} is {found.status} and holds no lease: nothing to "
+                            "release" + ("" if found.status == "completed" else
+                                         " (`runledger runs show` tells its state)"))

@@ -13,6 +13,7 @@ from flows.cli import (
     overdue_commands,  # noqa: F401  (registers overdue)
     prune_commands,  # noqa: F401  (registers prune)
     reconcile_commands,  # noqa: F401  (registers reconcile)
+    release_commands,  # noqa: F401  (registers runs release)
     revise_commands,  # noqa: F401  (registers runs revise)
     run_commands,  # noqa: F401  (registers run)
     stack_commands,  # noqa: F401  (registers serve, stack up|automations)

@@ -9,7 +9,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from store import Attempt, Run, RunledgerError, document_digest
+from store import Attempt, Run, RunledgerError, UnfinishedRun, document_digest
 
 if TYPE_CHECKING:
     from flows.jobs import Job
@@ -25,7 +25,7 @@ def _job(name: str) -> Job | None:
         return None
 
 
-def _period_of(run: Run) -> tuple[Job, Any] | None:
+def _period_of(run: Run | UnfinishedRun) -> tuple[Job, Any] | None:
     """The Run's job and Period, when the job is registered here and its cadence still starts a
     period at the Run's period start."""
     job = _job(run.job)
@@ -35,7 +35,7 @@ def _period_of(run: Run) -> tuple[Job, Any] | None:
     return (job, period) if period.start == run.period_start else None
 
 
-def period_label(run: Run) -> str:
+def period_label(run: Run | UnfinishedRun) -> str:
     """The Run's period as its user names it, the label of its start in the job's timezone
     (``2026-12-01``, ``2026-12-01T09:00+01:00``); in UTC when the job is not registered here
     or its cadence no longer starts a period there."""

@@ -1,5 +1,5 @@
 """`runledger overdue`: what the jobs owe that is late, and why, from the ledger as reconcile
-sees it (a dry run: it writes nothing)."""
+sees it (a dry run: it writes nothing), and every unfinished Run."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from rich.text import Text
 from flows.cli.app import app
 from flows.cli.output import console, fail, open_ledger, print_json
 from flows.cli.tables import FOLD, Col, print_table
+from flows.cli.unfinished import fields, of_jobs, print_unfinished
 from flows.jobs import Job
 from flows.reconcile import Step
 from flows.reconcile.prepare import prepare
 from flows.registry import get_job, registered_jobs
 from store import RunledgerError
 
-ERROR_EXIT = 2  # 1 says something is overdue
+ERROR_EXIT = 2  # 1 says something is overdue or unfinished
 
 # What is owed is read by job, subject, period and why; the state is in the why, the due time
 # follows from the period.
@@ -99,14 +100,18 @@ def overdue(
     job: str | None = typer.Option(None, "--job", help="Only this job (default: every job)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (times in UTC)."),
 ) -> None:
-    """List what the jobs owe that is late, and why.
+    """List what the jobs owe that is late, and why, and every unfinished Run.
 
     Why: never started, stranded, failed, still running past its due time, or skipped by the
     job's missed-run policy (listed, never counted as overdue). Due times are in each job's
-    timezone. Reads only.
+    timezone. Then every unfinished Run of the jobs' versions, late or not: held (who holds its
+    lease, until when), stranded (its lease ended), over-budget or pending, with a summary line
+    such as "3 unfinished Runs: 1 held, 1 over-budget, 1 pending". Reads only. --json prints
+    {"late": [...], "unfinished": [...]}.
 
     Exit status: 0 when nothing is overdue (owed and not completed nor skipped by its due
-    time plus the job's grace), 1 when something is, 2 on an error; so it can gate a script."""
+    time plus the job's grace) and no Run is unfinished, 1 when something is overdue or a Run
+    is unfinished, 2 on an error; so it can gate a script."""
     ledger = open_ledger()
     try:
         jobs = [get_job(job)] if job else list(registered_jobs().values())
@@ -114,23 +119,27 @@ def overdue(
         for one in jobs:
             planned = prepare(ledger, one, dry_run=True)
             found += late_steps(one, planned.steps, planned.now)
+        unfinished = of_jobs(ledger, jobs, ledger.now())
     except RunledgerError as exc:
         raise fail(exc, ERROR_EXIT) from None
     finally:
         ledger.close()
     count = sum(1 for late in found if late.step.overdue)
     if as_json:
-        print_json([late.as_dict() for late in found])
-    elif found:
-        out = console()
-        print_table(out, COLUMNS, [late.row() for late in found])
-        skipped = sum(1 for late in found if late.step.state == "skipped")
-        within = len(found) - count - skipped
-        parts = [f"{count} overdue", f"{skipped} skipped by policy"]
-        if within:
-            parts.append(f"{within} late within their grace")
-        out.print(", ".join(parts))
+        print_json({"late": [late.as_dict() for late in found],
+                    "unfinished": [fields(run) for run in unfinished]})
     else:
-        console().print("nothing owed is late")
-    if count:
+        out = console()
+        if found:
+            print_table(out, COLUMNS, [late.row() for late in found])
+            skipped = sum(1 for late in found if late.step.state == "skipped")
+            within = len(found) - count - skipped
+            parts = [f"{count} overdue", f"{skipped} skipped by policy"]
+            if within:
+                parts.append(f"{within} late within their grace")
+            out.print(", ".join(parts))
+        else:
+            out.print("nothing owed is late")
+        print_unfinished(out, unfinished)
+    if count or unfinished:
         raise typer.Exit(1)

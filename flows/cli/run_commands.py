@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
     from flows.run_job.outcomes import Outcome, TickReport
 
+HELD_ELSEWHERE_EXIT = 3  # nothing failed, but another worker holds a Run of the tick
+
 # One style per Outcome (flows/run_job/outcomes.py); tests/unit/test_outcome_renderers.py walks
 # every outcome through every table, so a new one cannot crash a command after its tick ran.
 STYLES: dict[Outcome, str] = {
@@ -47,7 +49,12 @@ def run(
 
     Uses the Prefect server at PREFECT_API_URL, or a temporary local one. The ledger schema
     and the jobs' own tables are created or migrated first (RUNLEDGER_DATABASE_URL), as by
-    `runledger db upgrade`."""
+    `runledger db upgrade`.
+
+    Exit status: 0 when the tick ran; 1 when a subject failed; 2 for a bad job, subject or
+    period (nothing run); 3 when nothing failed but a Run is held elsewhere (another worker
+    holds its lease): a line names who holds it and until when; wait for it, or run
+    `runledger runs release RUN` if that worker is dead."""
     from flows.jobs.schedule import require_due
     from flows.registry import get_job, upgrade_ledger
 
@@ -86,6 +93,20 @@ def run(
         _print(value)
     if value.state_name() == "Failed":
         raise typer.Exit(1)
+    if value.deciding_outcome() == "in-progress-elsewhere":
+        _print_held(value)
+        raise typer.Exit(HELD_ELSEWHERE_EXIT)
+
+
+def _print_held(report: TickReport) -> None:
+    """Which Runs another worker holds, until when, and what to do."""
+    held = [s for s in report.subjects if s.outcome == "in-progress-elsewhere"]
+    console(stderr=True).print(
+        f"{len(held)} Run(s) of {report.name} held elsewhere: "
+        + "; ".join(f"{s.subject} ({short_id(s.run_id)}) {s.error}" for s in held[:5])
+        + ("; ..." if len(held) > 5 else "")
+        + ". Wait for the lease to end, or take it over if that worker is dead: "
+          "runledger runs release RUN (or --owner OWNER)", markup=False, highlight=False)
 
 
 # The job and period are in the title; a narrow console loses the counts before anything else.

@@ -9,6 +9,7 @@ import typer
 from flows.cli.app import app
 from flows.cli.output import console, fail, open_ledger, print_json
 from flows.cli.tables import FOLD, Col, print_table
+from flows.cli.unfinished import fields, of_jobs, print_unfinished
 from store import RunledgerError
 
 # The counts are what a board is read for; the costs go first on a narrow console.
@@ -33,8 +34,11 @@ def status(
     Its last period whose every owed subject completed, its latest owed periods with their occurrences counted by status (completed, pending, running,
     failed, skipped by policy, overdue), the next period due, and the attempts, model calls,
     tokens and cost the periods shown spent (their Runs' calls, as `runledger costs` reads
-    them). Reads only; the same board is each job's runledger-status-<job>
-    artifact in Prefect's UI."""
+    them). Then every unfinished Run of the job's version, whatever its period: held (who holds
+    its lease, until when), stranded (its lease ended), over-budget or pending, with a summary
+    line such as "3 unfinished Runs: 1 held, 1 over-budget, 1 pending" and what to do about
+    each kind. Reads only; the same board (without the unfinished Runs) is each job's
+    runledger-status-<job> artifact in Prefect's UI."""
     from flows.board import STATUSES, job_board
     from flows.registry import get_job, registered_jobs
 
@@ -45,8 +49,12 @@ def status(
     with open_ledger() as ledger:
         now = ledger.now()
         boards = [job_board(ledger, one, now, periods) for one in jobs]
+        unfinished = of_jobs(ledger, jobs, now)
+    held = {board.job.name: [run for run in unfinished if run.job == board.job.name]
+            for board in boards}
     if as_json:
-        print_json([board.as_dict() for board in boards])
+        print_json([{**board.as_dict(), "unfinished": [fields(run) for run in held[board.job.name]]}
+                    for board in boards])
         return
     out = console()
     for board in boards:
@@ -56,3 +64,4 @@ def status(
         out.print(board.summary(), markup=False, highlight=False)
         if rows:
             print_table(out, BOARD_COLUMNS, rows)
+        print_unfinished(out, held[board.job.name])

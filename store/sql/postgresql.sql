@@ -546,6 +546,27 @@ FROM runs
 WHERE (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR runs.status = CAST(%s::VARCHAR AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject 
  LIMIT %s::INTEGER;
 
+-- name: list_unfinished_runs
+-- Every Run neither completed nor failed (pending or running), optionally of one job, oldest
+-- period first, with its lease (owner, end) and fence: what on-call reads, without documents.
+-- parameters: job, job, status_1, status_2
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.revision, runs.status, runs.owner, runs.lease_expires_at, runs.fence, runs.attempts, runs.error, runs.updated_at 
+FROM runs 
+WHERE (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND (runs.status = %s::VARCHAR OR runs.status = %s::VARCHAR) ORDER BY runs.period_start, runs.job, runs.subject, runs.revision;
+
+-- name: take_over_run
+-- Operator action: a running Run (the one given, or every one the given owner holds) goes back to
+-- pending, its lease cleared and its fence raised by one, so that the holder's next write is
+-- refused, whether its lease had expired or not; its error says whose lease was taken over and
+-- why.
+-- parameters: status, fence_1, param_1, param_2, reason, run_id, run_id, owner, owner, status_1
+UPDATE runs SET status=%s::VARCHAR, fence=(runs.fence + %s::INTEGER), owner=NULL, lease_expires_at=NULL, error=(%s::VARCHAR || runs.owner || %s::VARCHAR || %s::VARCHAR), updated_at=statement_timestamp() WHERE (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR runs.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) AND (CAST(%s::VARCHAR AS VARCHAR(300)) IS NULL OR runs.owner = CAST(%s::VARCHAR AS VARCHAR(300))) AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest;
+
+-- name: end_taken_over_attempt
+-- The Attempt of a Run taken over (its claim's fence) ends released, with the reason.
+-- parameters: outcome, error, run_id, fence
+UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR WHERE attempts.run_id = %s::VARCHAR AND attempts.fence = %s::INTEGER AND attempts.finished_at IS NULL;
+
 -- name: list_attempts
 -- A Run's Attempts in claim (fence) order.
 -- parameters: run_id

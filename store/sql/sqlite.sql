@@ -527,6 +527,27 @@ FROM runs
 WHERE (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (CAST(? AS VARCHAR(16)) IS NULL OR runs.status = CAST(? AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject
  LIMIT ? OFFSET ?;
 
+-- name: list_unfinished_runs
+-- Every Run neither completed nor failed (pending or running), optionally of one job, oldest
+-- period first, with its lease (owner, end) and fence: what on-call reads, without documents.
+-- parameters: job, job, status_1, status_2
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.revision, runs.status, runs.owner, runs.lease_expires_at, runs.fence, runs.attempts, runs.error, runs.updated_at 
+FROM runs 
+WHERE (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (runs.status = ? OR runs.status = ?) ORDER BY runs.period_start, runs.job, runs.subject, runs.revision;
+
+-- name: take_over_run
+-- Operator action: a running Run (the one given, or every one the given owner holds) goes back to
+-- pending, its lease cleared and its fence raised by one, so that the holder's next write is
+-- refused, whether its lease had expired or not; its error says whose lease was taken over and
+-- why.
+-- parameters: status, fence_1, param_1, param_2, reason, run_id, run_id, owner, owner, status_1
+UPDATE runs SET status=?, fence=(runs.fence + ?), owner=NULL, lease_expires_at=NULL, error=(? || runs.owner || ? || ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE (CAST(? AS VARCHAR(64)) IS NULL OR runs.run_id = CAST(? AS VARCHAR(64))) AND (CAST(? AS VARCHAR(300)) IS NULL OR runs.owner = CAST(? AS VARCHAR(300))) AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: end_taken_over_attempt
+-- The Attempt of a Run taken over (its claim's fence) ends released, with the reason.
+-- parameters: outcome, error, run_id, fence
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=? WHERE attempts.run_id = ? AND attempts.fence = ? AND attempts.finished_at IS NULL;
+
 -- name: list_attempts
 -- A Run's Attempts in claim (fence) order.
 -- parameters: run_id

@@ -1,5 +1,6 @@
 """`runledger overdue` on both ledgers: what a job owes that is late and why (never started,
-stranded, failed, skipped by policy), and an exit status that gates a script."""
+stranded, failed, skipped by policy), its unfinished Runs, and an exit status that gates a
+script."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def test_overdue_lists_what_is_owed_and_late_with_why_and_exits_1(
     job = owing_job(ledger)
     done = invoke("overdue", "--job", job.name, "--json")
     assert done.exit_code == 1
-    rows = {row["subject"]: row for row in json.loads(done.stdout)}
+    listed = json.loads(done.stdout)
+    rows = {row["subject"]: row for row in listed["late"]}
     assert {s: (r["state"], r["overdue"]) for s, r in rows.items()} == {
         "never": ("missed", True), "stranded": ("stranded", True),
         "failed": ("failed", True), "skipped": ("skipped", False)}
@@ -65,6 +67,9 @@ def test_overdue_lists_what_is_owed_and_late_with_why_and_exits_1(
         assert row["period"] == f"{year}-01-01T06:00+01:00"
         assert row["due_at"] == f"{year}-01-01T05:00:00+00:00"  # UTC
         assert row["late_seconds"] > 0 and row["job"] == job.name
+    # The stranded occurrence's Run is unfinished too: pending, nobody holds it.
+    assert [(r["subject"], r["state"], r["owner"]) for r in listed["unfinished"]] == [
+        ("stranded", "pending", None)]
 
     table = invoke("overdue", "--job", job.name)
     assert table.exit_code == 1
@@ -72,7 +77,9 @@ def test_overdue_lists_what_is_owed_and_late_with_why_and_exits_1(
     assert max(len(line) for line in lines) <= 80, table.stdout
     assert "never started" in table.stdout and "skipped by policy" in table.stdout
     assert "done" not in table.stdout
-    assert lines[-1] == "3 overdue, 1 skipped by policy"
+    assert "3 overdue, 1 skipped by policy" in lines
+    assert lines[-2:] == ["1 unfinished Run: 1 pending",
+                          "  pending: the next tick or `runledger reconcile JOB` runs it"]
 
 
 def test_overdue_exits_0_when_everything_owed_completed_or_was_skipped(
@@ -81,11 +88,29 @@ def test_overdue_exits_0_when_everything_owed_completed_or_was_skipped(
     job = owing_job(ledger, ("skipped", "done"))
     done = invoke("overdue", "--job", job.name)
     assert done.exit_code == 0, done.stdout
-    assert done.stdout.splitlines()[-1] == "0 overdue, 1 skipped by policy"
+    assert done.stdout.splitlines()[-2:] == ["0 overdue, 1 skipped by policy",
+                                             "no unfinished Run"]
     completed = owing_job(ledger, ("done",))
     listed = invoke("overdue", "--job", completed.name, "--json")
-    assert (listed.exit_code, json.loads(listed.stdout)) == (0, [])
-    assert invoke("overdue", "--job", completed.name).stdout == "nothing owed is late\n"
+    assert (listed.exit_code, json.loads(listed.stdout)) == (0, {"late": [], "unfinished": []})
+    assert invoke("overdue", "--job", completed.name).stdout == (
+        "nothing owed is late\nno unfinished Run\n")
+
+
+def test_overdue_exits_1_for_an_unfinished_run_even_when_nothing_owed_is_late(
+        invoke: Callable[..., Result], ledger: Ledger) -> None:
+    """A Run of a period the job does not owe (run by hand before its start), left pending, is
+    not late but is unfinished: listed, and the status is 1."""
+    job = owing_job(ledger, ("done",))
+    last_year = job.period_at(datetime.now(UTC) - timedelta(days=366))
+    left = ledger.register(job.identity("done", last_year))
+    done = invoke("overdue", "--job", job.name, "--json")
+    assert done.exit_code == 1, done.stdout
+    listed = json.loads(done.stdout)
+    assert listed["late"] == []
+    assert [(r["run_id"], r["state"]) for r in listed["unfinished"]] == [(left.run_id, "pending")]
+    lines = invoke("overdue", "--job", job.name).stdout.splitlines()
+    assert lines[0] == "nothing owed is late" and "1 unfinished Run: 1 pending" in lines
 
 
 def test_overdue_of_an_unknown_job_is_an_error_not_a_verdict(cli: CliRunner) -> None:

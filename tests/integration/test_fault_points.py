@@ -122,6 +122,9 @@ def assert_finished_once(ledger: Ledger, c: Crash, sink: Sink) -> str:
     assert [a.outcome for a in ledger.outbox.delivery_attempts(dead)].count("dead") == 2
     side = ledger.get(fw.identity(c.subject, 2).run_id)
     assert fw.given_up(side), side
+    taken = ledger.get(fw.identity(c.subject, 4).run_id)
+    assert (taken.status, taken.fence, taken.owner) == ("pending", 2, None), taken
+    assert [a.outcome for a in ledger.attempts(taken.run_id)] == ["released"]
     pruned = ledger.get(RunIdentity(fw.PRUNED_JOB, c.subject, fw.PERIOD, "1").run_id)
     assert pruned.status == "completed" and pruned.pruned_at is not None, pruned
     assert pruned.output is None and pruned.output_digest is not None

@@ -91,6 +91,8 @@ CASES: dict[str, Case] = {
     "requeue_run": (rn.requeue_run_txn,
                     lambda led: (c := _claimed(led), led.fail(c, "boom", retryable=False))[0].run_id,
                     lambda led, run_id: led.requeue_run(run_id), {"postgresql": 1, "sqlite": 1}),
+    "take_over": (rn.take_over_txn, _claimed, lambda led, c: led.take_over(c.run_id),
+                  {"postgresql": 2, "sqlite": 2}),
     "request_revision": (revisions.request_revision_txn,
                          lambda led: (c := _claimed(led), led.complete(c, {"s": 1}))[0].run_id,
                          lambda led, run_id: led.request_revision(run_id, "why"),

@@ -116,6 +116,7 @@ def walk(ledger: Ledger, subject: str, host: str, port: int) -> None:
     _spend(ledger, identity(subject, 3), owner)
     ledger.occurrences.mark_recovered(JOB)
     _operate(ledger, identity(subject, 2), owner)
+    _take_over(ledger, identity(subject, 4), owner)
     _prune(ledger, RunIdentity(PRUNED_JOB, subject, PERIOD, "1"), owner)
     _emit(ledger)
     _deliver(ledger, main.run_id, host, port)
@@ -159,6 +160,16 @@ def _operate(ledger: Ledger, side: RunIdentity, owner: str) -> None:
     if run.status == "pending":
         (state,) = [s for s in ledger.occurrences.run_states(JOB, side.period_start) if s.run_id == run.run_id]
         ledger.occurrences.give_up(state, max_attempts=1)
+
+
+def _take_over(ledger: Ledger, side: RunIdentity, owner: str) -> None:
+    """A side Run claimed by a worker an operator says is dead: its lease is taken over, and
+    it waits pending for the next claim."""
+    run = ledger.register(side)
+    if run.attempts == 0:
+        assert ledger.claim(side.run_id, owner, RUN_LEASE) is not None
+    if ledger.get(side.run_id).status == "running":
+        ledger.take_over(side.run_id)
 
 
 def _prune(ledger: Ledger, old: RunIdentity, owner: str) -> None:

@@ -19,7 +19,7 @@ from flows.errors import DeliveryConfigurationError
 from flows.mail.sink import Sink
 from flows.mail.transport import OutcomeKind, Parcel
 from flows.objects.bucket import load_bucket
-from flows.targets import MissingBlock, check_targets
+from flows.targets import InvalidBlock, MissingBlock, check_targets
 from flows.webhook.block import WebhookEndpoint, load_endpoint
 from store import Ledger, OutboxMessage
 from tests.support.channels import complete_with
@@ -109,7 +109,7 @@ def test_a_message_naming_a_missing_block_is_refused_before_the_completion(s3: M
         check_targets([OutboxMessage.object("no-bucket", "a.md", "x", "text/markdown")])
     plain = unique("plain-api")
     WebhookEndpoint(url="http://hooks.example.com/in").save(plain)
-    with pytest.raises(MissingBlock, match="https unless the host is loopback"):
+    with pytest.raises(InvalidBlock, match="https unless the host is loopback"):
         check_targets([OutboxMessage.webhook(plain, {"x": 1})])
 
 

@@ -180,12 +180,16 @@ def _problem(kind: type[BaseSettings], e: dict[str, Any]) -> str:
     loc = [str(part) for part in e["loc"]]
     if not loc:  # a rule across fields: its message names the variables
         return wrong
-    field = kind.model_fields.get(loc[0])
+    # A field with a validation alias (its variable's full name) is located by that alias.
+    field = kind.model_fields.get(loc[0]) or next(
+        (f for f in kind.model_fields.values() if f.validation_alias == loc[0]), None)
     alias = field.validation_alias if field is not None else None
     prefix = str(kind.model_config.get("env_prefix", ""))
     name = (alias if isinstance(alias, str) else f"{prefix}{loc[0]}").upper()
     if e["type"] == "missing":  # its "input" is every value given, secrets included
-        return f"{name}: must be set ({field.description if field else 'required'})"
+        what = (field.description or "") if field is not None else ""
+        return f"{name}: must be set" + (f" ({what[:1].lower()}{what[1:].rstrip('.')})"
+                                          if what else "")
     secret = (field is not None and "SecretStr" in str(field.annotation)) or any(
         word in part.lower() for part in loc for word in _SECRET_WORDS)
     if len(loc) > 1:  # inside a JSON value: the path to the bad entry

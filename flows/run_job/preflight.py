@@ -14,15 +14,15 @@ from flows.targets import check_target
 NOT_READY_STATE = "NotReady"
 
 
-def preflight(job: Job, settings: RunledgerSettings) -> None:
-    """Refuse a tick whose endpoint is unknown or whose targets' blocks are missing or invalid
-    (``NotReady``, every problem in one line); reads only, writes nothing."""
+def preflight(job: Job, settings: RunledgerSettings, *, sends: bool = True) -> None:
+    """Refuse a tick whose endpoint is unknown or, when it ``sends`` messages, whose targets'
+    blocks are missing or invalid (``NotReady``, every problem in one line); reads only."""
     problems: list[str] = []
     try:
         endpoint_named(job.endpoint, settings)
     except (InvalidInput, ModelMisconfigured) as exc:
         problems.append(str(exc))
-    for target in job.target_list():
+    for target in job.target_list() if sends else []:
         try:
             check_target(target)
         except InvalidInput as exc:

@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.jobs import Target
+from flows.run_job.revision import revise
 from flows.webhook.block import WebhookEndpoint
-from tests.support.pipeline import Env, probe_job
+from tests.support.pipeline import Env, final_state, probe_job
 
 PERIOD = "2026-01-05"
 
@@ -105,3 +106,25 @@ def test_the_shipped_job_declares_the_webhook_and_bucket_its_settings_name(env: 
     env.set(competitor_summary_webhook="summaries-api", competitor_summary_bucket="reports")
     assert job.target_list() == [Target.email(), Target.webhook("summaries-api"),
                                  Target.object("reports")]
+
+
+def test_a_revision_that_would_send_to_a_missing_block_is_refused_before_it_is_requested(
+        env: Env) -> None:
+    """A job whose targets gained a missing webhook block since its Run completed: a revise
+    that resends ends NotReady with no revision row and no model call; one that sends nothing
+    (resend=False) needs no block and is revised."""
+    wanted = [Target.email()]
+    probe = probe_job(targets=lambda: list(wanted))
+    state, _ = env.run(probe.name, period=PERIOD)
+    assert state.is_completed(), state.message
+    [run] = env.ledger.runs(job=probe.name)
+    calls = env.model_calls()
+    wanted.append(Target.webhook(unique("absent-api")))
+    refused = final_state(revise(run_id=run.run_id, reason="new wording", return_state=True))
+    assert (refused.type.value, refused.name) == ("FAILED", "NotReady")
+    assert "does not exist" in (refused.message or "")
+    assert len(env.ledger.revisions(run.run_id)) == 1 and env.model_calls() == calls
+    quiet = final_state(revise(run_id=run.run_id, reason="new wording", resend=False,
+                               return_state=True))
+    assert quiet.name == "Completed" and "Revised" in (quiet.message or ""), quiet.message
+    assert len(env.ledger.revisions(run.run_id)) == 2

@@ -116,8 +116,8 @@ def test_a_message_naming_a_missing_block_is_refused_before_the_completion(s3: M
     plain_bucket, block = unique("plain-bucket"), s3.block()
     block.credentials.aws_client_parameters.endpoint_url = "http://s3.example.com"
     block.save(plain_bucket)
-    with pytest.raises(InvalidBlock, match="endpoint_url must use https unless the host is "
-                                           "loopback.*Nothing was written"):
+    with pytest.raises(InvalidBlock, match=r"endpoint_url must use https unless the host "
+                                           r"is loopback.*Nothing was written"):
         check_targets([OutboxMessage.object(plain_bucket, "a.md", "x", "text/markdown")])
 
 

@@ -193,10 +193,10 @@ class Job:
     def target_list(self) -> list[Target]:
         """Where this job's messages go, in order, without repeats."""
         listed = list(self.targets() if callable(self.targets) else self.targets)
-        bad = [t for t in listed if not isinstance(t, Target)]
-        if bad or isinstance(self.targets, str):
+        if isinstance(self.targets, str) or not all(isinstance(t, Target) for t in listed):
             raise InvalidJob(f"job {self.name}: targets must be Targets, such as "
-                             f"[Target.email(), Target.webhook(\"reports-api\")], got {bad or self.targets!r}")
+                             f"[Target.email(), Target.webhook(\"reports-api\")], got "
+                             f"{self.targets!r}")
         return list(dict.fromkeys(listed))
 
     def resolve_subjects(self, requested: Sequence[str] | None) -> list[str]:

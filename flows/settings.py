@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flows.prices import Currency, ModelPrice
@@ -102,10 +103,10 @@ class RunledgerSettings(BaseSettings):
         default=None, gt=0, json_schema_extra={UNSET: "no limit"},
         description="The default endpoint's tokens per minute, shared by every worker.")
     model_max_concurrent: int | None = Field(
-        default=None, gt=0, json_schema_extra={UNSET: "no limit"}, description="The default endpoint's requests in flight at once, "
-                                        "shared by every worker; also how many subjects a tick "
-                                        "runs at once unless RUNLEDGER_SUBJECT_CONCURRENCY is "
-                                        "set.")
+        default=None, gt=0, json_schema_extra={UNSET: "no limit"},
+        description="The default endpoint's requests in flight at once, shared by every "
+                    "worker; also how many subjects a tick runs at once unless "
+                    "RUNLEDGER_SUBJECT_CONCURRENCY is set.")
     model_refused_for_seconds: float = Field(
         default=300.0, gt=0, description="How long a call waits out an endpoint's refusals "
                                          "(429s and their pauses) before its subject ends as a "
@@ -120,8 +121,8 @@ class RunledgerSettings(BaseSettings):
                                        "each call.")
 
     lease_seconds: float | None = Field(
-        default=None, gt=0, json_schema_extra={UNSET: "each job's own lease"}, description="Overrides every job's lease duration (default 900 s)."
-    )
+        default=None, gt=0, json_schema_extra={UNSET: "each job's own lease"},
+        description="Overrides every job's lease duration (default 900 s).")
     subject_concurrency: int = Field(
         default=8, ge=1, description="Subjects processed at once; when not set, the job's "
                                      "endpoint's max concurrent (if it has one), else 8.")
@@ -199,7 +200,7 @@ def _problem(kind: type[BaseSettings], e: dict[str, Any]) -> str:
     return f"{name}{given}: {wrong}{_unset(field)}"
 
 
-def _unset(field: Any) -> str:
+def _unset(field: FieldInfo | None) -> str:
     """What leaving the variable unset gives: its hint, or its default."""
     extra = field.json_schema_extra if field is not None else None
     if isinstance(extra, dict) and UNSET in extra:

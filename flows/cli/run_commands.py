@@ -49,7 +49,9 @@ def run(
 
     Uses the Prefect server at PREFECT_API_URL, or a temporary local one. The ledger schema
     and the jobs' own tables are created or migrated first (RUNLEDGER_DATABASE_URL), as by
-    `runledger db upgrade`."""
+    `runledger db upgrade`. A job whose model endpoint is unknown, or whose targets name a
+    missing or invalid block, is refused before that and before any flow run: one line, exit
+    status 2 (docs/how-to/outbox.md)."""
     from flows.jobs.schedule import require_due
     from flows.registry import get_job, upgrade_ledger
 

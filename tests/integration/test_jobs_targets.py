@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterator
 
+import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 from typer.testing import CliRunner
@@ -24,6 +26,16 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture
+def targets() -> Iterator[list[Target]]:
+    """A probe job's targets, emptied when the test ends: the registry outlives the test, and
+    a registered job with a webhook or object target would fail a later `runledger check` of
+    this process (its channels line)."""
+    wanted: list[Target] = []
+    yield wanted
+    wanted.clear()
+
+
 def flow_runs_named(name: str) -> int:
     async def count() -> int:
         async with get_client() as client:
@@ -33,12 +45,13 @@ def flow_runs_named(name: str) -> int:
 
 
 def test_a_missing_webhook_block_stops_the_tick_before_anything_is_written_or_paid(
-        env: Env) -> None:
+        env: Env, targets: list[Target]) -> None:
     """A target naming an endpoint block that does not exist: the flow run ends Failed, named
     NotReady, with one line naming the block and the fix; no Run, no collect, no model call.
     Once the block exists, the same tick completes."""
     block = unique("absent-api")
-    probe = probe_job(targets=[Target.email(), Target.webhook(block)])
+    targets += [Target.email(), Target.webhook(block)]
+    probe = probe_job(targets=lambda: list(targets))
     state, _ = env.run(probe.name, period=PERIOD)
     assert (state.type.value, state.name) == ("FAILED", "NotReady")
     message = state.message or ""
@@ -55,12 +68,14 @@ def test_a_missing_webhook_block_stops_the_tick_before_anything_is_written_or_pa
     assert [r.status for r in env.ledger.runs(job=probe.name)] == ["completed"]
 
 
-def test_a_plain_http_block_off_loopback_is_invalid_not_missing(env: Env) -> None:
+def test_a_plain_http_block_off_loopback_is_invalid_not_missing(
+        env: Env, targets: list[Target]) -> None:
     """A block that exists but whose URL is plain http off loopback: InvalidBlock's words (what
     is wrong with it), not "does not exist"; nothing written."""
     block = unique("plain-api")
     WebhookEndpoint(url="http://hooks.example.com/in").save(block)
-    probe = probe_job(targets=[Target.webhook(block)])
+    targets.append(Target.webhook(block))
+    probe = probe_job(targets=lambda: list(targets))
     state, _ = env.run(probe.name, period=PERIOD)
     assert (state.type.value, state.name) == ("FAILED", "NotReady")
     assert f"webhook endpoint {block!r} is invalid" in (state.message or "")
@@ -69,11 +84,13 @@ def test_a_plain_http_block_off_loopback_is_invalid_not_missing(env: Env) -> Non
     assert env.ledger.runs(job=probe.name) == [] and env.model_calls() == 0
 
 
-def test_a_missing_bucket_and_an_unknown_endpoint_are_named_together(env: Env) -> None:
+def test_a_missing_bucket_and_an_unknown_endpoint_are_named_together(
+        env: Env, targets: list[Target]) -> None:
     """Every problem of the tick in its one line: the unknown endpoint (with the known ones)
     and the missing S3Bucket block."""
     bucket = unique("no-bucket")
-    probe = probe_job(endpoint="nowhere", targets=[Target.object(bucket)])
+    targets.append(Target.object(bucket))
+    probe = probe_job(endpoint="nowhere", targets=lambda: list(targets))
     state, _ = env.run(probe.name, period=PERIOD)
     assert state.name == "NotReady"
     message = state.message or ""
@@ -109,17 +126,17 @@ def test_the_shipped_job_declares_the_webhook_and_bucket_its_settings_name(env: 
 
 
 def test_a_revision_that_would_send_to_a_missing_block_is_refused_before_it_is_requested(
-        env: Env) -> None:
+        env: Env, targets: list[Target]) -> None:
     """A job whose targets gained a missing webhook block since its Run completed: a revise
     that resends ends NotReady with no revision row and no model call; one that sends nothing
     (resend=False) needs no block and is revised."""
-    wanted = [Target.email()]
-    probe = probe_job(targets=lambda: list(wanted))
+    targets.append(Target.email())
+    probe = probe_job(targets=lambda: list(targets))
     state, _ = env.run(probe.name, period=PERIOD)
     assert state.is_completed(), state.message
     [run] = env.ledger.runs(job=probe.name)
     calls = env.model_calls()
-    wanted.append(Target.webhook(unique("absent-api")))
+    targets.append(Target.webhook(unique("absent-api")))
     refused = final_state(revise(run_id=run.run_id, reason="new wording", return_state=True))
     assert (refused.type.value, refused.name) == ("FAILED", "NotReady")
     assert "does not exist" in (refused.message or "")

@@ -176,8 +176,32 @@ def _smtp_greeting(host: str, port: int) -> str:
     return "answered 220"
 
 
+def channels_findings() -> list[Finding]:
+    """Every channel a job's targets name is one the delivery deployment delivers
+    (RUNLEDGER_DELIVERY_CHANNELS): otherwise its messages would wait in the outbox forever."""
+    from flows.delivery.settings import DeliverySettings
+
+    delivered = DeliverySettings().channel_list
+    findings: list[Finding] = []
+    try:
+        jobs = registered_jobs()
+        for job in jobs.values():
+            channels = dict.fromkeys(t.channel for t in job.target_list())
+            findings += [Finding(
+                "fail", "channels",
+                f"job {job.name} queues {channel} messages, which RUNLEDGER_DELIVERY_CHANNELS="
+                f"{','.join(delivered)} does not deliver; add {channel} to it")
+                for channel in channels if channel not in delivered]
+    except RunledgerError as exc:
+        return [Finding("fail", "channels", str(exc))]
+    return findings or [Finding("ok", "channels", f"every job's messages go by "
+                                                  f"{', '.join(delivered)}, which RUNLEDGER_"
+                                                  "DELIVERY_CHANNELS delivers")]
+
+
 def model_finding() -> Finding:
-    """The model endpoint answers (any HTTP answer; 401/403 says the key is refused)."""
+    """The model endpoint answers its probe (GET /models) with success; 401/403 says the key
+    is refused, any other answer that the URL is not the API's base."""
     from flows.settings import RunledgerSettings
 
     settings = RunledgerSettings()
@@ -194,10 +218,14 @@ def model_finding() -> Finding:
     if response.status_code in (401, 403):
         return Finding("fail", "model", f"{base} refused the key ({response.status_code}): "
                                         "RUNLEDGER_MODEL_API_KEY")
+    if not response.is_success:
+        return Finding("fail", "model", f"{base}/models answered {response.status_code}, not "
+                                        "success: RUNLEDGER_MODEL_BASE_URL must be the base of an "
+                                        "OpenAI-compatible API (usually ending in /v1)")
     return Finding("ok", "model", f"{base} answered {response.status_code}")
 
 
 def check_all(api_url: str | None, now: datetime, folder: Path) -> list[Finding]:
     """Every finding, in reading order."""
     return [ledger_finding(), *jobs_finding(), *deployment_findings(api_url, now, folder),
-            mail_finding(), model_finding()]
+            *channels_findings(), mail_finding(), model_finding()]

@@ -68,3 +68,8 @@ class DeliveryConfigurationError(RunledgerError):
 class PeriodNotDue(InvalidInput):
     """The period's occurrence is not due yet: a completed Run never changes, so running it
     early would lock in early content. Nothing was written."""
+
+
+class NotReady(InvalidInput):
+    """A tick cannot start: its model endpoint is unknown, or a block its targets name is
+    missing or invalid. Nothing was written and no model call was paid."""

@@ -3,12 +3,17 @@ starts, so a deployment's environment decides them, not the code that imported t
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flows.prices import Currency, ModelPrice
+
+# A field's json_schema_extra key: what leaving its variable unset means, for its error line.
+UNSET = "unset"
+_SECRET_WORDS = ("api_key", "secret", "password", "auth")
 
 
 class EndpointLimits(BaseModel):
@@ -91,16 +96,17 @@ class RunledgerSettings(BaseSettings):
         default=None, description="Name of a saved \"runledger model prices\" Prefect block, "
                                   "read instead of RUNLEDGER_MODEL_PRICES (editable in the UI).")
     model_requests_per_minute: float | None = Field(
-        default=None, gt=0, description="The default endpoint's requests per minute, shared "
-                                        "by every worker (none: learned from 429s).")
+        default=None, gt=0, json_schema_extra={UNSET: "no limit, learned from 429s"},
+        description="The default endpoint's requests per minute, shared "
+                    "by every worker (none: learned from 429s).")
     model_tokens_per_minute: int | None = Field(
-        default=None, gt=0, description="The default endpoint's tokens per minute, shared by "
-                                        "every worker.")
+        default=None, gt=0, json_schema_extra={UNSET: "no limit"},
+        description="The default endpoint's tokens per minute, shared by every worker.")
     model_max_concurrent: int | None = Field(
-        default=None, gt=0, description="The default endpoint's requests in flight at once, "
-                                        "shared by every worker; also how many subjects a tick "
-                                        "runs at once unless RUNLEDGER_SUBJECT_CONCURRENCY is "
-                                        "set.")
+        default=None, gt=0, json_schema_extra={UNSET: "no limit"},
+        description="The default endpoint's requests in flight at once, shared by every "
+                    "worker; also how many subjects a tick runs at once unless "
+                    "RUNLEDGER_SUBJECT_CONCURRENCY is set.")
     model_refused_for_seconds: float = Field(
         default=300.0, gt=0, description="How long a call waits out an endpoint's refusals "
                                          "(429s and their pauses) before its subject ends as a "
@@ -115,8 +121,8 @@ class RunledgerSettings(BaseSettings):
                                        "each call.")
 
     lease_seconds: float | None = Field(
-        default=None, gt=0, description="Overrides every job's lease duration (default 900 s)."
-    )
+        default=None, gt=0, json_schema_extra={UNSET: "each job's own lease"},
+        description="Overrides every job's lease duration (default 900 s).")
     subject_concurrency: int = Field(
         default=8, ge=1, description="Subjects processed at once; when not set, the job's "
                                      "endpoint's max concurrent (if it has one), else 8.")
@@ -147,3 +153,60 @@ class RunledgerSettings(BaseSettings):
             raise ValueError("RUNLEDGER_MODEL_PRICES needs RUNLEDGER_MODEL_CURRENCY, an ISO 4217 "
                              "code such as USD")
         return self
+
+
+def settings_problems(error: ValidationError) -> list[str]:
+    """One line per bad field of any settings class (RUNLEDGER_*, a job's own): the environment
+    variable, the value given (a secret's left out), what is wrong, and what unsetting it means.
+    Empty when ``error`` is not about a settings class."""
+    kind = _settings_class(error.title)
+    if kind is None:
+        return []
+    return [_problem(kind, dict(e)) for e in error.errors()]
+
+
+def _settings_class(title: str) -> type[BaseSettings] | None:
+    """The settings class called ``title`` (a ValidationError's title is its class's name)."""
+    found: list[type[BaseSettings]] = [BaseSettings]
+    while found:
+        kind = found.pop()
+        if kind.__name__ == title and kind is not BaseSettings:
+            return kind
+        found.extend(kind.__subclasses__())
+    return None
+
+
+def _problem(kind: type[BaseSettings], e: dict[str, Any]) -> str:
+    wrong = str(e["msg"]).removeprefix("Value error, ").replace("Input should be", "must be")
+    loc = [str(part) for part in e["loc"]]
+    if not loc:  # a rule across fields: its message names the variables
+        return wrong
+    # A field with a validation alias (its variable's full name) is located by that alias.
+    field = kind.model_fields.get(loc[0]) or next(
+        (f for f in kind.model_fields.values() if f.validation_alias == loc[0]), None)
+    alias = field.validation_alias if field is not None else None
+    prefix = str(kind.model_config.get("env_prefix", ""))
+    name = (alias if isinstance(alias, str) else f"{prefix}{loc[0]}").upper()
+    if e["type"] == "missing":  # its "input" is every value given, secrets included
+        what = (field.description or "") if field is not None else ""
+        return f"{name}: must be set" + (f" ({what[:1].lower()}{what[1:].rstrip('.')})"
+                                          if what else "")
+    secret = (field is not None and "SecretStr" in str(field.annotation)) or any(
+        word in part.lower() for part in loc for word in _SECRET_WORDS)
+    if len(loc) > 1:  # inside a JSON value: the path to the bad entry
+        where = "" if secret else f" ({'.'.join(loc[1:])}={e.get('input')!r})"
+        return f"{name}{where}: {wrong}"
+    given = "" if secret else f"={e.get('input')}"
+    return f"{name}{given}: {wrong}{_unset(field)}"
+
+
+def _unset(field: FieldInfo | None) -> str:
+    """What leaving the variable unset gives: its hint, or its default."""
+    extra = field.json_schema_extra if field is not None else None
+    if isinstance(extra, dict) and UNSET in extra:
+        return f" (or unset: {extra[UNSET]})"
+    if field is None or field.is_required():
+        return ""
+    default = field.get_default(call_default_factory=True)
+    return " (or unset)" if default is None or default in ({}, []) else \
+        f" (or unset: {default})"

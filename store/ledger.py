@@ -182,7 +182,7 @@ class Ledger:
                 raise
             raise LedgerNotReady(f"no ledger at {shown} (RUNLEDGER_DATABASE_URL): {exc}. Set "
                                  "RUNLEDGER_DATABASE_URL to the ledger this deployment uses, or "
-                                 "create it with `runledger db upgrade`") from None
+                                 f"{_create_database_advice(self.engine.url)}") from None
         head = _head_revision()
         if head not in found:
             raise LedgerNotReady(
@@ -400,3 +400,14 @@ class Ledger:
     def storage(self) -> Storage:
         """The space the ledger's tables take, as the database reports it."""
         return self._read(ledger_storage)
+
+
+def _create_database_advice(url: sa.URL) -> str:
+    """How to create the PostgreSQL database ``url`` names (``runledger db upgrade`` creates
+    its tables, not the database), then its schema."""
+    parts = [f"-h {url.host}" if url.host else "", f"-p {url.port}" if url.port else "",
+             f"-U {url.username}" if url.username else ""]
+    command = " ".join(["createdb", *[p for p in parts if p], str(url.database)])
+    name = str(url.database).replace('"', '""')
+    return (f"create it with `{command}` (or the SQL `CREATE DATABASE \"{name}\";` as a user "
+            "allowed to create databases), then `runledger db upgrade`")

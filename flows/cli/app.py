@@ -3,8 +3,45 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import typer
+from pydantic import ValidationError
+from typer import _click  # the click Typer vendors, whose Context its groups take
+from typer.core import TyperGroup
+
+from flows.cli.output import error
+from flows.delivery.settings import DeliverySettings
+from flows.settings import RunledgerSettings, settings_problems
+from store import LedgerSettings
+
+# The settings every command reads, checked before any command runs.
+SETTINGS = (RunledgerSettings, LedgerSettings, DeliverySettings)
+SETTINGS_ERROR = 2
+
+
+class Commands(TyperGroup):
+    """The command group: a settings error, before or during any command (`check` included),
+    is one line per bad variable and exit status 2, never a pydantic traceback."""
+
+    def invoke(self, ctx: _click.Context) -> Any:
+        problems: list[str] = []
+        for kind in SETTINGS:
+            try:
+                kind()
+            except ValidationError as exc:
+                problems += settings_problems(exc)
+        try:
+            if not problems:
+                return super().invoke(ctx)
+        except ValidationError as exc:  # a job's own settings, or one read later
+            problems = settings_problems(exc)
+            if not problems:
+                raise
+        for problem in problems:
+            error(problem)
+        raise typer.Exit(SETTINGS_ERROR)
+
 
 # "rich": help texts may carry Rich markup (none does yet); Typer keeps the line ends of a
 # docstring in that mode, which `help_as_paragraphs` removes.
@@ -14,6 +51,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     rich_markup_mode="rich",
+    cls=Commands,
 )
 db_app = typer.Typer(help="Ledger database schema.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect logical runs, their attempts and outbox rows.", no_args_is_help=True)

@@ -18,6 +18,7 @@ from flows.cli.app import app, outbox_app
 from flows.cli.output import console, fail, open_ledger, print_json
 from flows.delivery.dispatcher import Dispatcher
 from flows.delivery.report import DeliveryReport
+from flows.delivery.settings import DeliverySettings
 from flows.errors import DeliveryConfigurationError
 from flows.mail.letter import message_id_for
 from flows.mail.sink import Fault, serve
@@ -47,6 +48,7 @@ def deliver(
     ledger = open_ledger()
     try:
         reports = asyncio.run(_passes(ledger, channel, batch_size, max_seconds))
+        waiting = {} if channel else _not_delivered(ledger)
     except DeliveryConfigurationError as exc:
         raise fail(exc, CONFIGURATION_EXIT, label="configuration error") from None
     finally:
@@ -70,6 +72,26 @@ def deliver(
             for row in rows:
                 table.add_row(*row.values())
             out.print(table)
+    delivered = DeliverySettings().channels
+    for name, count in waiting.items():
+        out.print(f"[yellow]not delivered:[/] {count}{'+' if count >= WAITING_SHOWN else ''} "
+                  f"{name} message(s) wait in the outbox: RUNLEDGER_DELIVERY_CHANNELS="
+                  f"{delivered} does not deliver {name}; add it (or run deliver --channel "
+                  f"{name})", highlight=False)
+
+
+WAITING_SHOWN = 1000
+
+
+def _not_delivered(ledger: Ledger) -> dict[str, int]:
+    """Messages waiting (pending or retry) per channel RUNLEDGER_DELIVERY_CHANNELS leaves out,
+    counted up to WAITING_SHOWN."""
+    delivered = DeliverySettings().channel_list
+    found = {name: sum(len(ledger.outbox.messages(status=status, channel=name,
+                                                 limit=WAITING_SHOWN))
+                       for status in ("pending", "retry"))
+             for name in CHANNELS if name not in delivered}
+    return {name: count for name, count in found.items() if count}
 
 
 async def _passes(ledger: Ledger, channel: str | None, batch_size: int,

@@ -45,11 +45,19 @@ RUN_OUTBOX_COLUMNS = [Col("message id"), Col("channel", drop=1), Col("recipient"
                       Col("status"), Col("attempts", drop=2),
                       Col("last error", fold=FOLD, optional=True)]
 # An address is what the list is read for and a folded one is misread: it never folds; the
-# run id, the channel and the subject are left out first at 80 columns.
-OUTBOX_COLUMNS = [Col("message id"), Col("run id", drop=5), Col("channel", drop=4),
-                  Col("target"), Col("subject", fold=FOLD, drop=3), Col("status"),
+# run id, the channel and the subject are left out first at 80 columns. "for" is the Run a
+# message belongs to (job, subject, period): a webhook's or object's target and subject are
+# the same on every row of a job.
+OUTBOX_COLUMNS = [Col("message id"), Col("run id", drop=6), Col("channel", drop=5),
+                  Col("target"), Col("for", fold=FOLD, drop=3),
+                  Col("subject", fold=FOLD, drop=4), Col("status"),
                   Col("attempts", drop=1), Col("next attempt (UTC)", drop=2),
                   Col("last error", fold=FOLD, optional=True)]
+
+
+def run_for(run: Run | None) -> str:
+    """The Run a message belongs to, as its job, subject and period (``-`` if pruned)."""
+    return "-" if run is None else f"{run.job} {run.subject} {period_label(run)}"
 
 
 def _check_choice(value: str | None, allowed: tuple[str, ...], what: str) -> None:
@@ -261,12 +269,14 @@ def outbox_list(
             raise fail(exc) from exc
         messages = ledger.outbox.recent_messages(status=status, run_id=run, channel=channel,
                                                  limit=limit)
+        runs = ledger.get_many(list(dict.fromkeys(m.run_id for m in messages)))
     if as_json:
         print_json([m.model_dump(mode="json", exclude={"body", "payload"}) for m in messages])
         return
     out = console()
     print_table(out, OUTBOX_COLUMNS, [
-        [short_id(m.message_id), short_id(m.run_id), m.channel, m.recipient, m.subject, m.status,
-         str(m.attempts), utc(m.next_attempt_at), m.last_error or ""] for m in messages])
+        [short_id(m.message_id), short_id(m.run_id), m.channel, m.recipient,
+         run_for(runs.get(m.run_id)), m.subject, m.status, str(m.attempts),
+         utc(m.next_attempt_at), m.last_error or ""] for m in messages])
     if len(messages) == limit:
         out.print(f"the newest {limit}; older ones with a larger --limit", highlight=False)

@@ -23,7 +23,7 @@ def error(problem: BaseException | str, label: str = "error") -> None:
     """Print ``label: problem`` in one line on stderr. The problem's text is escaped: an error
     quoting a subject, a URL or a Python repr has brackets Rich would read as markup."""
     console(stderr=True).print(f"[bold red]{escape(label)}:[/] {escape(str(problem))}",
-                               highlight=False)
+                               highlight=False, soft_wrap=True)
 
 
 def fail(problem: BaseException | str, code: int = 1, label: str = "error") -> typer.Exit:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, cast
@@ -13,6 +14,7 @@ from flows.cli.app import app
 from flows.cli.flow_runs import run_here
 from flows.cli.output import console, fail, open_ledger, print_json
 from flows.cli.tables import FOLD, Col, print_table, short_id
+from flows.errors import NotReady
 from flows.jobs.schedule import NOT_DUE_FLAG
 from store import Period, RunledgerError
 
@@ -49,10 +51,12 @@ def run(
 
     Uses the Prefect server at PREFECT_API_URL, or a temporary local one. The ledger schema
     and the jobs' own tables are created or migrated first (RUNLEDGER_DATABASE_URL), as by
-    `runledger db upgrade`.
+    `runledger db upgrade`. A job whose model endpoint is unknown, or whose targets name a
+    missing or invalid block, is refused before that and before any flow run.
 
     Exit status: 0 when the tick ran; 1 when a subject failed; 2 for a bad job, subject or
-    period (nothing run); 3 when nothing failed but a Run is held elsewhere (another worker
+    period, an unknown model endpoint or a missing or invalid block (nothing run; one line,
+    docs/how-to/outbox.md); 3 when nothing failed but a Run is held elsewhere (another worker
     holds its lease): a line names who holds it and until when; wait for it, or run
     `runledger runs release RUN` if that worker is dead."""
     from flows.jobs.schedule import require_due
@@ -68,25 +72,34 @@ def run(
         require_due(definition, the_period, now, allow_not_due=allow_not_due)
     except RunledgerError as exc:
         raise fail(exc, code=2) from None
-    ledger = open_ledger()
-    try:
-        upgrade_ledger(ledger)
-    finally:
-        ledger.close()
     from flows.run_job.outcomes import TickReport
 
-    def call() -> Coroutine[Any, Any, State[Any]]:
+    def ready() -> None:
+        """The tick's endpoint and targets' blocks checked (on the Prefect server the flow run
+        uses), then the ledger upgraded: a job that is not ready writes nothing."""
+        from flows.run_job.preflight import preflight
+        from flows.settings import RunledgerSettings
+
+        preflight(definition, RunledgerSettings())
+        with open_ledger() as ledger:
+            upgrade_ledger(ledger)
+
+    async def call() -> State[Any]:
         from flows.run_job.flow import run_job
 
-        return cast("Coroutine[Any, Any, State[Any]]", run_job(
+        await asyncio.to_thread(ready)
+        return await cast("Coroutine[Any, Any, State[Any]]", run_job(
             job=job, subjects=subject or None, period=period or the_period.start.isoformat(),
             allow_not_due=allow_not_due, return_state=True))
 
     def stopped() -> None:
         _print_stopped(definition.name, the_period)
 
-    value, state = run_here(call, TickReport, what=f"{job} {the_period.label}",
-                            stopped=stopped)
+    try:
+        value, state = run_here(call, TickReport, what=f"{job} {the_period.label}",
+                                stopped=stopped)
+    except NotReady as exc:  # no flow run was created
+        raise fail(exc, code=2) from None
     if as_json:
         print_json({**value.as_dict(), "flow_run_id": str(state.state_details.flow_run_id)})
     else:

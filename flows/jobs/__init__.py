@@ -6,6 +6,7 @@ from flows.errors import PermanentError, TransientError, ValidationFailed
 from flows.jobs.budget import Budget
 from flows.jobs.job import Candidate, Job, MissedRunPolicy
 from flows.model import Generation, Model
+from flows.targets import Target
 from store import InvalidInput, OutboxMessage, Period, normalize_address
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "OutboxMessage",
     "Period",
     "PermanentError",
+    "Target",
     "TransientError",
     "ValidationFailed",
     "normalize_address",

@@ -25,6 +25,7 @@ from flows.jobs import (
     Model,
     OutboxMessage,
     Period,
+    Target,
     ValidationFailed,
     normalize_address,
 )
@@ -173,6 +174,14 @@ def messages(workspace: str, period: Period, output: dict[str, Any]) -> list[Out
     return made
 
 
+def targets() -> list[Target]:
+    """Email, and the webhook endpoint and bucket when they are set."""
+    settings = _settings()
+    return [Target.email(),
+            *([Target.webhook(settings.webhook)] if settings.webhook else []),
+            *([Target.object(settings.bucket)] if settings.bucket else [])]
+
+
 def params(workspace: str, period: Period) -> dict[str, Any]:
     """The recipients shape the Run: the same day with other recipients (or another webhook
     endpoint or bucket) is a conflict."""
@@ -196,6 +205,7 @@ job = Job(
     transform=transform,
     validate=validate,
     messages=messages,
+    targets=targets,
     params=params,
     # A summary three days late helps nobody: after an outage only the latest day runs.
     missed_runs="latest",

@@ -19,6 +19,7 @@ from sqlalchemy import MetaData
 from flows.errors import InvalidJob, UnknownSubject
 from flows.jobs.budget import Budget
 from flows.model import Model
+from flows.targets import Target
 from store import Effect, OutboxMessage, Period, RunIdentity
 
 MissedRunPolicy = Literal["skip", "latest", "catch-up"]
@@ -49,6 +50,7 @@ Validate = Callable[[Candidate], None]
 Messages = Callable[[str, Period, dict[str, Any]], Sequence[OutboxMessage]]
 Params = Callable[[str, Period], dict[str, Any]]
 Subjects = Sequence[str] | Callable[[], Iterable[str]]
+Targets = Sequence[Target] | Callable[[], Iterable[Target]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +67,10 @@ class Job:
         transform: ``transform(raw, model) -> Candidate``.
         validate: ``validate(candidate)`` raises ``ValidationFailed`` to reject it.
         messages: ``messages(subject, period, output) -> [OutboxMessage]``, queued on completion.
+        targets: where those messages go (``Target.email()``, ``Target.webhook("block")``,
+            ``Target.object("block")``), or a function listing them when a tick starts; default:
+            email only. A tick checks their blocks before its first model call, and
+            ``runledger check`` that the delivery deployment delivers their channels.
         effect: ``effect(session, output)``, business rows committed with the completion.
         params: ``params(subject, period) -> dict``, what shapes the Run besides its identity
             (e.g. the recipients); the same Run with other params is a conflict.
@@ -105,6 +111,7 @@ class Job:
     transform: Transform
     validate: Validate
     messages: Messages
+    targets: Targets = (Target.email(),)
     effect: Effect | None = None
     params: Params | None = None
     tables: MetaData | None = None
@@ -163,6 +170,8 @@ class Job:
                 or self.max_attempts < 1:
             raise InvalidJob(f"job {self.name}: max_attempts must be a positive integer, "
                              f"got {self.max_attempts!r}")
+        if not callable(self.targets):
+            self.target_list()
         for stage in ("collect", "transform", "validate", "messages"):
             if not callable(getattr(self, stage)):
                 raise InvalidJob(f"job {self.name}: {stage} must be a function")
@@ -179,6 +188,15 @@ class Job:
     def subject_names(self) -> list[str]:
         """Every subject of a tick, in order, without repeats."""
         listed = self.subjects() if callable(self.subjects) else self.subjects
+        return list(dict.fromkeys(listed))
+
+    def target_list(self) -> list[Target]:
+        """Where this job's messages go, in order, without repeats."""
+        listed = list(self.targets() if callable(self.targets) else self.targets)
+        if isinstance(self.targets, str) or not all(isinstance(t, Target) for t in listed):
+            raise InvalidJob(f"job {self.name}: targets must be Targets, such as "
+                             f"[Target.email(), Target.webhook(\"reports-api\")], got "
+                             f"{self.targets!r}")
         return list(dict.fromkeys(listed))
 
     def resolve_subjects(self, requested: Sequence[str] | None) -> list[str]:

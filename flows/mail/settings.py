@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flows.mail.errors import MailConfigurationError
+from flows.settings import settings_problems
 from store import normalize_address
 
 S = TypeVar("S", bound=BaseSettings)
@@ -148,21 +149,9 @@ class ProviderSettings(BaseSettings):
 
 def load_settings(kind: type[S], **values: Any) -> S:
     """Settings of ``kind`` from the environment and ``values``; a problem becomes one
-    ``MailConfigurationError`` naming each bad field (input values are left out: they may be secret)."""
+    ``MailConfigurationError`` naming each bad variable (a secret's value left out)."""
     try:
         return kind(**values)
     except ValidationError as exc:
-        problems = "; ".join(_problem(kind, error["loc"], error["msg"]) for error in exc.errors())
-        raise MailConfigurationError(f"invalid settings: {problems}") from None
-
-
-def _problem(kind: type[BaseSettings], loc: tuple[int | str, ...], message: str) -> str:
-    message = message.removeprefix("Value error, ")
-    if not loc:
-        return message
-    name = str(loc[0])
-    field = kind.model_fields.get(name)
-    if field is not None:
-        alias = field.validation_alias
-        name = alias if isinstance(alias, str) else f"{kind.model_config.get('env_prefix', '')}{name}"
-    return f"{name.upper()}: {message}"
+        raise MailConfigurationError(
+            f"invalid settings: {'; '.join(settings_problems(exc))}") from None

@@ -36,7 +36,7 @@ from prefect.context import FlowRunContext, SyncClientContext
 from prefect.runtime import deployment as current_deployment
 from prefect.runtime import flow_run as current_flow_run
 from prefect.runtime import task_run as current_task_run
-from prefect.states import Completed
+from prefect.states import Completed, Failed
 from prefect.tasks import Task
 from prefect.utilities.annotations import quote
 
@@ -48,7 +48,7 @@ from flows.budgeting import (
     overrun_payload,
     refusal_text,
 )
-from flows.errors import LeaseLapsed, is_transient
+from flows.errors import LeaseLapsed, NotReady, is_transient
 from flows.events import emit_job_event
 from flows.jobs import Candidate, Job, TransientError, ValidationFailed
 from flows.jobs.schedule import require_due
@@ -73,6 +73,7 @@ from flows.run_job.monitoring import (
     wait_for_tick_artifacts,
 )
 from flows.run_job.outcomes import Outcome, SubjectOutcome, TickReport
+from flows.run_job.preflight import NOT_READY_STATE, preflight
 from flows.run_job.shards import (
     ShardPlan,
     check_shard_label,
@@ -155,6 +156,12 @@ async def run_job(job: str, subjects: list[str] | None = None,
         await label_flow_run(f"{job}/invalid-input", None)
         raise
     settings = RunledgerSettings()
+    try:  # before anything is written or paid for; a one-line state, not a traceback
+        await asyncio.to_thread(preflight, definition, settings)
+    except NotReady as exc:
+        await label_flow_run(f"{definition.name}/{the_period.label}", definition)
+        logger.error("%s", exc)
+        return Failed(name=NOT_READY_STATE, message=str(exc))
     # Name and tags are monitoring: their API call need not hold up the tick.
     name = f"{definition.name}/{the_period.label}"
     labelling = asyncio.create_task(label_flow_run(

@@ -16,7 +16,9 @@ from typing import Any
 
 from prefect import State, flow, get_run_logger
 from prefect.runtime import flow_run as current_flow_run
+from prefect.states import Failed
 
+from flows.errors import NotReady
 from flows.jobs import Job
 from flows.jobs.schedule import require_due
 from flows.registry import get_job
@@ -24,6 +26,7 @@ from flows.run_job.findings import describe
 from flows.run_job.flow import configured_stages, ledgered, process_subject
 from flows.run_job.lease_keeper import LeaseKeeper
 from flows.run_job.outcomes import STATE_NAMES, Outcome, SubjectOutcome, outcome_state
+from flows.run_job.preflight import NOT_READY_STATE, preflight
 from flows.run_job.stop import Stop
 from flows.run_job.tick import Revising
 from flows.settings import RunledgerSettings
@@ -63,6 +66,9 @@ async def revise(run_id: str, reason: str, recollect: bool = False, resend: bool
         report = await asyncio.to_thread(
             run_revision, run_id, reason, recollect, resend, params, RunledgerSettings(),
             str(current_flow_run.id), stop, allow_not_due=allow_not_due)
+    except NotReady as exc:
+        logger.error("%s", exc)
+        return Failed(name=NOT_READY_STATE, message=str(exc))
     except BaseException:
         stop.set()  # cancelled or timed out: the thread starts no more stages
         raise
@@ -140,6 +146,7 @@ def run_revision(run_id: str, reason: str, recollect: bool, resend: bool,
         job = get_job(target.job)
         require_due(job, _period(job, target), ledger.now(), allow_not_due=allow_not_due)
         params = check_revisable(job, target, params)
+        preflight(job, settings, sends=resend)  # before the revision is requested
         if target.revision > 0 and target.status in ("pending", "running"):
             revision = target  # resume an unfinished revision, named by its own id
         else:

@@ -5,7 +5,9 @@ file already there stops the scaffold before it writes anything."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
@@ -39,6 +41,12 @@ class Scaffold:
     runledger: str = "runledger"
 
     @property
+    def wheel(self) -> Path | None:
+        """The runledger wheel given as ``--runledger`` (a path ending in .whl), if any."""
+        return Path(self.runledger).expanduser().resolve() \
+            if self.runledger.endswith(".whl") else None
+
+    @property
     def module(self) -> str:
         return f"{self.package}.{self.job.replace('-', '_')}"
 
@@ -66,6 +74,9 @@ class Scaffold:
             raise ScaffoldRefused(
                 f"pyproject.toml already has {group}: add `{self.job} = \"{self.module}\"` "
                 "under it by hand; nothing was written")
+        if self.wheel is not None and not self.wheel.is_file():
+            raise ScaffoldRefused(f"--runledger {self.runledger}: no such wheel file; nothing "
+                                  "was written")
         taken = [p for p in (self.module_path, self.test_path, self.folder / "prefect.yaml")
                  if p.exists()]
         if taken:
@@ -99,6 +110,7 @@ class Scaffold:
         prefect_yaml.write_text(self.prefect_yaml(cron))
         done.append("created  prefect.yaml  (its deployment and runledger's delivery, reconcile, "
                     "prune, backfill, revise)")
+        done += self._wheel_copy()
         done.append(self._pyproject())
         readme = self.folder / "README.md"
         existed = readme.exists()
@@ -137,31 +149,51 @@ class Scaffold:
                   "#   prefect --no-prompt deploy --all --prefect-file prefect.yaml\n")
         return header + str(yaml.safe_dump(document, sort_keys=False, width=100))
 
+    def _wheel_copy(self) -> list[str]:
+        """The wheel copied into the repository's wheels/ folder, so that pyproject.toml names
+        it by a path inside the repository (valid in every clone and on every worker)."""
+        if self.wheel is None:
+            return []
+        copy = self.folder / "wheels" / self.wheel.name
+        if copy.resolve() == self.wheel:
+            return []
+        copy.parent.mkdir(exist_ok=True)
+        shutil.copyfile(self.wheel, copy)
+        return [f"copied   {copy.relative_to(self.folder)}  (commit it: pyproject.toml names it)"]
+
+    def _source(self) -> str | None:
+        """runledger's uv source as a path relative to the repository: its copied wheel, or a
+        checkout given as a folder; None for a requirement from an index."""
+        if self.wheel is not None:
+            return f"wheels/{self.wheel.name}"
+        given = Path(self.runledger).expanduser()
+        if not given.is_dir():
+            return None
+        return Path(os.path.relpath(given.resolve(), self.folder)).as_posix()
+
     def _pyproject(self) -> str:
         path = self.folder / "pyproject.toml"
         entry = f'{self.job} = "{self.module}"\n'
+        source = self._source()
         if not path.exists():
             name = self.folder.name.lower().replace("_", "-")
-            source = self.runledger
-            wheel = source.endswith(".whl") or Path(source).exists()
             text = (f'[project]\nname = "{name}"\nversion = "0.1.0"\n'
                     f'requires-python = ">=3.11"\n'
-                    f'dependencies = ["{"runledger" if wheel else source}"]\n\n'
+                    f'dependencies = ["{"runledger" if source else self.runledger}"]\n\n'
                     f'[project.entry-points."{ENTRY_POINT_GROUP}"]\n{entry}\n'
                     '[dependency-groups]\ndev = ["pytest>=8"]\n\n'
                     '[build-system]\nrequires = ["hatchling"]\n'
                     'build-backend = "hatchling.build"\n\n'
                     f'[tool.hatch.build.targets.wheel]\npackages = ["{self.package}"]\n')
-            if wheel:
-                text += (f'\n[tool.uv.sources]\nrunledger = {{ path = '
-                         f'"{Path(source).resolve()}" }}\n')
+            if source:
+                text += f'\n[tool.uv.sources]\nrunledger = {{ path = "{source}" }}\n'
             path.write_text(text)
             return "created  pyproject.toml  (runledger dependency, entry point)"
         text = path.read_text(encoding="utf-8")
         group = f'[project.entry-points."{ENTRY_POINT_GROUP}"]'
         path.write_text(text.rstrip("\n") + f"\n\n{group}\n{entry}")
         return (f"appended pyproject.toml  ({group}; runledger must be among its "
-                "dependencies: uv add runledger)")
+                f"dependencies: uv add {'./' + source if source else 'runledger'})")
 
 
 def _render(name: str, values: dict[str, str]) -> str:

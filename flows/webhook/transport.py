@@ -9,6 +9,7 @@ status lookup (``GET``: 200 delivered, 404 never seen) settles it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -30,6 +31,14 @@ TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
 # Failures where the request certainly never reached the receiver.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 REPLY_TEXT_CHARS = 300
+
+
+def lookup_signed(key: str) -> str:
+    """What a status lookup's signature covers: the key it asks about as a JSON string
+    (``"3f2a..."``). The GET carries no body; a receiver verifies with
+    ``Webhook(secret).verify(json.dumps(key), headers)``, which also binds the signature to
+    that key (an empty body would not verify: the library parses what it verified as JSON)."""
+    return json.dumps(key)
 
 
 def _text(response: httpx.Response) -> str:
@@ -157,7 +166,8 @@ class WebhookTransport:
         url = endpoint.lookup_for(parcel.key)
         try:
             response = await self._connection().get(
-                url, headers=self._headers(endpoint, parcel.key, ""), timeout=endpoint.timeout)
+                url, headers=self._headers(endpoint, parcel.key, lookup_signed(parcel.key)),
+                timeout=endpoint.timeout)
         except httpx.HTTPError as exc:
             return SendOutcome(OutcomeKind.AMBIGUOUS, error=(
                 f"status lookup of webhook {endpoint.name} failed, delivery still unknown: "

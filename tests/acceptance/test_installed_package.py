@@ -127,6 +127,8 @@ def test_the_scaffold_holds_the_job_its_entry_point_a_prefect_yaml_and_a_test(
                  "README.md", "pyproject.toml"):
         assert (folder / path).is_file(), path
     assert f'{JOB} = "acme_jobs.team_digest"' in (folder / "pyproject.toml").read_text()
+    [wheel] = (folder / "wheels").glob("runledger-*.whl")  # copied in, named relatively
+    assert f'path = "wheels/{wheel.name}"' in (folder / "pyproject.toml").read_text()
     assert "entrypoint: flows.entrypoints.run_job" in (folder / "prefect.yaml").read_text()
 
 

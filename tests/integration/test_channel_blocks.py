@@ -19,7 +19,7 @@ from flows.errors import DeliveryConfigurationError
 from flows.mail.sink import Sink
 from flows.mail.transport import OutcomeKind, Parcel
 from flows.objects.bucket import load_bucket
-from flows.targets import MissingBlock, check_targets
+from flows.targets import InvalidBlock, MissingBlock, check_targets
 from flows.webhook.block import WebhookEndpoint, load_endpoint
 from store import Ledger, OutboxMessage
 from tests.support.channels import complete_with
@@ -97,7 +97,9 @@ def test_the_delivery_settings_open_transports_that_send_through_the_blocks(
 
 
 def test_a_message_naming_a_missing_block_is_refused_before_the_completion(s3: MotoS3) -> None:
-    """check_targets names the missing block; existing ones pass."""
+    """check_targets names a missing block (MissingBlock), and one that exists but cannot be
+    used (InvalidBlock: a plain-http webhook URL or bucket endpoint off loopback); usable ones
+    pass."""
     endpoint, bucket = unique("reports-api"), unique("reports")
     WebhookEndpoint(url="https://hooks.example.com/in").save(endpoint)
     s3.block().save(bucket)
@@ -109,8 +111,14 @@ def test_a_message_naming_a_missing_block_is_refused_before_the_completion(s3: M
         check_targets([OutboxMessage.object("no-bucket", "a.md", "x", "text/markdown")])
     plain = unique("plain-api")
     WebhookEndpoint(url="http://hooks.example.com/in").save(plain)
-    with pytest.raises(MissingBlock, match="https unless the host is loopback"):
+    with pytest.raises(InvalidBlock, match="https unless the host is loopback"):
         check_targets([OutboxMessage.webhook(plain, {"x": 1})])
+    plain_bucket, block = unique("plain-bucket"), s3.block()
+    block.credentials.aws_client_parameters.endpoint_url = "http://s3.example.com"
+    block.save(plain_bucket)
+    with pytest.raises(InvalidBlock, match=r"endpoint_url must use https unless the host "
+                                           r"is loopback.*Nothing was written"):
+        check_targets([OutboxMessage.object(plain_bucket, "a.md", "x", "text/markdown")])
 
 
 @pytest.mark.timeout(300)

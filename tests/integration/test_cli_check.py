@@ -3,6 +3,7 @@ finding, exit status 1 when anything failed, the fix named in the line."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.mail.sink import Sink
+from tests.support.loopback import Answer, LoopbackServer, Request
 
 RUNNER = CliRunner()
 
@@ -98,3 +100,71 @@ def test_a_missing_ledger_a_dead_mail_server_and_a_drifting_schedule_fail_with_t
     assert line(lines, "mail").startswith(f"FAIL mail smtp 127.0.0.1:{port}: ConnectionRefused")
     assert "use cron '0 7 * * *'" in line(lines, "prefect.yaml")
     assert lines[-1].startswith("3 failed")
+
+
+class StatusServer(LoopbackServer):
+    """An HTTP server on loopback answering every request with one status."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__()
+        self.status = status
+
+    def answer(self, request: Request) -> Answer:
+        return Answer(self.status, b'{"error": "no such route"}')
+
+
+def test_a_job_queueing_webhooks_that_delivery_leaves_out_fails_the_check(
+        healthy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """competitor-summary with a webhook endpoint while RUNLEDGER_DELIVERY_CHANNELS is left at
+    email: a FAIL naming the job, the channel and the fix, exit 1; adding webhook passes."""
+    monkeypatch.setenv("RUNLEDGER_COMPETITOR_SUMMARY_WEBHOOK", "summaries-api")
+    with Sink() as sink:
+        monkeypatch.setenv("RUNLEDGER_SMTP_PORT", str(sink.port))
+        status, lines = check(healthy)
+        assert status == 1, lines
+        assert line(lines, "channels") == (
+            "FAIL channels job competitor-summary queues webhook messages, which "
+            "RUNLEDGER_DELIVERY_CHANNELS=email does not deliver; add webhook to it")
+        assert lines[-1].startswith("1 failed")
+        monkeypatch.setenv("RUNLEDGER_DELIVERY_CHANNELS", "email,webhook")
+        status, lines = check(healthy)
+    assert status == 0, lines
+    assert line(lines, "channels") == (
+        "ok channels every job's messages go by email, webhook, which "
+        "RUNLEDGER_DELIVERY_CHANNELS delivers")
+
+
+@pytest.mark.parametrize("answer", [404, 500])
+def test_a_model_endpoint_answering_anything_but_success_fails_the_check(
+        healthy: Path, monkeypatch: pytest.MonkeyPatch, answer: int) -> None:
+    """A base URL whose /models answers 404 (a wrong path) or 500: FAIL naming the answer and
+    the variable to fix, exit 1."""
+    with Sink() as sink, StatusServer(answer) as server:
+        monkeypatch.setenv("RUNLEDGER_SMTP_PORT", str(sink.port))
+        monkeypatch.setenv("RUNLEDGER_MODEL", "openai")
+        monkeypatch.setenv("RUNLEDGER_MODEL_BASE_URL", f"{server.origin}/api")
+        monkeypatch.setenv("RUNLEDGER_MODEL_NAME", "probe-model")
+        status, lines = check(healthy)
+    assert status == 1, lines
+    assert line(lines, "model") == (
+        f"FAIL model {server.origin}/api/models answered {answer}, not success: "
+        "RUNLEDGER_MODEL_BASE_URL must be the base of an OpenAI-compatible API (usually ending "
+        "in /v1)")
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_missing_postgresql_database_is_told_how_to_be_created(
+        healthy: Path, monkeypatch: pytest.MonkeyPatch, db_url: str) -> None:
+    """A URL naming a database the server does not have: the createdb command (and its SQL)
+    for that host, port and user, not `runledger db upgrade` alone, which cannot create it."""
+    missing = f"{db_url.rsplit('/', 1)[0]}/runledger_absent_{uuid.uuid4().hex[:8]}"
+    name = missing.rsplit("/", 1)[1]
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", missing)
+    monkeypatch.setenv("COLUMNS", "1000")  # the driver's whole error, on one line
+    status, lines = check(healthy)
+    assert status == 1, lines
+    found = line(lines, "ledger")
+    assert found.startswith("FAIL ledger no ledger at")
+    assert (f"create it with `createdb -h 127.0.0.1 -p 5432 -U postgres {name}` (or the SQL "
+            f"`CREATE DATABASE \"{name}\";` as a user allowed to create databases), then "
+            "`runledger db upgrade`") in found

@@ -13,10 +13,11 @@ import sqlalchemy as sa
 from typer.testing import CliRunner, Result
 
 from flows.cli import app
+from flows.mail.sink import Sink
 from flows.registry import get_job
 from store import Ledger, OutboxMessage, Run, RunIdentity
 from store.errors import LedgerError
-from tests.support.delivery import RUNLEDGER
+from tests.support.delivery import RUNLEDGER, SENDER
 
 PERIOD = datetime(2026, 11, 29, 23, tzinfo=UTC)
 
@@ -239,3 +240,50 @@ def test_stats_at_80_columns_keeps_the_job_name_on_one_line(
     assert shown.exit_code == 0, shown.output
     assert "competitor-summary" in shown.output
     assert all(len(line) <= 80 for line in shown.output.splitlines())
+
+
+def webhook_run(ledger: Ledger, subject: str) -> str:
+    """A completed Run of ``subject`` with one email and one webhook to the same endpoint as
+    every other such Run."""
+    run = ledger.register(RunIdentity("digest", subject, PERIOD, "v1"))
+    claim = ledger.claim(run.run_id, "worker-1:101", 60)
+    assert claim is not None
+    ledger.complete(claim, {"summary": "ok"}, [
+        OutboxMessage("ana@example.com", f"Digest for {subject}", "b"),
+        OutboxMessage.webhook("reports-api", {"subject": subject})])
+    return run.run_id
+
+
+def test_outbox_list_says_which_run_each_webhook_is_for(
+        invoke: Callable[..., Result], ledger: Ledger) -> None:
+    """Two Runs' webhooks to one endpoint: the same target and subject on both rows, told apart
+    by the "for" column (job, subject, period)."""
+    ids = {subject: webhook_run(ledger, subject) for subject in ("team-a", "team-b")}
+    listed = invoke("outbox", "list", "--channel", "webhook", env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    assert "for" in listed.output.splitlines()[1].replace("┃", " ").split()
+    for subject, run_id in ids.items():
+        [row] = [line for line in listed.output.splitlines() if run_id[:12] in line]
+        cells = [c.strip() for c in row.split("│")]
+        assert "reports-api" in cells and f"digest {subject} 2026-11-29T23:00+00:00" in cells
+
+
+def test_deliver_names_the_channels_whose_messages_it_leaves_waiting(
+        invoke: Callable[..., Result], ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Webhooks queued while RUNLEDGER_DELIVERY_CHANNELS=email: `deliver` sends the emails and
+    prints a "not delivered:" line with the count and the fix; the webhooks stay pending."""
+    for subject in ("team-a", "team-b"):
+        webhook_run(ledger, subject)
+    with Sink() as sink:
+        monkeypatch.setenv("RUNLEDGER_SMTP_HOST", sink.host)
+        monkeypatch.setenv("RUNLEDGER_SMTP_PORT", str(sink.port))
+        monkeypatch.setenv("RUNLEDGER_SMTP_TLS", "none")
+        monkeypatch.setenv("RUNLEDGER_MAIL_FROM", SENDER)
+        monkeypatch.setenv("RUNLEDGER_DELIVERY_CHANNELS", "email")
+        done = invoke("deliver", env={"COLUMNS": "300"})
+    assert done.exit_code == 0, done.output
+    assert len(sink.messages) == 2
+    assert ("not delivered: 2 webhook message(s) wait in the outbox: "
+            "RUNLEDGER_DELIVERY_CHANNELS=email does not deliver webhook; add it (or run deliver "
+            "--channel webhook)") in done.stdout
+    assert {m.status for m in ledger.outbox.messages(channel="webhook")} == {"pending"}

@@ -64,11 +64,12 @@ def test_a_summary_is_emailed_posted_and_written_once_each(
         assert report.startswith(f"# Competitor summary for {workspace}, {PERIOD}")
 
 
-def test_a_missing_webhook_block_refuses_the_completion_and_queues_nothing(env: Env) -> None:
-    """A job whose messages name an endpoint block that does not exist: no Run completed, no
-    outbox row, and the error names the block."""
+def test_a_missing_webhook_block_refuses_the_tick_and_queues_nothing(env: Env) -> None:
+    """A job whose targets name an endpoint block that does not exist: no Run completed, no
+    outbox row, no model call, and the error names the block."""
     env.set(competitor_summary_webhook=f"absent-{uuid.uuid4().hex[:8]}")
     state, error = env.run("competitor-summary", period=PERIOD)
     assert env.ledger.outbox.messages(limit=10) == []
     assert all(r.status != "completed" for r in env.ledger.runs())
     assert "absent-" in (state.message or "") + str(error)
+    assert env.model_calls() == 0

@@ -165,6 +165,24 @@ def test_the_lookup_says_never_seen_when_the_receiver_lacks_it(receiver: Webhook
     assert receiver.lookups[KEY] == 1
 
 
+def test_a_status_lookup_verifies_with_standardwebhooks_as_documented(
+        receiver: WebhookReceiver) -> None:
+    """The receiver runs ``Webhook(secret).verify(json.dumps(key), headers)`` on the GET, as
+    docs/how-to/outbox.md says: it verifies (no bad signature), and the lookup answers."""
+    assert settle(transport(receiver)) is None
+    assert (receiver.lookups[KEY], receiver.bad_signatures) == (1, 0)
+
+
+def test_a_status_lookup_signed_with_another_secret_is_refused_by_the_receiver(
+        receiver: WebhookReceiver) -> None:
+    """A wrong signing secret: the receiver's verify fails, it answers 401, and the lookup is a
+    configuration error naming the secret, never a delivery outcome."""
+    wrong = transport(receiver, secret=SecretStr("whsec_" + "d3Jvbmctc2VjcmV0LXdyb25nLXNlY3JldA=="))
+    with pytest.raises(DeliveryConfigurationError, match="refused the status lookup"):
+        settle(wrong)
+    assert (receiver.lookups[KEY], receiver.bad_signatures) == (0, 1)
+
+
 def test_an_endpoint_without_a_lookup_is_never_asked() -> None:
     """No lookup configured: settling gives None (today's behaviour), no GET is sent."""
     with WebhookReceiver(lookup=False) as receiver:

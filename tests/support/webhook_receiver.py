@@ -149,6 +149,13 @@ class WebhookReceiver:
         if not self.lookup or not handler.path.startswith(prefix):
             return _reply(handler, 405, {"error": "no status lookup here"})
         key = handler.path[len(prefix):]
+        if self.secret is not None:  # as docs/how-to/outbox.md tells a receiver to
+            try:
+                Webhook(self.secret).verify(json.dumps(key), dict(handler.headers))
+            except WebhookVerificationError:
+                with self.lock:
+                    self.bad_signatures += 1
+                return _reply(handler, 401, {"error": "bad signature"})
         with self.lock:
             self.lookups[key] += 1
             known = key in self.bodies

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from flows.errors import InvalidJob, UnknownSubject
-from flows.jobs import Candidate, Job
-from store import OutboxMessage, Period
+from flows.jobs import Candidate, Job, Target
+from store import InvalidInput, OutboxMessage, Period
 from store.errors import InvalidPeriod
 
 
@@ -69,6 +69,27 @@ def test_a_job_needs_an_endpoint_name(name: object) -> None:
     """An empty, overlong or non-text endpoint name is an InvalidJob."""
     with pytest.raises(InvalidJob, match="endpoint must name"):
         make(endpoint=name)
+
+
+@pytest.mark.parametrize("targets", ["email", ["email"], [None]])
+def test_a_jobs_targets_must_be_targets(targets: object) -> None:
+    """A string, or a list holding something other than Targets, is an InvalidJob naming the
+    form it takes."""
+    with pytest.raises(InvalidJob, match=r"targets must be Targets, such as \[Target.email\(\)"):
+        make(targets=targets)
+
+
+def test_a_jobs_targets_default_to_email_and_lose_repeats() -> None:
+    """No targets: email only; the same target twice is listed once, in order."""
+    assert make().target_list() == [Target.email()]
+    hook = Target.webhook("reports-api")
+    assert make(targets=[hook, Target.email(), hook]).target_list() == [hook, Target.email()]
+
+
+def test_a_target_names_its_block_as_a_block_name() -> None:
+    """A webhook or object target's block is a Prefect block name, or an InvalidInput."""
+    with pytest.raises(InvalidInput, match="webhook target's endpoint block"):
+        Target.webhook("Reports API")
 
 
 def test_a_job_needs_callable_stages() -> None:

@@ -22,7 +22,7 @@ import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import UTC, datetime
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -48,14 +48,35 @@ from store.faults import (
     AFTER_SEND_BEFORE_MARK,
 )
 from tests.support.armed import PRELOAD, run_armed
+from tests.support.drill_periods import due_labels
 from tests.support.ledger import model_calls
 from tests.support.pipeline import copy_sample_data
 from tests.support.prefect_server import Server
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
-RUNS = 1000 if FULL else 50
-START = date(2026, 1, 1)
-KILLS = 100 if FULL else 10
+
+
+def runs_of(full: bool) -> int:
+    """M, the Runs drill 1 asks for at either size."""
+    return 1000 if full else 50
+
+
+def kills_of(full: bool) -> int:
+    """K, the kills drill 1 makes at either size."""
+    return 100 if full else 10
+
+
+def drill_periods(full: bool, now: datetime) -> tuple[list[str], list[str]]:
+    """Drill 1's days, all due at ``now``: M/2 ending with the latest due one, and the spare
+    days before them (newest first) that workers are given while kills are still owed, two
+    per kill (more than the drills ever used)."""
+    days = runs_of(full) // 2
+    spare = due_labels(competitor_summary, 2 * kills_of(full), now, skip=days)
+    return due_labels(competitor_summary, days, now), spare[::-1]
+
+
+RUNS = runs_of(FULL)
+KILLS = kills_of(FULL)
 WORKERS = 4
 DISPATCHERS = 2
 TICK_POINTS = (AFTER_REGISTER_AND_CLAIM_COMMIT, AFTER_RENEW_MANY_COMMIT, AFTER_SAVE_INPUT_COMMIT,
@@ -75,6 +96,7 @@ class Crew:
     env: dict[str, str]
     api: str
     slices: list[list[str]]  # each tick worker's periods
+    spare: list[str]  # the periods a worker is given while kills are owed, newest first
     finished: Path  # the periods the tick workers finished, one a line
     dispatch: tuple[str, ...]
     rng: random.Random
@@ -105,7 +127,8 @@ class Crew:
             if not periods and point is not None:
                 # Kills still owed and this worker's periods all finished: a new period, since
                 # a Duplicate tick passes no fault point (the reduced size still reaches K).
-                periods = [(START + timedelta(days=RUNS // 2 + len(self.extra))).isoformat()]
+                assert self.spare, "drill 1 used all its spare periods: give drill_periods more"
+                periods = [self.spare.pop(0)]
                 self.extra.extend(periods)
                 self.slices[index].extend(periods)
             if not periods:
@@ -171,7 +194,7 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
         db_url: str, drill_server: Server, tmp_path: Path) -> None:
     """After K kills at random points and restarts, every Run is completed once, every message
     is sent, and each extra model call or sink copy is one a kill explains."""
-    periods = [(START + timedelta(days=i)).isoformat() for i in range(RUNS // 2)]
+    periods, spare = drill_periods(FULL, datetime.now(UTC))
     stop = tmp_path / "stop"
     env = {"RUNLEDGER_DATABASE_URL": db_url,
            "RUNLEDGER_COMPETITOR_SUMMARY_SOURCE": str(copy_sample_data(tmp_path / "source")),
@@ -180,7 +203,7 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
     with Ledger.connect(db_url) as ledger, Sink() as sink:
         upgrade_ledger(ledger)
         crew = Crew(env, drill_server.api, [periods[i::WORKERS] for i in range(WORKERS)],
-                    tmp_path / "finished",
+                    spare, tmp_path / "finished",
                     (db_url, sink.host, str(sink.port), str(stop)), random.Random(24))
         try:
             for i in range(WORKERS):

@@ -4,7 +4,8 @@ parse and due check. Issue 50: drill 1 spread its 1,000 Runs over 500 days from 
 days after today were refused (PeriodNotDue), and the reduced form (25 days) never got there.
 
 What only the full size reaches, and is checked here: drill 1's last 500 days and its spare days
-(the ones a worker is given while kills are still owed, before the 500), and drill 3's 100 days."""
+(the ones a worker is given while kills are still owed, before the 500), its job's budget sized
+for K = 100 kills, and drill 3's 100 days."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from flows.run_job.flow import nominal_period
 from store import RunledgerError
 from tests.drills import test_kill_drill as drill_1
 from tests.drills import test_postgres_restart as drill_3
+from tests.support.kill_drill import drill_job
 
 
 def refused(job: Job, labels: Iterable[str], now: datetime) -> list[str]:
@@ -37,7 +39,7 @@ def refused(job: Job, labels: Iterable[str], now: datetime) -> list[str]:
 def full_size_ticks(now: datetime) -> dict[str, tuple[Job, list[str]]]:
     """Every full-size drill that ticks periods it chose: its job and those periods."""
     days, spare = drill_1.drill_periods(True, now)
-    return {"drill 1": (competitor_summary, days + spare),
+    return {"drill 1": (drill_job(drill_1.kills_of(True)), days + spare),
             "drill 3": (competitor_summary, drill_3.drill_periods(True, now))}
 
 

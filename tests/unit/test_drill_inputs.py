@@ -5,7 +5,10 @@ days after today were refused (PeriodNotDue), and the reduced form (25 days) nev
 
 What only the full size reaches, and is checked here: drill 1's last 500 days and its spare days
 (the ones a worker is given while kills are still owed, before the 500), its job's budget sized
-for K = 100 kills, and drill 3's 100 days."""
+for K = 100 kills, and drill 3's 100 days. Drill 5 and the host scenarios tick one fixed past
+day at either size (and the ledger's today), checked too. The installed-package test ticks the
+day three days before today, its job a scaffold's (not importable here); the fault points, the
+commit cut and drill 4 tick nothing (they write Runs and messages through the ledger)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
+from bench.volume_tick import volume_job
 from flows.jobs import Job
 from flows.jobs.competitor_summary import job as competitor_summary
 from flows.jobs.schedule import require_due
@@ -21,6 +25,9 @@ from flows.run_job.flow import nominal_period
 from store import RunledgerError
 from tests.drills import test_kill_drill as drill_1
 from tests.drills import test_postgres_restart as drill_3
+from tests.drills import test_volume_tick as drill_5
+from tests.hosts import jobs as host_jobs
+from tests.hosts import test_hosts as host_drills
 from tests.support.kill_drill import drill_job
 
 
@@ -37,10 +44,16 @@ def refused(job: Job, labels: Iterable[str], now: datetime) -> list[str]:
 
 
 def full_size_ticks(now: datetime) -> dict[str, tuple[Job, list[str]]]:
-    """Every full-size drill that ticks periods it chose: its job and those periods."""
+    """Every full-size drill and host scenario that ticks periods it chose: its job and those
+    periods (the host scenario that also ticks the ledger's today needs no check)."""
     days, spare = drill_1.drill_periods(True, now)
-    return {"drill 1": (drill_job(drill_1.kills_of(True)), days + spare),
-            "drill 3": (competitor_summary, drill_3.drill_periods(True, now))}
+    ticks = {"drill 1": (drill_job(drill_1.kills_of(True)), days + spare),
+             "drill 3": (competitor_summary, drill_3.drill_periods(True, now)),
+             # One fixed day each, in the past: due on any later date, checked all the same.
+             "drill 5": (volume_job("volume-tick", 1), [drill_5.PERIOD])}
+    for name, (_, delay) in host_drills.JOBS.items():
+        ticks[f"host scenario job {name}"] = (host_jobs.job(name, 1, delay), [host_drills.PERIOD])
+    return ticks
 
 
 def test_every_period_a_full_size_drill_ticks_is_due_today() -> None:

@@ -76,7 +76,7 @@ def kills_of(full: bool) -> int:
 def drill_periods(full: bool, now: datetime) -> tuple[list[str], list[str]]:
     """Drill 1's days, all due at ``now``: M/2 ending with the latest due one, and the spare
     days before them (newest first) that workers are given while kills are still owed, two
-    per kill (more than the drills ever used)."""
+    per kill (a run that used them all fails saying so)."""
     job, days = drill_job(kills_of(full)), runs_of(full) // 2
     spare = due_labels(job, 2 * kills_of(full), now, skip=days)
     return due_labels(job, days, now), spare[::-1]

@@ -16,8 +16,6 @@ TICK = timedelta(microseconds=1)  # from a period's start into the one before it
 def due_periods(job: Job, count: int, now: datetime, *, skip: int = 0) -> list[Period]:
     """``count`` consecutive periods of ``job``, oldest first, the newest ``skip`` periods
     before the latest one due at ``now``."""
-    if count < 0 or skip < 0:
-        raise ValueError(f"count and skip must be 0 or more, got {count} and {skip}")
     period = job.latest_due_period(now)
     for _ in range(skip):
         period = job.period_at(period.start - TICK)

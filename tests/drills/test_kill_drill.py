@@ -1,5 +1,7 @@
 """Drill 1, SIGKILL at random fault points: M Runs of the reference job (competitor-summary's two
-workspaces over M/2 days) through the real run-job flow in four tick worker processes, against
+workspaces over the M/2 days up to the latest due one, under the drill's own job name with a
+budget per period, calling a priced model that bills each call its bound: cap_probe's
+BillingServer) through the real run-job flow in four tick worker processes, against
 the drills' PostgreSQL-backed Prefect server (tests/support/prefect_server.py), while two
 dispatchers deliver at the same time. Each process starts with a random fault point armed
 (``name@N``: die at its Nth passage, N up to 3 for a tick worker, 12 for a dispatcher) until K
@@ -9,7 +11,9 @@ M=1000, K=100.
 Printed and asserted: Runs completed = M (plus two for each period a worker is given when
 its own are all finished while kills are still owed: a Duplicate tick passes no fault point),
 duplicate completions 0, model calls per Run (more
-than one only for Runs that a killed worker had asked the model about, each listed), outbox
+than one only for Runs that a killed worker had asked the model about, each listed), the spend
+invariant per Run (calls paid <= 1 + calls lost), the budget per period (each window holds
+what its calls were charged, never more than its cap, nothing refused), outbox
 rows as expected, unique Message-IDs at the sink = outbox rows, raw duplicates only for messages
 with an attempt whose outcome a kill took (each listed with its Message-ID), 0 lost."""
 
@@ -22,19 +26,19 @@ import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import UTC, datetime
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import pytest
 
-from flows.jobs.competitor_summary import job as competitor_summary
 from flows.jobs.competitor_summary import subscribers
 from flows.mail.letter import message_id_for
 from flows.mail.sink import Sink
+from flows.prices import format_money, nanos
 from flows.registry import upgrade_ledger
 from flows.spend import spend_of
-from store import Ledger
+from store import Ledger, Run
 from store.faults import (
     AFTER_CALL_INTENT_COMMIT,
     AFTER_CHECKPOINT_COMMIT,
@@ -47,15 +51,39 @@ from store.faults import (
     AFTER_SAVE_INPUT_COMMIT,
     AFTER_SEND_BEFORE_MARK,
 )
+from tests.support import cap_probe
 from tests.support.armed import PRELOAD, run_armed
+from tests.support.cap_probe import BillingServer
+from tests.support.drill_periods import due_labels
+from tests.support.kill_drill import CALL_ESTIMATE, JOB, drill_job
 from tests.support.ledger import model_calls
 from tests.support.pipeline import copy_sample_data
 from tests.support.prefect_server import Server
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
-RUNS = 1000 if FULL else 50
-START = date(2026, 1, 1)
-KILLS = 100 if FULL else 10
+
+
+def runs_of(full: bool) -> int:
+    """M, the Runs drill 1 asks for at either size."""
+    return 1000 if full else 50
+
+
+def kills_of(full: bool) -> int:
+    """K, the kills drill 1 makes at either size."""
+    return 100 if full else 10
+
+
+def drill_periods(full: bool, now: datetime) -> tuple[list[str], list[str]]:
+    """Drill 1's days, all due at ``now``: M/2 ending with the latest due one, and the spare
+    days before them (newest first) that workers are given while kills are still owed, two
+    per kill (a run that used them all fails saying so)."""
+    job, days = drill_job(kills_of(full)), runs_of(full) // 2
+    spare = due_labels(job, 2 * kills_of(full), now, skip=days)
+    return due_labels(job, days, now), spare[::-1]
+
+
+RUNS = runs_of(FULL)
+KILLS = kills_of(FULL)
 WORKERS = 4
 DISPATCHERS = 2
 TICK_POINTS = (AFTER_REGISTER_AND_CLAIM_COMMIT, AFTER_RENEW_MANY_COMMIT, AFTER_SAVE_INPUT_COMMIT,
@@ -75,6 +103,7 @@ class Crew:
     env: dict[str, str]
     api: str
     slices: list[list[str]]  # each tick worker's periods
+    spare: list[str]  # the periods a worker is given while kills are owed, newest first
     finished: Path  # the periods the tick workers finished, one a line
     dispatch: tuple[str, ...]
     rng: random.Random
@@ -105,13 +134,14 @@ class Crew:
             if not periods and point is not None:
                 # Kills still owed and this worker's periods all finished: a new period, since
                 # a Duplicate tick passes no fault point (the reduced size still reaches K).
-                periods = [(START + timedelta(days=RUNS // 2 + len(self.extra))).isoformat()]
+                assert self.spare, "drill 1 used all its spare periods: give drill_periods more"
+                periods = [self.spare.pop(0)]
                 self.extra.extend(periods)
                 self.slices[index].extend(periods)
             if not periods:
                 return
             args: tuple[str, ...] = ("tests.support.kill_drill:tick_worker", self.api,
-                                     ",".join(periods), str(self.finished))
+                                     str(KILLS), ",".join(periods), str(self.finished))
         else:
             args = ("tests.support.kill_drill:dispatcher", *self.dispatch)
         process = FORKS.Process(target=run_armed, args=(point, self.env, *args))
@@ -155,8 +185,7 @@ class Crew:
 
 
 def progress(ledger: Ledger, crew: Crew, began: float) -> None:
-    completed = len(ledger.runs(job=competitor_summary.name, status="completed",
-                                limit=crew.owed()))
+    completed = len(ledger.runs(job=JOB, status="completed", limit=crew.owed()))
     print(f"progress after {time.monotonic() - began:.0f} s: Runs completed {completed} of "
           f"{crew.owed()}, outbox {ledger.outbox.message_counts()}, {len(crew.kills)} kills "
           f"{dict(Counter(p.split('@')[0] for *_, p in crew.kills))}", flush=True)
@@ -171,16 +200,19 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
         db_url: str, drill_server: Server, tmp_path: Path) -> None:
     """After K kills at random points and restarts, every Run is completed once, every message
     is sent, and each extra model call or sink copy is one a kill explains."""
-    periods = [(START + timedelta(days=i)).isoformat() for i in range(RUNS // 2)]
+    periods, spare = drill_periods(FULL, datetime.now(UTC))
     stop = tmp_path / "stop"
     env = {"RUNLEDGER_DATABASE_URL": db_url,
            "RUNLEDGER_COMPETITOR_SUMMARY_SOURCE": str(copy_sample_data(tmp_path / "source")),
            "RUNLEDGER_LEASE_SECONDS": "3", "RUNLEDGER_RETRY_DELAY_SECONDS": "0.05",
            "RUNLEDGER_TASK_RETRIES": "2"}
-    with Ledger.connect(db_url) as ledger, Sink() as sink:
+    with Ledger.connect(db_url) as ledger, Sink() as sink, BillingServer() as model:
+        # A priced model that bills every call its bound: the budget is judged in money.
+        env |= {f"RUNLEDGER_{k.upper()}": str(v) for k, v in cap_probe.settings().items()}
+        env |= {"RUNLEDGER_MODEL": "openai", "RUNLEDGER_MODEL_BASE_URL": model.base_url}
         upgrade_ledger(ledger)
         crew = Crew(env, drill_server.api, [periods[i::WORKERS] for i in range(WORKERS)],
-                    tmp_path / "finished",
+                    spare, tmp_path / "finished",
                     (db_url, sink.host, str(sink.port), str(stop)), random.Random(24))
         try:
             for i in range(WORKERS):
@@ -210,10 +242,62 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
         report(ledger, sink, crew)
 
 
+@dataclass
+class BudgetJudgement:
+    """Invariant 12 in money, per period: each budget window against its calls."""
+
+    windows: int
+    cap: int  # billionths of USD, every window's
+    most: int  # the most a window holds, spent and reserved together
+    exceeded: list[str]  # windows holding more than their cap
+    unaccounted: dict[str, tuple[int, int]]  # window: (held, what its calls were charged)
+    estimates: set[int]  # what the calls reserved
+    refused: int  # calls the budget refused
+
+    def line(self) -> str:
+        return (f"budget: {self.windows} period windows of cap {format_money(self.cap, 'USD')}, "
+                f"most held {format_money(self.most, 'USD')}, exceeded {len(self.exceeded)}, "
+                f"not matching their calls {len(self.unaccounted)}, calls refused "
+                f"{self.refused}")
+
+    def check(self) -> None:
+        # A call's bound above CALL_ESTIMATE (larger sample documents) would reserve more,
+        # and the cap could refuse a Run: raise CALL_ESTIMATE in tests/support/kill_drill.py.
+        assert self.estimates <= {nanos(CALL_ESTIMATE)}, self.estimates
+        assert self.exceeded == [] and self.unaccounted == {} and self.refused == 0, self
+
+
+def judge_budget(ledger: Ledger, runs: list[Run], recorded: list[dict[str, object]]
+                 ) -> BudgetJudgement:
+    """Each period's window holds (spent and reserved) what its calls were charged, never more
+    than its cap: an answer its price, a call lost in flight or left without an outcome by a
+    kill the estimate it reserved, a failed or refused one nothing."""
+    charged: Counter[datetime] = Counter()
+    estimates = set()
+    for c in recorded:
+        period, estimate, cost = c["budget_period"], c["estimate"], c["cost_nanos"]
+        assert isinstance(period, datetime) and isinstance(estimate, int), c
+        estimates.add(estimate)
+        if c["outcome"] == "answered":
+            assert isinstance(cost, int), c
+            charged[period] += cost
+        elif c["outcome"] in (None, "lost"):
+            charged[period] += estimate
+    since = min(r.period_start for r in runs)
+    windows = [w for w in ledger.calls.budget_windows(JOB, since) if w.scope == "period"]
+    held = {w.window_start: w.spent + w.reserved for w in windows}
+    return BudgetJudgement(
+        len(windows), max(w.cap for w in windows), max(held.values()),
+        [w.window_start.isoformat() for w in windows if held[w.window_start] > w.cap],
+        {start.isoformat(): (n, charged[start]) for start, n in held.items()
+         if n != charged[start]},
+        estimates, sum(w.refused for w in windows))
+
+
 def report(ledger: Ledger, sink: Sink, crew: Crew) -> None:
     """Assert and print the drill's figures."""
     owed = crew.owed()
-    runs = ledger.runs(job=competitor_summary.name, limit=owed + 1)
+    runs = ledger.runs(job=JOB, limit=owed + 1)
     completed = [r for r in runs if r.status == "completed"]
     completers: dict[str, int] = {}  # run id -> pid of the worker whose attempt completed it
     duplicates = 0
@@ -234,6 +318,7 @@ def report(ledger: Ledger, sink: Sink, crew: Crew) -> None:
     # worker has ended: a call still without an outcome is a killed worker's, lost.
     broken = {run_id: [c["outcome"] for c in calls] for run_id, calls in of_run.items()
               if not spend_of(calls).keeps_invariant()}
+    budget = judge_budget(ledger, runs, recorded)
     per_run = {run_id: len(pids) for run_id, pids in callers.items()}
     again = {run_id: pids for run_id, pids in callers.items() if len(pids) > 1}
     expected_rows = sum(len(subscribers(r.subject)) for r in runs)
@@ -255,7 +340,9 @@ def report(ledger: Ledger, sink: Sink, crew: Crew) -> None:
     print(f"model calls paid {spend.paid + spend.in_flight}, lost in flight "
           f"{spend.lost + spend.in_flight} ({spend.in_flight} of them with no outcome: never "
           f"marked lost), failed {spend.failed}, reused from a checkpoint {spend.reused}; "
-          f"invariant (paid <= 1 + lost, per Run) broken for {len(broken)} Runs")
+          f"invariant (paid <= 1 + lost, per Run) broken for {len(broken)} Runs; "
+          f"cost {spend.money()}")
+    print(budget.line())
     for run_id, pids in sorted(again.items()):
         others = [f"pid {p} killed at {killed.get(p)}" for p in pids if p != completers.get(run_id)]
         print(f"  Run {run_id[:12]}: {len(pids)} model calls; completed by pid "
@@ -267,6 +354,7 @@ def report(ledger: Ledger, sink: Sink, crew: Crew) -> None:
         print(f"  resent after a kill: {message_id_for(key)} x{n}")
     assert len(crew.kills) >= KILLS
     assert broken == {}, broken
+    budget.check()
     assert spend.paid == len(recorded) - spend.refused - spend.in_flight
     assert len(runs) == len(completed) == owed and duplicates == 0
     # The completing worker called the model once; every other call was made by a worker that

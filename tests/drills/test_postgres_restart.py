@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +43,26 @@ from flows.mail.sink import Sink
 from flows.registry import upgrade_ledger
 from flows.run_job.outcomes import TickReport
 from store import Ledger, RunledgerError
+from tests.support.drill_periods import due_labels
 from tests.support.fault_walk import delivery_pass
 from tests.support.pipeline import RUNLEDGER, copy_sample_data, pipeline_env
 from tests.support.private_postgres import PrivateCluster, binaries
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 WORKERS = 4 if FULL else 2
-RUNS = 200 if FULL else 8
+
+
+def runs_of(full: bool) -> int:
+    """The Runs drill 3 asks for at either size."""
+    return 200 if full else 8
+
+
+def drill_periods(full: bool, now: datetime) -> list[str]:
+    """Drill 3's days, all due at ``now``: one per two Runs, ending with the latest due one."""
+    return due_labels(competitor_summary, runs_of(full) // 2, now)
+
+
+RUNS = runs_of(FULL)
 RESTARTS = 10 if FULL else 3
 DISPATCHERS = 2
 JOB = competitor_summary.name
@@ -202,7 +215,7 @@ def test_postgresql_restarts_during_ticks_and_deliveries_lose_and_duplicate_noth
         cluster: PrivateCluster, prefect_api: str, tmp_path: Path) -> None:
     """After R restarts of the ledger's server mid-work, every Run is completed once, every
     message is sent once, every error met was transient, and the flow runs ended as documented."""
-    periods = [(date(2026, 1, 1) + timedelta(days=i)).isoformat() for i in range(RUNS // 2)]
+    periods = drill_periods(FULL, datetime.now(UTC))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNLEDGER_")},
            "RUNLEDGER_DATABASE_URL": cluster.url, "PREFECT_API_URL": prefect_api,
            "RUNLEDGER_COMPETITOR_SUMMARY_SOURCE": str(copy_sample_data(tmp_path / "source")),

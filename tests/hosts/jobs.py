@@ -29,7 +29,10 @@ def subjects(size: int) -> list[str]:
     return [f"s{i:04d}" for i in range(size)]
 
 
-def _job(name: str, size: int, delay: float) -> Job:
+def job(name: str, size: int, delay: float) -> Job:
+    """The scenario job ``name``: ``size`` subjects, each transform asking the model host to
+    answer after ``delay`` seconds."""
+
     def collect(subject: str, period: Period) -> dict[str, Any]:
         return {"subject": subject, "text": f"delay={delay} {subject} for {period.label}."}
 
@@ -47,4 +50,4 @@ def _job(name: str, size: int, delay: float) -> Job:
 
 
 for _name, (_size, _delay) in json.loads(os.environ.get(ENV, "{}")).items():
-    globals()[_name.replace("-", "_")] = _job(_name, int(_size), float(_delay))
+    globals()[_name.replace("-", "_")] = job(_name, int(_size), float(_delay))

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 from pydantic import ValidationError
 
 from store import Claim, InvalidInput, Ledger, OutboxMessage, RunIdentity
@@ -32,17 +31,11 @@ def complete(ledger: Ledger, held: list[Claim]) -> None:
                                    [OutboxMessage("ops@example.com", "done", claim.run_id)]).new
 
 
-def wal_syncs(ledger: Ledger, url: str) -> int:
-    """How many times PostgreSQL has synced its WAL to disk, cluster-wide, counting the
-    ledger's writes so far (a backend otherwise reports its counters at most once a second,
-    at its next statement)."""
-    ledger.database.read(lambda c: c.exec_driver_sql("SELECT pg_stat_force_next_flush()"))
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as conn:
-            return int(conn.exec_driver_sql("SELECT wal_sync FROM pg_stat_wal").scalar_one())
-    finally:
-        engine.dispose()
+def commit_mode(ledger: Ledger) -> str:
+    """PostgreSQL's commit mode on the connection the ledger writes with ("on": a commit returns
+    once its WAL is synced to disk)."""
+    return str(ledger.database.write(
+        lambda c: c.exec_driver_sql("SHOW synchronous_commit").scalar_one()))
 
 
 def synchronous(ledger: Ledger) -> int:
@@ -53,8 +46,8 @@ def synchronous(ledger: Ledger) -> int:
 
 def test_every_completion_is_on_disk_when_the_ledger_returns_with_sqlite_set_to_full(
         db_url: str) -> None:
-    """PostgreSQL: each completion syncs the WAL before it returns (synchronous_commit is
-    never turned off; the SQLite setting does not apply). SQLite with "full": the ledger's
+    """PostgreSQL: the ledger writes with synchronous_commit on, so each completion's WAL is on
+    disk before it returns (the SQLite setting does not apply). SQLite with "full": the ledger's
     write connections sync their WAL at every commit."""
     ledger = Ledger.connect(db_url, sqlite_synchronous="full")
     try:
@@ -66,11 +59,12 @@ def test_every_completion_is_on_disk_when_the_ledger_returns_with_sqlite_set_to_
             return
         with ledger.engine.connect() as conn:
             assert conn.exec_driver_sql("SHOW fsync").scalar_one() == "on", \
-                "this test counts WAL syncs: it needs a PostgreSQL with fsync on"
-        before = wal_syncs(ledger, db_url)
+                "this test needs a PostgreSQL with fsync on"
+        # The mode, not a count of WAL syncs: under other sessions' load one sync can cover
+        # several commits, so a count proves nothing either way.
+        assert commit_mode(ledger) == "on"
         complete(ledger, held)
-        synced = wal_syncs(ledger, db_url) - before
-        assert synced >= RUNS, f"{RUNS} completions synced the WAL only {synced} times"
+        assert commit_mode(ledger) == "on"
     finally:
         ledger.close()
 

@@ -5,7 +5,7 @@
 PY ?= python3
 UV := $(shell command -v uv 2>/dev/null || echo "$(PY) -m uv")
 
-.PHONY: setup run test test-fast lint docs bench screenshots drills
+.PHONY: setup run test suite test-fast lint docs bench screenshots drills
 # Bytecode compiled once at install: where PYTHONDONTWRITEBYTECODE is set, every process (each
 # Prefect server, worker and CLI run of the suite) would otherwise compile Prefect from source.
 setup:
@@ -35,10 +35,20 @@ lint: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --site-dir site
 
-# Three pytest-xdist workers on two cores: the acceptance tests (one stack, mostly waiting on real
-# schedules) on one of them, so that the other two keep both cores busy with everything else.
-test: lint docs
-	$(UV) run pytest -q -n 3 --dist loadgroup --durations=25
+# Lint and the docs build run beside the suite (a third of its time is spent waiting on real
+# schedules and processes, so two cores have room for them): any of the three failing fails
+# `make test`, after all three ended. Their output is interleaved line by line.
+test: setup
+	@$(MAKE) --no-print-directory -j3 --output-sync=line lint docs suite
+
+# Three pytest-xdist workers on two cores: the acceptance tests that share one stack (a real
+# server and workers, mostly waiting on real schedules) on one of them, so that the other two keep
+# both cores busy with everything else. The JUnit report feeds the durations summary (per layer,
+# xdist group and module: `uv run python -m tests.support.durations reports/junit.xml`).
+suite: setup
+	@status=0; $(UV) run pytest -q -n 3 --dist loadgroup --durations=15 \
+		--junitxml=reports/junit.xml || status=$$?; \
+	$(UV) run --no-sync python -m tests.support.durations reports/junit.xml; exit $$status
 
 # The inner loop (about three minutes): unit tests and the SQLite half of integration.
 test-fast: setup

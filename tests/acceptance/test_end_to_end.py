@@ -31,8 +31,8 @@ from tests.support.pipeline import lease_expired
 from tests.support.stack import (
     AcceptanceStack,
     in_seconds,
-    wait_until,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(900)]
 

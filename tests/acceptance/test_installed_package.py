@@ -24,7 +24,7 @@ from flows.ports import free_port
 from flows.stack import commands
 from flows.stack.prefect_server import api_url, server_env, wait_until_healthy
 from flows.stack.processes import Supervisor
-from tests.support.stack import wait_until
+from tests.support.waiting import wait_until
 
 JOB = "team-digest"
 PERIOD = (date.today() - timedelta(days=3)).isoformat()

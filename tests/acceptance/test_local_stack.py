@@ -23,7 +23,8 @@ from flows.ports import free_port
 from flows.stack import commands
 from flows.stack.processes import Supervisor
 from flows.stack.work_pool import DEFAULT_POOL
-from tests.support.stack import wait_for_banner, wait_until
+from tests.support.stack import wait_for_banner
+from tests.support.waiting import wait_until
 
 # A child that starts a grandchild in a session of its own (as Prefect's process worker starts
 # flow runs), prints the grandchild's pid, and waits.

@@ -33,7 +33,8 @@ from store import Ledger, Period
 from tests.support import drill_jobs
 from tests.support.alerts import Webhook, removed_automations, webhook_block
 from tests.support.ledger import model_calls
-from tests.support.stack import AcceptanceStack, wait_until
+from tests.support.stack import AcceptanceStack
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.drill, pytest.mark.timeout(900)]
 

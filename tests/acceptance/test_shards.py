@@ -23,7 +23,8 @@ from flows.registry import get_job
 from flows.run_job.monitoring import tick_artifact_key
 from flows.run_job.outcomes import outcome_name
 from tests.support.pipeline import lease_expired
-from tests.support.stack import AcceptanceStack, wait_until
+from tests.support.stack import AcceptanceStack
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(600)]
 

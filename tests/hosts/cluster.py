@@ -54,7 +54,7 @@ from tests.hosts.product import (
     wait_until_healthy,
 )
 from tests.support.private_postgres import PrivateCluster, binaries
-from tests.support.stack import wait_until
+from tests.support.waiting import wait_until
 
 HOSTS = {"db": 2, "api": 3, "mail": 4, "model": 5, "ctl": 9, "w1": 11, "w2": 12, "w3": 13}
 WORKERS = ("w1", "w2", "w3")

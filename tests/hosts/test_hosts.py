@@ -37,7 +37,7 @@ from tests.hosts.cluster import (
 )
 from tests.hosts.jobs import recipient
 from tests.hosts.product import PROJECT_ROOT, message_id_for
-from tests.support.stack import wait_until
+from tests.support.waiting import wait_until
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"
 PERIOD = "2026-03-01"

@@ -28,9 +28,9 @@ from tests.support.alerts import (
     Webhook,
     quiet_job,
     removed_automations,
-    wait_for,
     webhook_block,
 )
+from tests.support.waiting import wait_until
 
 DAY = datetime(2026, 3, 2, tzinfo=UTC)
 
@@ -71,8 +71,8 @@ def test_an_overdue_or_given_up_occurrence_reaches_the_webhook_naming_job_subjec
         def ours() -> list[Notification]:
             return [n for n in webhook.received("/alerts") if job.name in n.subject]
 
-        overdue, gave_up = wait_for(lambda: sorted(ours(), key=lambda n: "gave-up" in n.subject)
-                                    if len(ours()) >= 2 else None, 90, "two notifications")
+        overdue, gave_up = wait_until(lambda: sorted(ours(), key=lambda n: "gave-up" in n.subject)
+                                      if len(ours()) >= 2 else None, 90, "two notifications")
     where = f"{job.name}/acme/2026-03-02"
     assert overdue.subject == f"runledger overdue: {where}"
     assert f"job {job.name}, subject acme, period 2026-03-02 (version 1)" in overdue.body
@@ -102,7 +102,7 @@ def test_the_dead_mans_switch_notifies_when_ticks_stop_and_stays_quiet_while_the
             emit_job_event("tick.completed", ticking, period="now")
             return len([n for n in webhook.received("/switch") if silent.name in n.subject]) >= 2
 
-        wait_for(two_silent_windows, 120, "two notifications about the silent job", every=2)
+        wait_until(two_silent_windows, 120, "two notifications about the silent job", every=2)
         elapsed = time.monotonic() - started
         received = webhook.received("/switch")
     assert elapsed >= 2 * window.total_seconds() - 1

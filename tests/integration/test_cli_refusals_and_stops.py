@@ -17,7 +17,7 @@ import pytest
 
 from flows.stack import commands
 from store import Ledger
-from tests.support.stack import wait_until
+from tests.support.waiting import wait_until
 
 JOB = "competitor-summary"
 PERIOD = "2026-11-20"

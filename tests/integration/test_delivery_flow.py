@@ -4,7 +4,6 @@ publishes a summary artifact and one event per outcome."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from flows.mail.sink import Fault, Sink
 from store import Ledger
 from tests.support.delivery import SENDER, queue
 from tests.support.pipeline import final_state
+from tests.support.waiting import wait_until
 
 
 async def artifacts_and_events(flow_run_id: str) -> tuple[list[Any], list[Any]]:
@@ -58,12 +58,11 @@ def test_the_flow_delivers_and_reports_with_an_artifact_and_events(
     assert (counts["sent"], counts["dead"]) == (1, 1)
     flow_run_id = str(state.state_details.flow_run_id)
 
-    deadline = time.monotonic() + 60
-    while True:
+    def reported() -> tuple[list[Any], list[Any]] | None:
         artifacts, events = asyncio.run(artifacts_and_events(flow_run_id))
-        if (artifacts and len(events) >= 2) or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+        return (artifacts, events) if artifacts and len(events) >= 2 else None
+
+    artifacts, events = wait_until(reported, 60, "the pass's artifact and its two events")
     [artifact] = artifacts
     assert "| sent | 1 |" in artifact.data and "| dead | 1 |" in artifact.data
     assert sorted(e.event for e in events) == ["runledger.outbox.dead", "runledger.outbox.sent"]

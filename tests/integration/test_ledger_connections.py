@@ -16,6 +16,7 @@ from flows.ports import free_port
 from store.database import IDLE_PING_SECONDS, KEPT_CONNECTIONS
 from store.errors import LedgerBusy, LedgerUnavailable
 from store.ledger import Ledger
+from tests.support.waiting import wait_until
 
 
 class Occupancy:
@@ -46,13 +47,6 @@ def write(ledger: Ledger, work: Any) -> Any:
     return ledger.database.write(work, single_statement=ledger.dialect == "sqlite")
 
 
-def wait_for(condition: Any, what: str) -> None:
-    deadline = time.monotonic() + 20
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-
-
 def test_more_threads_than_kept_connections_take_turns_and_the_pool_keeps_room_for_reads(
         ledger: Ledger) -> None:
     """Eight more writers than the ledger keeps connections (and more than its pool holds):
@@ -64,7 +58,8 @@ def test_more_threads_than_kept_connections_take_turns_and_the_pool_keeps_room_f
     limit = 1 if ledger.dialect == "sqlite" else KEPT_CONNECTIONS
     with ThreadPoolExecutor(threads) as pool:
         futures = [pool.submit(write, ledger, work) for _ in range(threads)]
-        wait_for(lambda: work.held >= limit, "every connection writers may hold in use")
+        wait_until(lambda: work.held >= limit, 20, "every connection writers may hold in use",
+                   every=0.01)
         time.sleep(0.2)  # time for a writer beyond the limit to get in, were it let in
         assert work.held == limit
         with ledger.engine.connect() as conn:  # as a migration or an operator tool does
@@ -86,7 +81,7 @@ def test_a_writer_that_finds_every_kept_connection_busy_too_long_gets_ledger_bus
     work = Occupancy()
     with ThreadPoolExecutor(1) as pool:
         holding = pool.submit(write, ledger, work)
-        wait_for(lambda: work.held == 1, "the only kept connection in use")
+        wait_until(lambda: work.held == 1, 20, "the only kept connection in use", every=0.01)
         with pytest.raises(LedgerBusy, match="all 1 ledger connections of this process"):
             write(ledger, work)
         work.release.set()

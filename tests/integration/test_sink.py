@@ -20,6 +20,7 @@ from flows.mail.sink import STATS_FILE, Fault, Sink
 from flows.ports import free_port
 from store import InvalidInput
 from tests.support.delivery import RUNLEDGER, cli_env
+from tests.support.waiting import wait_until
 
 
 def letter(key: str, recipient: str = "ana@example.com") -> bytes:
@@ -129,9 +130,13 @@ def test_runledger_sink_runs_in_its_own_process_until_sigterm(tmp_path: Path) ->
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert asyncio.run(send_all(port, ["a", "a", "b"])) == ["SMTPRecipientsRefused", "ok", "ok"]
-        time.sleep(0.6)
-        stats = json.loads((maildir / STATS_FILE).read_text())
-        assert (stats["received"], stats["unique"], stats["rejected"]) == (2, 2, 1)
+
+        def counted() -> tuple[int, int, int] | None:
+            stats = json.loads((maildir / STATS_FILE).read_text())
+            found = (stats["received"], stats["unique"], stats["rejected"])
+            return found if sum(found) >= 5 else None
+
+        assert wait_until(counted, 30, "stats.json to count the three sends") == (2, 2, 1)
     finally:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=30)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,17 +22,6 @@ from store import OutboxMessage, Period
 from tests.support.loopback import Answer, LoopbackServer, Request
 
 T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str,
-             every: float = 0.5) -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
-    return value
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ from flows.registry import register, upgrade_ledger
 from flows.run_job.flow import run_job
 from flows.run_job.outcomes import TickReport
 from store import Ledger, OutboxMessage, Period, Run
+from tests.support import waiting
 from tests.support.ledger import model_calls
 from tests.support.loopback import Answer, LoopbackServer, Request, json_answer
 
@@ -194,11 +194,9 @@ class Worker:
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+    """``waiting.wait_until`` polling every 0.05 s: the pipeline's tests catch a worker at a
+    stage before it moves on."""
+    waiting.wait_until(condition, timeout, what, every=0.05)
 
 
 def lease_expired(ledger: Ledger, run_id: str) -> bool:

@@ -36,6 +36,7 @@ from flows.stack.processes import Child, Supervisor
 from flows.stack.work_pool import DEFAULT_POOL, ensure_pool
 from store import Ledger
 from tests.support.ledger import model_calls
+from tests.support.waiting import wait_until
 
 T = TypeVar("T")
 POOL = DEFAULT_POOL
@@ -46,19 +47,6 @@ MODEL_DELAY_SECONDS = 3
 # that the crash drill does not wait long.
 CRASH_AFTER_SECONDS = 40
 SENDER = "runledger@example.org"
-
-
-def wait_until(check: Callable[[], T | None], timeout: float, what: str,
-               every: float = 0.5) -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass

@@ -32,6 +32,8 @@ from tests.support.alerts import (
 )
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.processes
+
 DAY = datetime(2026, 3, 2, tzinfo=UTC)
 
 

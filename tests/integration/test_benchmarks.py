@@ -22,6 +22,8 @@ import sqlalchemy as sa
 
 from deployments.project import PROJECT_ROOT
 
+pytestmark = pytest.mark.processes
+
 BENCH = PROJECT_ROOT / "bench"
 
 RunBench = Callable[..., str]

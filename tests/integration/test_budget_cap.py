@@ -84,6 +84,7 @@ def window_of(env: Env, job: Job, period: str) -> Any:
 
 
 @pytest.mark.usefixtures("subprocesses_use_the_session_server")
+@pytest.mark.processes
 def test_three_processes_of_eight_threads_never_spend_past_a_cap_of_five_calls(
         env: Env) -> None:
     """24 subjects, 3 processes x 8 threads, every answer billed its whole bound: at most five

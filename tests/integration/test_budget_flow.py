@@ -90,6 +90,7 @@ def test_a_budget_of_n_calls_lets_exactly_n_subjects_call_and_reconcile_finishes
 
 
 @pytest.mark.usefixtures("subprocesses_use_the_session_server")
+@pytest.mark.processes
 def test_two_worker_processes_sharing_a_budget_never_spend_past_its_cap_together(
         env: Env, model_server: ModelServer) -> None:
     """Two `runledger run` processes at once, each with half of 3N subjects of one job's period

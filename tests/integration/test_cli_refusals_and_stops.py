@@ -19,6 +19,8 @@ from flows.stack import commands
 from store import Ledger
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.processes
+
 JOB = "competitor-summary"
 PERIOD = "2026-11-20"
 SCRIPT = shutil.which("script")

@@ -35,7 +35,7 @@ PERIOD = daily_credit.job.parse_period("2026-03-02")
 WHEN = ["before", "after"]
 NOTICES = [OutboxMessage(r, "Credited", "10 units") for r in ("ana@example.com", "ben@example.com")]
 
-pytestmark = pytest.mark.drill
+pytestmark = [pytest.mark.processes, pytest.mark.drill]
 
 
 @pytest.fixture

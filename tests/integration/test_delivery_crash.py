@@ -9,10 +9,14 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from flows.mail.letter import message_id_for
 from flows.mail.sink import Sink
 from store import Ledger
 from tests.support.delivery import RUNLEDGER, cli_env, deliver, queue, statuses
+
+pytestmark = pytest.mark.processes
 
 LEASE_SECONDS = 4.0
 TIMEOUT_SECONDS = 0.5

@@ -242,6 +242,7 @@ def tick_processes(env: Env, prefect_api: str, jobs: list[str], size: int,
     return reports
 
 
+@pytest.mark.processes
 def test_two_worker_processes_sharing_an_endpoint_never_exceed_its_limit_together(
         env: Env, prefect_api: str) -> None:
     """Two jobs on one endpoint of 10 calls a second, each ticking 30 subjects in a process
@@ -259,6 +260,7 @@ def test_two_worker_processes_sharing_an_endpoint_never_exceed_its_limit_togethe
     assert len({c["pid"] for c in calls}) == 2
 
 
+@pytest.mark.processes
 def test_a_429_with_retry_after_3_stops_both_processes_for_3_seconds(
         env: Env, prefect_api: str) -> None:
     """Two processes sharing 5 calls a second; the 25th call is refused with Retry-After: 3:

@@ -32,6 +32,8 @@ from tests.support import fault_walk as fw
 from tests.support.armed import FAULTS, PRELOAD, run_armed
 from tests.support.ledger import model_calls
 
+pytestmark = pytest.mark.processes
+
 FORKS = mp.get_context("forkserver")
 FORKS.set_forkserver_preload(PRELOAD)
 

@@ -28,6 +28,8 @@ from store.faults import AFTER_COMPLETE_COMMIT
 from store.faults import ENV as FAULTS_ENV
 from tests.support.ledger import register_and_claim, wait_for_db_clock
 
+pytestmark = pytest.mark.processes
+
 PROCESSES = 8
 DRILL_ROUNDS = 20  # rounds of the one-winner race: with the processes kept across rounds it is fast
 REGISTER_ROUNDS = 40

@@ -7,7 +7,11 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.support.pipeline import RUNLEDGER, copy_sample_data
+
+pytestmark = pytest.mark.processes
 
 
 def first_run_env(tmp_path: Path) -> dict[str, str]:

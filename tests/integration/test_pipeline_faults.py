@@ -36,7 +36,7 @@ PERIOD = "2026-01-05"
 
 
 # Its worker and CLI subprocesses, too, use the session's Prefect server.
-pytestmark = pytest.mark.usefixtures("subprocesses_use_the_session_server")
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("subprocesses_use_the_session_server")]
 
 
 @pytest.fixture

@@ -43,6 +43,8 @@ from tests.support.pipeline import (
     wait_until,
 )
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 def env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

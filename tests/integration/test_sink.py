@@ -112,6 +112,7 @@ def test_a_malformed_fault_is_refused(spec: str) -> None:
         Fault.parse(spec)
 
 
+@pytest.mark.processes
 def test_runledger_sink_runs_in_its_own_process_until_sigterm(tmp_path: Path) -> None:
     """`runledger sink --host --port --maildir --dedupe` records messages, keeps stats.json
     current for other processes, and exits cleanly on SIGTERM."""

@@ -15,6 +15,7 @@ from store.outbox import (
     Reply,
     claim_messages_txn,
     count_messages,
+    decide_messages_txn,
     get_message,
     list_delivery_attempts,
     list_messages,
@@ -79,6 +80,12 @@ class OutboxBook:
         """Operator action: a retry, uncertain or dead message is due now, with the same key."""
         return self._ledger._write(faults.AFTER_REQUEUE_MESSAGE_COMMIT, requeue_message_txn,
                                    message_id)
+
+    def decide(self, message_ids: Sequence[str], decision: str, by: str,
+               reason: str | None = None) -> list[QueuedMessage]:
+        """A person approves or rejects held messages, all or none (see ``decide_messages_txn``)."""
+        return self._ledger._write(faults.AFTER_DECIDE_MESSAGES_COMMIT, decide_messages_txn,
+                                   message_ids, decision, by, reason)
 
     def message(self, message_id: str) -> QueuedMessage | None:
         """The outbox message with this id, if any."""

@@ -30,6 +30,7 @@ from store.models import (
     QueuedMessage,
     delivery_attempts_table,
     outbox_table,
+    runs_table,
 )
 from store.statement import ON_POSTGRES, Statement, one_of, optional, param, transition
 from store.validators import check_seconds
@@ -61,6 +62,17 @@ class MessageClaim:
     claimed_at: datetime
     previous_status: str = "pending"
     payload: dict[str, Any] | None = None  # a webhook's JSON, an object's body; None for email
+
+
+@dataclass(frozen=True)
+class HeldMessage:
+    """A message waiting for a person's decision, with the Run it belongs to."""
+
+    message: QueuedMessage
+    job: str
+    subject: str
+    period_start: datetime
+    revision: int
 
 
 @dataclass(frozen=True)
@@ -344,6 +356,17 @@ _STATUSES_OF = Statement(
     lambda d: sa.select(outbox.c.message_id, outbox.c.status)
     .where(outbox.c.message_id.in_(json_rows(d, "given", [outbox.c.message_id]))))
 
+_LIST_HELD = Statement(
+    "list_held_messages", "Held messages, oldest first, with their Run's job, subject, period "
+    "and revision, optionally of one job, one period start and one Run.",
+    lambda d: sa.select(outbox, runs_table.c.job, runs_table.c.subject,
+                        runs_table.c.period_start, runs_table.c.revision)
+    .join(runs_table, runs_table.c.run_id == outbox.c.run_id)
+    .where(outbox.c.status == "held", optional(runs_table.c.job),
+           optional(runs_table.c.period_start), optional(outbox.c.run_id))
+    .order_by(outbox.c.created_at, outbox.c.message_id)
+    .limit(sa.bindparam("limit", type_=sa.Integer())))
+
 _GET = Statement(
     "get_message", "An outbox message by id.",
     lambda d: sa.select(outbox).where(outbox.c.message_id == param(outbox.c.message_id)))
@@ -579,6 +602,16 @@ def list_recent_messages(
     """The newest ``limit`` outbox messages, newest first (what a person looks at)."""
     return [_message(r) for r in _LIST_RECENT.rows(conn, status=status, run_id=run_id,
                                                    channel=channel, limit=limit)]
+
+
+def list_held_messages(
+    conn: Connection, *, job: str | None = None, period_start: datetime | None = None,
+    run_id: str | None = None, limit: int = 1000,
+) -> list[HeldMessage]:
+    """Messages waiting for a person, oldest first, with their Runs' identity."""
+    rows = _LIST_HELD.rows(conn, job=job, period_start=period_start, run_id=run_id, limit=limit)
+    return [HeldMessage(_message({c.key: r[c.key] for c in outbox.c}), r["job"], r["subject"],
+                        r["period_start"], r["revision"]) for r in rows]
 
 
 def list_delivery_attempts(conn: Connection, message_id: str) -> list[DeliveryAttempt]:

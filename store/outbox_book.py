@@ -4,13 +4,14 @@ or read of ``store.outbox``, a transition followed by its fault point."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from store import faults
 from store.ids import resolve_message_id
 from store.models import DeliveryAttempt, QueuedMessage
 from store.outbox import (
     NO_REPLY,
+    HeldMessage,
     MessageClaim,
     Reply,
     claim_messages_txn,
@@ -18,6 +19,7 @@ from store.outbox import (
     decide_messages_txn,
     get_message,
     list_delivery_attempts,
+    list_held_messages,
     list_messages,
     list_recent_messages,
     mark_dead_txn,
@@ -110,6 +112,14 @@ class OutboxBook:
         """The newest ``limit`` outbox messages, newest first."""
         return self._ledger._read(list_recent_messages, status=status, run_id=run_id,
                                   channel=channel, limit=limit)
+
+    def held(
+        self, *, job: str | None = None, period_start: datetime | None = None,
+        run_id: str | None = None, limit: int = 1000,
+    ) -> list[HeldMessage]:
+        """Messages waiting for a person's decision, oldest first, with their Runs' identity."""
+        return self._ledger._read(list_held_messages, job=job, period_start=period_start,
+                                  run_id=run_id, limit=limit)
 
     def delivery_attempts(self, message_id: str) -> list[DeliveryAttempt]:
         """A message's delivery attempts, first try first."""

@@ -359,8 +359,10 @@ _STATUSES_OF = Statement(
 _LIST_HELD = Statement(
     "list_held_messages", "Held messages, oldest first, with their Run's job, subject, period "
     "and revision, optionally of one job, one period start and one Run.",
-    lambda d: sa.select(outbox, runs_table.c.job, runs_table.c.subject,
-                        runs_table.c.period_start, runs_table.c.revision)
+    lambda d: sa.select(outbox, runs_table.c.job.label("run_job"),
+                        runs_table.c.subject.label("run_subject"),
+                        runs_table.c.period_start.label("run_period_start"),
+                        runs_table.c.revision.label("run_revision"))
     .join(runs_table, runs_table.c.run_id == outbox.c.run_id)
     .where(outbox.c.status == "held", optional(runs_table.c.job),
            optional(runs_table.c.period_start), optional(outbox.c.run_id))
@@ -610,8 +612,8 @@ def list_held_messages(
 ) -> list[HeldMessage]:
     """Messages waiting for a person, oldest first, with their Runs' identity."""
     rows = _LIST_HELD.rows(conn, job=job, period_start=period_start, run_id=run_id, limit=limit)
-    return [HeldMessage(_message({c.key: r[c.key] for c in outbox.c}), r["job"], r["subject"],
-                        r["period_start"], r["revision"]) for r in rows]
+    return [HeldMessage(_message({c.key: r[c.key] for c in outbox.c}), r["run_job"],
+                        r["run_subject"], r["run_period_start"], r["run_revision"]) for r in rows]
 
 
 def list_delivery_attempts(conn: Connection, message_id: str) -> list[DeliveryAttempt]:

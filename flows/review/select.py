@@ -24,7 +24,7 @@ class Selection:
             return f"run {self.run}"
         if self.job:
             return f"job {self.job}" + (f" period {self.period}" if self.period else "")
-        return "the given ids"
+        return "the given ids" if self.ids else "every job"
 
 
 def held_messages(ledger: Ledger, job: str | None = None, period: str | None = None,

@@ -1,6 +1,6 @@
 """The review-outbox flow on a real Prefect server: its run pauses with a form listing the
 held messages, a filled form sent through the UI's API decides them (approved delivered once,
-rejected never), and a form nobody answers ends the run Unanswered with the messages held."""
+rejected never), and a form nobody answers ends the run Failed with the messages held."""
 
 from __future__ import annotations
 
@@ -13,8 +13,15 @@ from flows.review.flow import review_outbox
 from flows.review.form import field_name
 from store import Ledger
 from tests.support.delivery import cli_env, deliver, queue, statuses
-from tests.support.review import final_state, form_schema, paused_review, resume, \
-    review_run_ids, start_review, stop
+from tests.support.review import (
+    final_state,
+    form_schema,
+    paused_review,
+    resume,
+    review_run_ids,
+    start_review,
+    stop,
+)
 
 DAY = timedelta(days=1)
 

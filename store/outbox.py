@@ -32,7 +32,16 @@ from store.models import (
     outbox_table,
     runs_table,
 )
-from store.statement import ON_POSTGRES, Statement, one_of, optional, param, transition
+from store.statement import (
+    EVERYWHERE,
+    NOWHERE,
+    ON_POSTGRES,
+    Statement,
+    one_of,
+    optional,
+    param,
+    transition,
+)
 from store.validators import check_seconds
 
 outbox = outbox_table
@@ -356,6 +365,20 @@ _STATUSES_OF = Statement(
     lambda d: sa.select(outbox.c.message_id, outbox.c.status)
     .where(outbox.c.message_id.in_(json_rows(d, "given", [outbox.c.message_id]))))
 
+DEADLINE = "deadline"  # who decided when nobody did in time
+DEADLINE_REASON = "no decision before the hold's deadline (the job's approval rejects then)"
+
+_REJECT_OVERDUE = Statement(
+    "reject_overdue_holds", "The job's held messages whose deadline passed (database clock) "
+    "are rejected, by the deadline; never sent.",
+    lambda d: sa.update(outbox)
+    .where(outbox.c.status == "held", outbox.c.hold_until <= db_now(),
+           outbox.c.run_id.in_(sa.select(runs_table.c.run_id)
+                               .where(runs_table.c.job == param(runs_table.c.job))))
+    .values(status="rejected", decision="rejected", decided_by=DEADLINE,
+            decision_reason=DEADLINE_REASON, decided_at=db_now(), updated_at=db_now())
+    .returning(*outbox.c))
+
 _LIST_HELD = Statement(
     "list_held_messages", "Held messages, oldest first, with their Run's job, subject, period "
     "and revision, optionally of one job, one period start and one Run.",
@@ -539,7 +562,7 @@ def requeue_message_txn(conn: Connection, message_id: str) -> QueuedMessage:
     return _message(row)
 
 
-@transition(one_statement_on=frozenset())
+@transition(one_statement_on=NOWHERE)
 def decide_messages_txn(
     conn: Connection, message_ids: Sequence[str], decision: str, by: str, reason: str | None,
 ) -> list[QueuedMessage]:
@@ -569,6 +592,13 @@ def decide_messages_txn(
         _refuse_unheld({r["message_id"]: r["status"] for r in _STATUSES_OF.rows(conn, given=given)
                         if r["message_id"] not in decided})
     return sorted((_message(r) for r in rows), key=lambda m: (m.created_at, m.message_id))
+
+
+@transition(one_statement_on=EVERYWHERE)
+def reject_overdue_holds_txn(conn: Connection, job: str) -> list[QueuedMessage]:
+    """The job's held messages past their deadline are rejected by the deadline (recorded as
+    decided by ``deadline``), never sent: for a job whose approval rejects an unanswered hold."""
+    return [_message(r) for r in _REJECT_OVERDUE.rows(conn, job=job)]
 
 
 def _refuse_unheld(statuses: dict[str, str]) -> None:

@@ -25,6 +25,7 @@ from store.outbox import (
     mark_dead_txn,
     mark_sent_txn,
     mark_uncertain_txn,
+    reject_overdue_holds_txn,
     release_message_txn,
     requeue_message_txn,
     schedule_retry_txn,
@@ -88,6 +89,11 @@ class OutboxBook:
         """A person approves or rejects held messages, all or none (see ``decide_messages_txn``)."""
         return self._ledger._write(faults.AFTER_DECIDE_MESSAGES_COMMIT, decide_messages_txn,
                                    message_ids, decision, by, reason)
+
+    def reject_overdue_holds(self, job: str) -> list[QueuedMessage]:
+        """Reject the job's held messages past their deadline (see ``reject_overdue_holds_txn``)."""
+        return self._ledger._write(faults.AFTER_DECIDE_MESSAGES_COMMIT, reject_overdue_holds_txn,
+                                   job)
 
     def message(self, message_id: str) -> QueuedMessage | None:
         """The outbox message with this id, if any."""

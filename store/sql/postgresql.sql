@@ -388,6 +388,14 @@ FROM outbox
 WHERE outbox.message_id IN (SELECT given.message_id 
 FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64)));
 
+-- name: reject_overdue_holds
+-- The job's held messages whose deadline passed (database clock) are rejected, by the deadline;
+-- never sent.
+-- parameters: status, decision, decided_by, decision_reason, status_1, job
+UPDATE outbox SET status=%s::VARCHAR, updated_at=statement_timestamp(), decision=%s::VARCHAR, decided_by=%s::VARCHAR, decided_at=statement_timestamp(), decision_reason=%s::VARCHAR WHERE outbox.status = %s::VARCHAR AND outbox.hold_until <= statement_timestamp() AND outbox.run_id IN (SELECT runs.run_id 
+FROM runs 
+WHERE runs.job = %s::VARCHAR) RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason;
+
 -- name: list_held_messages
 -- Held messages, oldest first, with their Run's job, subject, period and revision, optionally of
 -- one job, one period start and one Run.

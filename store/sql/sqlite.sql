@@ -398,6 +398,14 @@ FROM outbox
 WHERE outbox.message_id IN (SELECT json_extract(anon_1.value, ?) AS message_id 
 FROM json_each(?) AS anon_1);
 
+-- name: reject_overdue_holds
+-- The job's held messages whose deadline passed (database clock) are rejected, by the deadline;
+-- never sent.
+-- parameters: status, decision, decided_by, decision_reason, status_1, job
+UPDATE outbox SET status=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision=?, decided_by=?, decided_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision_reason=? WHERE outbox.status = ? AND outbox.hold_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AND outbox.run_id IN (SELECT runs.run_id 
+FROM runs 
+WHERE runs.job = ?) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
+
 -- name: list_held_messages
 -- Held messages, oldest first, with their Run's job, subject, period and revision, optionally of
 -- one job, one period start and one Run.

@@ -156,3 +156,28 @@ def test_the_decision_time_is_an_aware_utc_timestamp(ledger: Ledger) -> None:
     [decided] = ledger.outbox.decide([held.message_id], "approved", "alice")
     assert decided.decided_at is not None and decided.decided_at.tzinfo is not None
     assert decided.decided_at > datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_pruning_keeps_every_decision_and_never_a_run_still_held(ledger: Ledger) -> None:
+    """prune: a Run whose message is held stays whole; the Runs whose messages were approved
+    (and sent) or rejected become tombstones, and their decided outbox rows stay as the record
+    of who decided, when and why."""
+    approved, rejected, waiting = (queue(ledger, 1, hold=DAY)[0] for _ in range(3))
+    ledger.outbox.decide([approved.message_id], "approved", "alice", "fine")
+    ledger.outbox.decide([rejected.message_id], "rejected", "bob", "wrong")
+    with Sink() as sink:
+        deliver(ledger, sink)
+    cutoff, after = ledger.now() + timedelta(minutes=1), ""
+    while True:
+        batch = ledger.retention.prune_batch(cutoff, ["digest"], after=after)
+        if batch.cursor is None:
+            break
+        after = batch.cursor
+    assert ledger.get(approved.run_id).pruned_at is not None
+    assert ledger.get(rejected.run_id).pruned_at is not None
+    assert ledger.get(waiting.run_id).pruned_at is None
+    kept = {m.message_id: m for m in ledger.outbox.messages(limit=10)}
+    assert (kept[approved.message_id].status, kept[approved.message_id].decided_by) == (
+        "sent", "alice")
+    assert (kept[rejected.message_id].decision_reason, kept[waiting.message_id].status) == (
+        "wrong", "held")

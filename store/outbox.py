@@ -381,14 +381,13 @@ _REJECT_OVERDUE = Statement(
 
 _LIST_HELD = Statement(
     "list_held_messages", "Held messages, oldest first, with their Run's job, subject, period "
-    "and revision, optionally of one job, one period start and one Run.",
+    "and revision, optionally of one job and one Run.",
     lambda d: sa.select(outbox, runs_table.c.job.label("run_job"),
                         runs_table.c.subject.label("run_subject"),
                         runs_table.c.period_start.label("run_period_start"),
                         runs_table.c.revision.label("run_revision"))
     .join(runs_table, runs_table.c.run_id == outbox.c.run_id)
-    .where(outbox.c.status == "held", optional(runs_table.c.job),
-           optional(runs_table.c.period_start), optional(outbox.c.run_id))
+    .where(outbox.c.status == "held", optional(runs_table.c.job), optional(outbox.c.run_id))
     .order_by(outbox.c.created_at, outbox.c.message_id)
     .limit(sa.bindparam("limit", type_=sa.Integer())))
 
@@ -640,10 +639,13 @@ def list_held_messages(
     conn: Connection, *, job: str | None = None, period_start: datetime | None = None,
     run_id: str | None = None, limit: int = 1000,
 ) -> list[HeldMessage]:
-    """Messages waiting for a person, oldest first, with their Runs' identity."""
-    rows = _LIST_HELD.rows(conn, job=job, period_start=period_start, run_id=run_id, limit=limit)
-    return [HeldMessage(_message({c.key: r[c.key] for c in outbox.c}), r["run_job"],
-                        r["run_subject"], r["run_period_start"], r["run_revision"]) for r in rows]
+    """Messages waiting for a person, oldest first, with their Runs' identity (of one job, one
+    period start and one Run when given)."""
+    rows = _LIST_HELD.rows(conn, job=job, run_id=run_id, limit=limit)
+    found = [HeldMessage(_message({c.key: r[c.key] for c in outbox.c}), r["run_job"],
+                         r["run_subject"], r["run_period_start"], r["run_revision"])
+             for r in rows]
+    return [h for h in found if period_start is None or h.period_start == period_start]
 
 
 def list_delivery_attempts(conn: Connection, message_id: str) -> list[DeliveryAttempt]:

@@ -13,12 +13,15 @@ from rich.markup import escape
 from flows.cli.app import outbox_app
 from flows.cli.output import console, fail, open_ledger, print_json
 from flows.cli.tables import Col, print_table, short_id, utc
+from flows.registry import get_job
 from flows.review.select import Selection, held_messages, selected_ids
 from store import HeldMessage, QueuedMessage, RunledgerError
 
-HELD_COLUMNS = [Col("message id"), Col("job", drop=3), Col("subject", drop=4),
-                Col("period", drop=2), Col("channel", drop=5), Col("recipient", fold=28),
-                Col("message subject", fold=16, drop=1), Col("hold until (UTC)", drop=6)]
+# What a reviewer reads a row for: whom it goes to, for which Run (job subject period), and
+# when the hold is overdue; the channel and the message's subject go first on a narrow console.
+HELD_COLUMNS = [Col("message id"), Col("for", fold=16), Col("channel", drop=3),
+                Col("recipient", fold=28), Col("message subject", fold=16, drop=2),
+                Col("hold until (UTC)", drop=1)]
 PREVIEW_CHARS = 200
 
 Ids = Annotated[list[str] | None, typer.Argument(
@@ -35,7 +38,8 @@ By = Annotated[str | None, typer.Option(
 def preview(message: QueuedMessage) -> str:
     """The start of what would go out: an email's body, a webhook's or object's text."""
     payload = message.payload or {}
-    text = message.body or str(payload.get("text") or payload.get("body") or payload)
+    text = " ".join((message.body or str(payload.get("text") or payload.get("body") or payload))
+                    .split())
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "..."
 
 
@@ -76,9 +80,17 @@ def outbox_held(
 def _row(h: HeldMessage, now: datetime) -> list[str]:
     until = h.message.hold_until
     overdue = until is not None and until <= now
-    return [short_id(h.message.message_id), h.job, h.subject,
-            utc(h.period_start), h.message.channel, h.message.recipient, h.message.subject,
+    return [short_id(h.message.message_id), f"{h.job} {h.subject} {_period(h)}",
+            h.message.channel, h.message.recipient, h.message.subject,
             utc(until) + (" OVERDUE" if overdue else "")]
+
+
+def _period(h: HeldMessage) -> str:
+    """The Run's period as its job labels it; its UTC start when the job is unknown here."""
+    try:
+        return str(get_job(h.job).period_at(h.period_start).label)
+    except RunledgerError:
+        return utc(h.period_start)
 
 
 def _decide(decision: str, chosen: Selection, by: str | None, reason: str | None) -> None:

@@ -398,11 +398,11 @@ WHERE runs.job = %s::VARCHAR) RETURNING outbox.message_id, outbox.run_id, outbox
 
 -- name: list_held_messages
 -- Held messages, oldest first, with their Run's job, subject, period and revision, optionally of
--- one job, one period start and one Run.
--- parameters: status_1, job, job, period_start, period_start, run_id, run_id, limit
+-- one job and one Run.
+-- parameters: status_1, job, job, run_id, run_id, limit
 SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason, runs.job AS run_job, runs.subject AS run_subject, runs.period_start AS run_period_start, runs.revision AS run_revision 
 FROM outbox JOIN runs ON runs.run_id = outbox.run_id 
-WHERE outbox.status = %s::VARCHAR AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND (CAST(%s::TIMESTAMP WITH TIME ZONE AS TIMESTAMP WITH TIME ZONE) IS NULL OR runs.period_start = CAST(%s::TIMESTAMP WITH TIME ZONE AS TIMESTAMP WITH TIME ZONE)) AND (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id 
+WHERE outbox.status = %s::VARCHAR AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id 
  LIMIT %s::INTEGER;
 
 -- name: get_message

@@ -4,14 +4,19 @@ more, and a revision's messages are held under the revision's rules."""
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Callable
 
+import pytest
+from typer.testing import Result
+
+from flows.jobs import Approval
 from flows.run_job.outcomes import outcome_name
 from flows.run_job.revision import revise
 from tests.support.delivery import statuses
-from tests.support.pipeline import Env, final_state
+from tests.support.pipeline import Env, final_state, probe_job
 
 PERIOD = "2026-01-05"
+OTHER = "2026-01-06"
 
 
 @pytest.mark.usefixtures("subprocesses_use_the_session_server")
@@ -43,3 +48,20 @@ def test_without_approval_the_reference_job_queues_its_messages_pending(env: Env
     state, _ = env.run("competitor-summary", period=PERIOD)
     assert state.is_completed(), state.message
     assert statuses(env.ledger) == {"pending": 3}
+
+
+def test_a_period_of_a_job_is_approved_from_the_command_line(
+        env: Env, invoke: Callable[..., Result]) -> None:
+    """`outbox approve --job JOB --period P` decides exactly that period's held messages; the
+    list labels each Run by its job, subject and period."""
+    probe = probe_job(approval=Approval())
+    for period in (PERIOD, OTHER):
+        state, _ = env.run(probe.name, period=period)
+        assert state.is_completed(), state.message
+    listed = invoke("outbox", "held", "--job", probe.name, env={"COLUMNS": "200"})
+    assert f"{probe.name} acme {PERIOD}" in listed.stdout
+    done = invoke("outbox", "approve", "--job", probe.name, "--period", PERIOD, "--by", "erin")
+    assert done.exit_code == 0, done.stderr
+    assert "approved 2 message(s) by erin" in done.stdout
+    left = env.ledger.outbox.held(job=probe.name)
+    assert len(left) == 2 and all(h.period_start.date().isoformat() == OTHER for h in left)

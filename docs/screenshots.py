@@ -273,7 +273,7 @@ def main() -> None:
                 browser.shoot(url, IMAGES / name, texts, args.settle)
             browser.shoot_after_click(f"{ui}/runs/flow-run/{review['id']}", "Resume",
                                       IMAGES / "review-form.png",
-                                      ["All messages", "wait for your approval"], args.settle)
+                                      ["All messages", "held message(s) to review"], args.settle)
         finally:
             browser.close()
 

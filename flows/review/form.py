@@ -18,7 +18,8 @@ Every = Literal["decide per message", "approve all", "reject all"]
 UI_REVIEWER = "prefect-ui"  # recorded when the form's reviewer field is left empty
 UI_REASON = "rejected in the Prefect UI without a reason"
 FIELD_PREFIX = "message_"
-TEXT_CHARS = 2000  # of a message's text shown in the form
+TEXT_CHARS = 2000  # of a message's text shown in the description and the artifact
+FIELD_TEXT_CHARS = 400  # of a message's text shown under its choice in the form
 
 
 class ReviewForm(RunInput):
@@ -38,16 +39,18 @@ def field_name(message_id: str) -> str:
     return FIELD_PREFIX + message_id[:16]
 
 
-def _text(h: HeldMessage) -> str:
+def _text(h: HeldMessage, limit: int = TEXT_CHARS) -> str:
     payload = h.message.payload or {}
     text = h.message.body or str(payload.get("text") or payload.get("body") or payload)
-    return text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS] + "..."
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def description(held: list[HeldMessage], chosen: Selection) -> str:
     """The Markdown shown above the form: every held message with its recipient, subject and
     text, and the CLI commands that decide the same."""
-    lines = [f"## {len(held)} message(s) of {chosen.describe()} wait for your approval", "",
+    lines = [f"### {len(held)} held message(s) to review", "",
+             f"Of {chosen.describe()}; their texts are below and in the review-outbox artifact.",
+             "",
              "Approved messages are delivered once by the deliver-outbox deployment, with their "
              "keys; rejected ones are never sent. The same from a terminal: `runledger outbox "
              "approve ID...` or `runledger outbox reject ID... --reason TEXT`.", ""]
@@ -60,10 +63,13 @@ def description(held: list[HeldMessage], chosen: Selection) -> str:
 
 
 def review_form(held: list[HeldMessage], chosen: Selection) -> type[ReviewForm]:
-    """The form for these messages: ReviewForm with a choice per message, and its description."""
+    """The form for these messages: ReviewForm with a choice per message (titled with its
+    recipient and subject, the start of its text below), and the description (Prefect 3.9's
+    Resume dialog shows its first line; the artifact holds the whole)."""
     fields: dict[str, Any] = {
         field_name(h.message.message_id): (Each, pydantic.Field(
-            default="keep held", title=f"{h.message.recipient}: {h.message.subject}"[:200]))
+            default="keep held", title=f"{h.message.recipient}: {h.message.subject}"[:200],
+            description=_text(h, FIELD_TEXT_CHARS)))
         for h in held}
     form = pydantic.create_model("ReviewForm", __base__=ReviewForm, **fields)
     form._description = description(held, chosen)

@@ -4,6 +4,7 @@ more, and a revision's messages are held under the revision's rules."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -14,6 +15,7 @@ from flows.run_job.outcomes import outcome_name
 from flows.run_job.revision import revise
 from tests.support.delivery import statuses
 from tests.support.pipeline import Env, final_state, probe_job
+from tests.support.review import review_deployment, review_flow_runs
 
 PERIOD = "2026-01-05"
 OTHER = "2026-01-06"
@@ -65,3 +67,17 @@ def test_a_period_of_a_job_is_approved_from_the_command_line(
     assert "approved 2 message(s) by erin" in done.stdout
     left = env.ledger.outbox.held(job=probe.name)
     assert len(left) == 2 and all(h.period_start.date().isoformat() == OTHER for h in left)
+
+
+@pytest.mark.usefixtures("subprocesses_use_the_session_server")
+def test_a_tick_that_held_messages_starts_one_review_flow_run_for_its_period(env: Env) -> None:
+    """With a review-outbox deployment on the server, the tick creates one flow run of it with
+    the job and period as parameters; a rerun of the same flow run would not add another (its
+    idempotency key is the tick's flow run)."""
+    asyncio.run(review_deployment())
+    probe = probe_job(approval=Approval())
+    state, _ = env.run(probe.name, period=PERIOD)
+    assert state.is_completed(), state.message
+    runs = [r for r in asyncio.run(review_flow_runs())
+            if r.parameters.get("job") == probe.name]
+    assert [r.parameters for r in runs] == [{"job": probe.name, "period": PERIOD}]

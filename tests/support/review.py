@@ -14,6 +14,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter
 from prefect.client.schemas.objects import FlowRun
 
+from flows.review.flow import review_outbox
 from tests.support.delivery import RUNLEDGER
 from tests.support.stack import wait_until
 
@@ -41,6 +42,18 @@ async def _review_runs() -> list[FlowRun]:
     async with get_client() as client:
         return await client.read_flow_runs(flow_filter=FlowFilter(
             name=FlowFilterName(any_=["review-outbox"])), flow_run_filter=FlowRunFilter())
+
+
+async def review_deployment() -> None:
+    """The review-outbox deployment on the session's server (no worker runs it: its flow runs
+    stay scheduled), as `prefect deploy` would make it."""
+    deployment = await review_outbox.ato_deployment(name="review-outbox")
+    await deployment.apply()  # type: ignore[misc]  # the async dispatch
+
+
+async def review_flow_runs() -> list[FlowRun]:
+    """Every flow run of the review-outbox flow on the session's server."""
+    return await _review_runs()
 
 
 def paused_review(known: set[UUID]) -> FlowRun:

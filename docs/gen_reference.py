@@ -467,6 +467,10 @@ MESSAGE_STATUS_MEANINGS = {
                  "receiver may have it; retried with the same key inside the window, or held",
     "dead": "a permanent rejection, or the attempts or the window ran out; an operator may "
             "requeue it",
+    "held": "queued by a job with an approval: never sent until a person approves it "
+            "(`runledger outbox approve`, or the review-outbox form); then pending",
+    "rejected": "a person (or the hold's deadline, when the job's approval says so) rejected "
+                "it: never sent; kept with who decided, when and why",
 }
 
 

@@ -3,8 +3,9 @@
 Starts the local stack the way ``make run`` does (``runledger stack up``, in a temporary folder
 and on a free port, so it does not touch ./runledger.db or a stack already running), waits for
 the kickoff's completed run of competitor-summary, runs the deployment again for a Duplicate,
-finds the pages through the Prefect API, photographs them with Debian's headless Chromium, and
-stops the stack. Look at every picture before committing it.
+starts a review-outbox flow run for the messages the kickoff held (the stack runs with
+RUNLEDGER_COMPETITOR_SUMMARY_APPROVAL=1) and opens its Resume form, finds the pages through the
+Prefect API, photographs them with Debian's headless Chromium, and stops the stack. Look at every picture before committing it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from flows.stack import commands  # noqa: E402
 
 IMAGES = ROOT / "docs" / "images"
 DEPLOYMENT = "competitor-summary"
+REVIEW = "review-outbox"
 READY = "runledger local stack is up"
 T = TypeVar("T")
 
@@ -55,6 +57,8 @@ def local_stack(folder: Path, port: int) -> Iterator[Path]:
     """``runledger stack up`` with its own ledger and Prefect home; stopped with Ctrl-C's signal."""
     log = folder / "stack.log"
     env = {**os.environ, "RUNLEDGER_DATABASE_URL": f"sqlite:///{folder}/runledger.db",
+           # The kickoff's summaries wait for approval: the review form has messages to show.
+           "RUNLEDGER_COMPETITOR_SUMMARY_APPROVAL": "1",
            # The UI asks its API at PREFECT_UI_API_URL, which Prefect derives from port 4200,
            # not from the port the server was started on.
            "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
@@ -105,6 +109,10 @@ class Api:
     def flow_runs(self, deployment_id: str) -> list[dict[str, Any]]:
         return list(self.post("/flow_runs/filter", {
             "deployments": {"id": {"any_": [deployment_id]}}, "sort": "START_TIME_ASC"}))
+
+    def paused(self, run_id: str) -> dict[str, Any] | None:
+        run: dict[str, Any] = self.get(f"/flow_runs/{run_id}")
+        return run if (run.get("state") or {}).get("type") == "PAUSED" else None
 
     def finished(self, run_id: str) -> dict[str, Any] | None:
         run: dict[str, Any] = self.get(f"/flow_runs/{run_id}")
@@ -183,6 +191,34 @@ class Browser:
                              f"shows: {str(text.get('result', {}).get('value'))[:1500]}")
         print(f"{target.relative_to(ROOT)}  <-  {url}")
 
+    def click(self, label: str) -> bool:
+        """Click the first button whose text is ``label``; False when none is shown yet."""
+        found = self.call("Runtime.evaluate", returnByValue=True, expression=(
+            "(() => { const b = [...document.querySelectorAll('button')].find("
+            f"e => e.innerText.trim() === {json.dumps(label)}); if (b) {{ b.click(); }} "
+            "return !!b; })()"))
+        return bool(found.get("result", {}).get("value"))
+
+    def shoot_after_click(self, url: str, label: str, target: Path, wait_text: list[str],
+                          settle: float) -> None:
+        """Open ``url``, click its ``label`` button, then picture what it opens."""
+        self.call("Page.navigate", url=url)
+        wait_for(lambda: self.click(label), 60, f"a {label!r} button on {url}")
+        self.shoot_current(target, wait_text, settle)
+
+    def shoot_current(self, target: Path, wait_text: list[str], settle: float) -> None:
+        deadline = time.monotonic() + 60
+        missing = list(wait_text)
+        while missing and time.monotonic() < deadline:
+            missing = [text for text in missing if not self.shows(text)]
+            time.sleep(0.5)
+        time.sleep(settle)
+        data = self.call("Page.captureScreenshot", format="png")["data"]
+        target.write_bytes(base64.b64decode(data))
+        if missing:
+            raise SystemExit(f"the page never showed {missing} (picture kept in {target})")
+        print(f"{target.relative_to(ROOT)}  <-  after clicking")
+
     def close(self) -> None:
         self.socket.close()
         self.process.terminate()
@@ -227,11 +263,17 @@ def main() -> None:
             "custom-run-period.png": (f"{ui}/deployments/deployment/{deployment}/run",
                                       ["period"]),
         }
+        review = api.post(f"/deployments/{api.deployment_id(REVIEW)}/create_flow_run",
+                          {"parameters": {"job": DEPLOYMENT, "poll_seconds": 2}})
+        wait_for(lambda: api.paused(review["id"]), 180, "the review-outbox run to pause")
         width, height = (int(n) for n in args.size.split(","))
         browser = Browser(width, height)
         try:
             for name, (url, texts) in pages.items():
                 browser.shoot(url, IMAGES / name, texts, args.settle)
+            browser.shoot_after_click(f"{ui}/runs/flow-run/{review['id']}", "Resume",
+                                      IMAGES / "review-form.png",
+                                      ["All messages", "held message(s) to review"], args.settle)
         finally:
             browser.close()
 

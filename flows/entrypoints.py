@@ -8,8 +8,9 @@ from flows.backfill.flow import backfill
 from flows.delivery.flow import deliver_outbox
 from flows.reconcile.flow import reconcile
 from flows.retention import prune
+from flows.review.flow import review_outbox
 from flows.run_job.flow import run_job
 from flows.run_job.revision import revise
 
-__all__ = ["backfill", "deliver_outbox", "prune", "reconcile", "revise",
+__all__ = ["backfill", "deliver_outbox", "prune", "reconcile", "review_outbox", "revise",
            "run_job"]

@@ -123,6 +123,10 @@ class RunledgerSettings(BaseSettings):
     lease_seconds: float | None = Field(
         default=None, gt=0, json_schema_extra={UNSET: "each job's own lease"},
         description="Overrides every job's lease duration (default 900 s).")
+    approval_deadline_hours: float = Field(
+        default=24.0, gt=0, description="How long a person has to approve or reject a held "
+                                        "message before `runledger overdue` reports it (a job's "
+                                        "Approval(deadline=...) wins).")
     subject_concurrency: int = Field(
         default=8, ge=1, description="Subjects processed at once; when not set, the job's "
                                      "endpoint's max concurrent (if it has one), else 8.")

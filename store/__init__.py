@@ -58,7 +58,7 @@ from store.models import (
 )
 from store.occurrence_book import OccurrenceBook
 from store.occurrences import RunState, unemitted
-from store.outbox import MessageClaim, Reply
+from store.outbox import HeldMessage, MessageClaim, Reply
 from store.outbox_book import OutboxBook
 from store.period import Period
 from store.retention_book import RetentionBook
@@ -94,6 +94,7 @@ __all__ = [
     "Effect",
     "EndpointLimit",
     "FinishedRun",
+    "HeldMessage",
     "InFlight",
     "Intent",
     "InvalidInput",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -83,7 +84,8 @@ def _normalized(address: str) -> str:
 class OutboxMessage:
     """One effect to deliver once a Run completes; unique per (run, channel, recipient), where
     the recipient is the channel's target. Build webhook and object messages with
-    ``OutboxMessage.webhook`` and ``OutboxMessage.object``."""
+    ``OutboxMessage.webhook`` and ``OutboxMessage.object``. ``hold``: queue it held until a
+    person approves it, overdue after that long (a job's ``Approval`` sets it)."""
 
     recipient: str
     subject: str
@@ -91,6 +93,7 @@ class OutboxMessage:
     channel: str = EMAIL
     headers: dict[str, str] = field(default_factory=dict)
     payload: dict[str, Any] | None = None
+    hold: timedelta | None = None
 
     @classmethod
     def webhook(cls, endpoint: str, payload: dict[str, Any],
@@ -125,6 +128,10 @@ class OutboxMessage:
         if not isinstance(self.headers, dict):
             raise InvalidMessage(f"headers must be a dict of header name to value, got "
                                  f"{type(self.headers).__name__}")
+        if self.hold is not None and (not isinstance(self.hold, timedelta)
+                                      or self.hold <= timedelta(0)):
+            raise InvalidMessage(f"hold must be a positive timedelta (how long a person has to "
+                                 f"decide), or None to send without approval, got {self.hold!r}")
         if self.channel == EMAIL:
             self._check_email()
         else:

@@ -25,7 +25,9 @@ RUNS_FILLFACTOR = 60  # percent of a runs page filled by inserts; the rest takes
 MAX_OWNER = 300  # characters of a lease owner such as host:pid
 RUN_STATUSES = ("pending", "running", "completed", "failed")
 ATTEMPT_OUTCOMES = ("completed", "released", "failed", "expired")
-MESSAGE_STATUSES = ("pending", "sending", "sent", "retry", "uncertain", "dead")
+# held: waiting for a person's approval (never claimed); rejected: a person said no (never sent).
+MESSAGE_STATUSES = ("pending", "sending", "sent", "retry", "uncertain", "dead", "held", "rejected")
+DECISIONS = ("approved", "rejected")
 DELIVERY_OUTCOMES = ("sent", "retry", "uncertain", "dead")
 CLAIMABLE_STATUSES = ("pending", "retry", "uncertain", "sending")  # what a dispatcher may claim
 CLAIMABLE_WHERE = "status IN (" + ", ".join(f"'{s}'" for s in CLAIMABLE_STATUSES) + ")"
@@ -201,6 +203,12 @@ class QueuedMessage(SQLModel, table=True):
     created_at: datetime | None = _ts(nullable=False)
     updated_at: datetime | None = _ts(nullable=False)
     sent_at: datetime | None = _ts()
+    # A held message: when its hold is overdue, and the person's decision on it (who, when, why).
+    hold_until: datetime | None = _ts()
+    decision: str | None = Field(default=None, max_length=16)
+    decided_by: str | None = Field(default=None, max_length=MAX_OWNER)
+    decided_at: datetime | None = _ts()
+    decision_reason: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
 
 
 class DeliveryAttempt(SQLModel, table=True):

@@ -4,24 +4,28 @@ or read of ``store.outbox``, a transition followed by its fault point."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from store import faults
 from store.ids import resolve_message_id
 from store.models import DeliveryAttempt, QueuedMessage
 from store.outbox import (
     NO_REPLY,
+    HeldMessage,
     MessageClaim,
     Reply,
     claim_messages_txn,
     count_messages,
+    decide_messages_txn,
     get_message,
     list_delivery_attempts,
+    list_held_messages,
     list_messages,
     list_recent_messages,
     mark_dead_txn,
     mark_sent_txn,
     mark_uncertain_txn,
+    reject_overdue_holds_txn,
     release_message_txn,
     requeue_message_txn,
     schedule_retry_txn,
@@ -80,6 +84,17 @@ class OutboxBook:
         return self._ledger._write(faults.AFTER_REQUEUE_MESSAGE_COMMIT, requeue_message_txn,
                                    message_id)
 
+    def decide(self, message_ids: Sequence[str], decision: str, by: str,
+               reason: str | None = None) -> list[QueuedMessage]:
+        """A person approves or rejects held messages, all or none (see ``decide_messages_txn``)."""
+        return self._ledger._write(faults.AFTER_DECIDE_MESSAGES_COMMIT, decide_messages_txn,
+                                   message_ids, decision, by, reason)
+
+    def reject_overdue_holds(self, job: str) -> list[QueuedMessage]:
+        """Reject the job's held messages past their deadline (see ``reject_overdue_holds_txn``)."""
+        return self._ledger._write(faults.AFTER_DECIDE_MESSAGES_COMMIT, reject_overdue_holds_txn,
+                                   job)
+
     def message(self, message_id: str) -> QueuedMessage | None:
         """The outbox message with this id, if any."""
         return self._ledger._read(get_message, message_id)
@@ -103,6 +118,14 @@ class OutboxBook:
         """The newest ``limit`` outbox messages, newest first."""
         return self._ledger._read(list_recent_messages, status=status, run_id=run_id,
                                   channel=channel, limit=limit)
+
+    def held(
+        self, *, job: str | None = None, period_start: datetime | None = None,
+        run_id: str | None = None, limit: int = 1000,
+    ) -> list[HeldMessage]:
+        """Messages waiting for a person's decision, oldest first, with their Runs' identity."""
+        return self._ledger._read(list_held_messages, job=job, period_start=period_start,
+                                  run_id=run_id, limit=limit)
 
     def delivery_attempts(self, message_id: str) -> list[DeliveryAttempt]:
         """A message's delivery attempts, first try first."""

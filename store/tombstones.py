@@ -4,9 +4,10 @@ tombstones: the Run row stays (identity, status, fence, params fingerprint, atte
 call counts, completion time and ids, and now ``pruned_at`` and ``output_digest``), so that a
 rerun of its period is still a duplicate; its documents (raw input, output, error, params) are
 nulled, its model calls keep their cost but lose their answers, and its Attempts, its sent and
-dead outbox rows, their delivery attempts and its settled alert occurrences are deleted. Never touched: a Run not completed (pending, running, failed:
-a failed Run awaits an operator), a Run with any message pending, sending, retry or uncertain
-(skipped whole), a skip decision (it is what keeps a skipped period skipped), the per-day
+dead outbox rows, their delivery attempts and its settled alert occurrences are deleted; an
+outbox row a person approved or rejected stays, as the record of that decision. Never touched:
+a Run not completed (pending, running, failed: a failed Run awaits an operator), a Run with any
+message pending, sending, retry, uncertain or held (skipped whole), a skip decision (it is what keeps a skipped period skipped), the per-day
 suppressed counts (statistics, a row per job and day).
 
 Batches walk the Runs in id order from a cursor (the primary key index), so a pass reads the
@@ -44,7 +45,8 @@ occurrences = occurrences_table
 calls = model_calls_table
 
 FINAL_MESSAGE_STATUSES = ("sent", "dead")
-UNFINISHED_MESSAGE_STATUSES = ("pending", "sending", "retry", "uncertain")
+# A held message awaits a person: its Run is not pruned until it is decided.
+UNFINISHED_MESSAGE_STATUSES = ("pending", "sending", "retry", "uncertain", "held")
 DOCUMENTS = ("raw_input", "output", "error", "params")
 MAX_BATCH = 10_000  # Runs per transaction: beyond this a batch holds its locks too long
 
@@ -157,9 +159,10 @@ _DELETE_DELIVERIES = Statement(
     .returning(deliveries.c.id))
 _DELETE_MESSAGES = Statement(
     "delete_pruned_messages", "Delete the pruned Runs' sent and dead outbox rows (never a "
-    "message still to deliver).",
+    "message still to deliver, nor one a person decided: it is the decision's record).",
     lambda d: sa.delete(outbox).where(outbox.c.run_id.in_(_given(d)),
-                                      one_of(outbox.c.status, FINAL_MESSAGE_STATUSES))
+                                      one_of(outbox.c.status, FINAL_MESSAGE_STATUSES),
+                                      outbox.c.decision.is_(None))
     .returning(outbox.c.message_id))
 _DELETE_ATTEMPTS = Statement(
     "delete_pruned_attempts", "Delete the pruned Runs' Attempts.",
@@ -280,7 +283,7 @@ def prune_batch_txn(conn: Connection, cutoff: datetime, jobs: Sequence[str], lim
         # The pick read the outbox without locking it: an operator may have requeued a dead
         # message since. The Runs with one still to deliver stay out of this batch.
         busy = {row["run_id"] for row in _LOCK_MESSAGES.rows(conn, ids=ids)
-                if row["status"] not in FINAL_MESSAGE_STATUSES}
+                if row["status"] in UNFINISHED_MESSAGE_STATUSES}
         if busy:
             picked = [row for row in picked if row["run_id"] not in busy]
             ids = [{"run_id": row["run_id"]} for row in picked]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import flows.cli.delivery_commands  # noqa: F401  (registers deliver, outbox requeue|show, sink)
 from flows.cli import (
+    approval_commands,  # noqa: F401  (registers outbox held|approve|reject)
     backfill_commands,  # noqa: F401  (registers backfill)
     check_commands,  # noqa: F401  (registers check)
     cost_commands,  # noqa: F401  (registers costs)

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from flows.cli.app import app, outbox_app
 from flows.cli.output import console, fail, open_ledger, print_json
+from flows.cli.tables import decision_text, utc
 from flows.delivery.dispatcher import Dispatcher
 from flows.delivery.report import DeliveryReport
 from flows.delivery.settings import DeliverySettings
@@ -160,6 +161,11 @@ def outbox_show(
               f"{message.message_id} ({key}) run {message.run_id}\n"
                   f"status [bold]{message.status}[/], attempts {message.attempts}, next attempt "
                   f"{message.next_attempt_at or '-'}, last error {message.last_error or '-'}")
+    if message.decision is not None or message.status == "held":
+        decided = decision_text(message.decision, message.decided_by, message.decided_at,
+                                message.decision_reason)
+        out.print(escape(decided or f"held for approval, overdue at {utc(message.hold_until)}"),
+                  highlight=False)
     if message.payload is not None:
         out.print(f"channel {message.channel}, payload:")
         out.print(escape(json.dumps(message.payload, indent=2, ensure_ascii=False)[:4000]))

@@ -11,7 +11,7 @@ from rich.markup import escape
 from flows.cli.app import db_app, outbox_app, runs_app
 from flows.cli.logical_runs import attempt_fields, period_label, prefect_ui_url, run_fields
 from flows.cli.output import console, fail, open_ledger, print_json
-from flows.cli.tables import EMAIL, FOLD, Col, print_table, short_id, utc
+from flows.cli.tables import EMAIL, FOLD, Col, decision_text, print_table, short_id, utc
 from flows.prices import format_money
 from flows.spend import spend_of
 from store import (
@@ -43,7 +43,8 @@ CALL_COLUMNS = [Col("fence"), Col("pos"), Col("model", fold=FOLD, drop=3),
                 Col("reused", drop=5), Col("error", fold=FOLD, optional=True)]
 RUN_OUTBOX_COLUMNS = [Col("message id"), Col("channel", drop=1), Col("recipient", fold=EMAIL),
                       Col("status"), Col("attempts", drop=2),
-                      Col("last error", fold=FOLD, optional=True)]
+                      Col("last error", fold=FOLD, optional=True),
+                      Col("decision", fold=FOLD, optional=True)]
 # An address is what the list is read for and a folded one is misread: it never folds; the
 # run id, the channel and the subject are left out first at 80 columns. "for" is the Run a
 # message belongs to (job, subject, period): a webhook's or object's target and subject are
@@ -166,7 +167,9 @@ def runs_show(
               f"{spend.tokens} tokens, {spend.money()}")
     print_table(out, RUN_OUTBOX_COLUMNS, [
         [short_id(m.message_id), m.channel, m.recipient, m.status, str(m.attempts),
-         m.last_error or ""] for m in messages], title="outbox")
+         m.last_error or "", decision_text(m.decision, m.decided_by, m.decided_at,
+                                           m.decision_reason)]
+        for m in messages], title="outbox")
 
 
 def _attempt_calls(attempt: Attempt, calls: list[ModelCall]) -> str:

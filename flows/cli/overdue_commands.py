@@ -13,13 +13,13 @@ from rich.text import Text
 
 from flows.cli.app import app
 from flows.cli.output import console, fail, open_ledger, print_json
-from flows.cli.tables import FOLD, Col, print_table
+from flows.cli.tables import FOLD, Col, print_table, short_id, utc
 from flows.cli.unfinished import fields, of_jobs, print_unfinished
 from flows.jobs import Job
 from flows.reconcile import Step
 from flows.reconcile.prepare import prepare
 from flows.registry import get_job, registered_jobs
-from store import RunledgerError
+from store import HeldMessage, RunledgerError
 
 ERROR_EXIT = 2  # 1 says something is overdue or unfinished
 
@@ -82,6 +82,24 @@ def late_steps(job: Job, steps: list[Step], now: datetime) -> list[Late]:
             or (s.state in ("missed", "stranded", "failed") and now > s.owed.due_at)]
 
 
+HOLD_COLUMNS = [Col("message id"), Col("job", fold=FOLD), Col("subject", fold=FOLD, drop=2),
+                Col("recipient", fold=FOLD), Col("deadline (UTC)", drop=1), Col("late")]
+
+
+def overdue_holds(held: list[HeldMessage], jobs: list[Job], now: datetime) -> list[HeldMessage]:
+    """The held messages of ``jobs`` nobody decided on by their deadline."""
+    names = {job.name for job in jobs}
+    return [h for h in held if h.job in names and h.message.hold_until is not None
+            and h.message.hold_until <= now]
+
+
+def _hold_row(h: HeldMessage, now: datetime) -> list[str | Text]:
+    until = h.message.hold_until
+    assert until is not None
+    return [short_id(h.message.message_id), h.job, h.subject, h.message.recipient, utc(until),
+            Text(duration(now - until), style="bold red")]
+
+
 def duration(value: timedelta) -> str:
     """A lateness at a glance: ``45s``, ``12m``, ``5h 03m``, ``2d 04h``."""
     seconds = max(0, int(value.total_seconds()))
@@ -106,8 +124,9 @@ def overdue(
     job's missed-run policy (listed, never counted as overdue). Due times are in each job's
     timezone. Then every unfinished Run of the jobs' versions, late or not: held (who holds its
     lease, until when), stranded (its lease ended), over-budget or pending, with a summary line
-    such as "3 unfinished Runs: 1 held, 1 over-budget, 1 pending". Reads only. --json prints
-    {"late": [...], "unfinished": [...]}.
+    such as "3 unfinished Runs: 1 held, 1 over-budget, 1 pending". Then the outbox messages
+    held for approval past their deadline, counted as overdue. Reads only. --json prints
+    {"late": [...], "unfinished": [...], "holds": [...]}.
 
     Exit status: 0 when nothing is overdue (owed and not completed nor skipped by its due
     time plus the job's grace) and no Run is unfinished, 1 when something is overdue or a Run
@@ -119,15 +138,20 @@ def overdue(
         for one in jobs:
             planned = prepare(ledger, one, dry_run=True)
             found += late_steps(one, planned.steps, planned.now)
-        unfinished = of_jobs(ledger, jobs, ledger.now())
+        now = ledger.now()
+        unfinished = of_jobs(ledger, jobs, now)
+        holds = overdue_holds(ledger.outbox.held(job=job), jobs, now)
     except RunledgerError as exc:
         raise fail(exc, ERROR_EXIT) from None
     finally:
         ledger.close()
-    count = sum(1 for late in found if late.step.overdue)
+    count = sum(1 for late in found if late.step.overdue) + len(holds)
     if as_json:
         print_json({"late": [late.as_dict() for late in found],
-                    "unfinished": [fields(run) for run in unfinished]})
+                    "unfinished": [fields(run) for run in unfinished],
+                    "holds": [{"message_id": h.message.message_id, "job": h.job,
+                               "subject": h.subject, "recipient": h.message.recipient,
+                               "hold_until": utc(h.message.hold_until)} for h in holds]})
     else:
         out = console()
         if found:
@@ -141,5 +165,9 @@ def overdue(
         else:
             out.print("nothing owed is late")
         print_unfinished(out, unfinished)
+        if holds:
+            print_table(out, HOLD_COLUMNS, [_hold_row(h, now) for h in holds],
+                        title=f"{len(holds)} held message(s) past their approval deadline "
+                              "(`runledger outbox approve` or `reject`)")
     if count or unfinished:
         raise typer.Exit(1)

@@ -98,3 +98,12 @@ def fit_table(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]], widt
 def print_table(console: Console, columns: Sequence[Col], rows: Sequence[Sequence[str | Text]],
                 title: str | None = None) -> None:
     console.print(fit_table(columns, rows, console.width, title))
+
+
+def decision_text(decision: str | None, by: str | None, at: datetime | None,
+                  reason: str | None) -> str:
+    """A person's decision on a held message as one line (``approved by alice at ...: why``),
+    or ``""`` when nobody decided."""
+    if decision is None:
+        return ""
+    return f"{decision} by {by} at {utc(at)}" + (f": {reason}" if reason else "")

@@ -3,6 +3,7 @@ model it calls and the errors it raises (see docs/how-to/write-a-job.md). Operat
 upgrade the ledger through ``flows.registry``; every other error is in ``flows.errors``."""
 
 from flows.errors import PermanentError, TransientError, ValidationFailed
+from flows.jobs.approval import Approval
 from flows.jobs.budget import Budget
 from flows.jobs.job import Candidate, Job, MissedRunPolicy
 from flows.model import Generation, Model
@@ -10,6 +11,7 @@ from flows.targets import Target
 from store import InvalidInput, OutboxMessage, Period, normalize_address
 
 __all__ = [
+    "Approval",
     "Budget",
     "Candidate",
     "Generation",

@@ -19,6 +19,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flows.jobs import (
+    Approval,
     Candidate,
     InvalidInput,
     Job,
@@ -64,6 +65,10 @@ class CompetitorSummarySettings(BaseSettings):
         default=None,
         description="Name of a prefect-aws S3Bucket block: each summary is also written there "
                     "once, as competitor-summary/<workspace>/<day>.md.")
+    approval: bool = Field(
+        default=False,
+        description="Hold every summary until a person approves it (`runledger outbox approve`, "
+                    "or the review-outbox flow run in the Prefect UI).")
 
 
 def _settings() -> CompetitorSummarySettings:
@@ -182,6 +187,11 @@ def targets() -> list[Target]:
             *([Target.object(settings.bucket)] if settings.bucket else [])]
 
 
+def approval() -> Approval | None:
+    """Every message waits for a person when RUNLEDGER_COMPETITOR_SUMMARY_APPROVAL is set."""
+    return Approval() if _settings().approval else None
+
+
 def params(workspace: str, period: Period) -> dict[str, Any]:
     """The recipients shape the Run: the same day with other recipients (or another webhook
     endpoint or bucket) is a conflict."""
@@ -207,6 +217,7 @@ job = Job(
     messages=messages,
     targets=targets,
     params=params,
+    approval=approval,
     # A summary three days late helps nobody: after an outage only the latest day runs.
     missed_runs="latest",
     due=timedelta(hours=7),  # deployments/prefect.yaml: 07:00 in the job's timezone

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import MetaData
 
 from flows.errors import InvalidJob, UnknownSubject
+from flows.jobs.approval import Approval
 from flows.jobs.budget import Budget
 from flows.model import Model
 from flows.targets import Target
@@ -51,6 +52,7 @@ Messages = Callable[[str, Period, dict[str, Any]], Sequence[OutboxMessage]]
 Params = Callable[[str, Period], dict[str, Any]]
 Subjects = Sequence[str] | Callable[[], Iterable[str]]
 Targets = Sequence[Target] | Callable[[], Iterable[Target]]
+Approvals = Approval | Callable[[], Approval | None] | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +102,9 @@ class Job:
             into shards of at most this many, each a flow run of the same deployment that any
             worker of its work pool takes (the run-job ``shard_size`` parameter wins); default
             None: a tick runs in one flow run.
+        approval: ``Approval()`` holds the job's messages until a person approves them (the
+            CLI's ``outbox approve``, or the review-outbox flow run's form in the Prefect UI);
+            or a function deciding it when a tick starts; default None: sent without review.
     """
 
     name: str
@@ -126,6 +131,7 @@ class Job:
     budget: Budget | None = None
     endpoint: str = "default"
     shard_size: int | None = None
+    approval: Approvals = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -172,6 +178,8 @@ class Job:
                              f"got {self.max_attempts!r}")
         if not callable(self.targets):
             self.target_list()
+        if not callable(self.approval):
+            self.approval_now()
         for stage in ("collect", "transform", "validate", "messages"):
             if not callable(getattr(self, stage)):
                 raise InvalidJob(f"job {self.name}: {stage} must be a function")
@@ -198,6 +206,14 @@ class Job:
                              f"[Target.email(), Target.webhook(\"reports-api\")], got "
                              f"{self.targets!r}")
         return list(dict.fromkeys(listed))
+
+    def approval_now(self) -> Approval | None:
+        """Whether and how this job's messages wait for a person, as of now."""
+        found = self.approval() if callable(self.approval) else self.approval
+        if found is not None and not isinstance(found, Approval):
+            raise InvalidJob(f"job {self.name}: approval must be an Approval, such as "
+                             f"Approval(channels=(\"email\",)), or None, got {found!r}")
+        return found
 
     def resolve_subjects(self, requested: Sequence[str] | None) -> list[str]:
         """The requested subjects (all when none are given); an unknown one is an error."""

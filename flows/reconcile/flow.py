@@ -41,6 +41,7 @@ class JobReconciled:
     gave_up: list[str] = field(default_factory=list)
     overdue: list[str] = field(default_factory=list)
     recovered: list[Occurrence] = field(default_factory=list)
+    holds_rejected: list[str] = field(default_factory=list)  # held messages past their deadline
     ticks: list[TickReport] = field(default_factory=list)
     dry_run: bool = False
 
@@ -60,6 +61,8 @@ class JobReconciled:
             text += f"; {len(self.overdue)} newly overdue"
         if self.recovered:
             text += f"; {len(self.recovered)} recovered"
+        if self.holds_rejected:
+            text += f"; {len(self.holds_rejected)} held message(s) rejected by their deadline"
         if self.plan.capped:
             text += f"; {self.plan.capped} left for the next pass (cap)"
         return text
@@ -75,6 +78,7 @@ class JobReconciled:
                 "dry_run": self.dry_run, "capped": self.plan.capped, "occurrences": self.rows(),
                 "skipped": self.skipped, "gave_up": self.gave_up, "overdue": self.overdue,
                 "recovered": [o.run_id for o in self.recovered],
+                "holds_rejected": self.holds_rejected,
                 "ticks": [t.summary() for t in self.ticks]}
 
 
@@ -84,7 +88,8 @@ def _steps(planned: Plan) -> dict[str, Step]:
 
 def decide(ledger: Ledger, planned: Plan) -> JobReconciled:
     """Record the plan's durable decisions before anything runs: the policy's skips, the
-    give-ups and the overdue reports; then emit every decision's event not known emitted
+    give-ups, the overdue reports and the held messages the job's approval rejects at their
+    deadline; then emit every decision's event not known emitted
     (these, and any a killed pass left)."""
     done = JobReconciled(planned)
     job = planned.job
@@ -97,6 +102,9 @@ def decide(ledger: Ledger, planned: Plan) -> JobReconciled:
             done.gave_up.append(step.owed.identity.run_id)
     late = [s for s in planned.overdue() if s.owed.identity.run_id not in newly]
     done.overdue = ledger.occurrences.mark_overdue([s.owed.identity for s in late])
+    approval = job.approval_now()
+    if approval is not None and approval.on_deadline == "reject":
+        done.holds_rejected = [m.message_id for m in ledger.outbox.reject_overdue_holds(job.name)]
     emit_decisions(ledger, job, _steps(planned))
     if planned.capped:
         emit_job_event("reconcile.capped", job, left=planned.capped,

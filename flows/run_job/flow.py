@@ -74,6 +74,7 @@ from flows.run_job.monitoring import (
 )
 from flows.run_job.outcomes import Outcome, SubjectOutcome, TickReport
 from flows.run_job.preflight import NOT_READY_STATE, preflight
+from flows.run_job.review import ask_for_review
 from flows.run_job.shards import (
     ShardPlan,
     check_shard_label,
@@ -196,6 +197,8 @@ async def run_job(job: str, subjects: list[str] | None = None,
         raise
     await labelling
     publish_artifacts(flow_run_id, tick_artifact_key(definition.name), report, board)
+    if shard is None:  # a sharded tick asks once, for all its shards
+        await ask_for_review(definition, the_period, flow_run_id, logger)
     if report.completed_every_subject() and len(identities) == len(definition.subject_names()):
         emit_job_event("tick.completed", definition, period=the_period.label)
     logger.info(report.summary())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any
 
 from flows.jobs import Job
@@ -54,11 +55,15 @@ class Tick:
 
     def messages(self, subject: str, output: dict[str, Any]) -> list[OutboxMessage]:
         """The outbox rows of a completion: the job's messages; a revision's are marked revised,
-        or none without resend (their keys are the revision's own: its run id differs)."""
+        or none without resend (their keys are the revision's own: its run id differs); held
+        for a person when the job asks for approval (a revision's too)."""
         made = list(self.job.messages(subject, self.period, output))
-        if self.revising is None:
+        if self.revising is not None:
+            made = [self.revising.message(m) for m in made] if self.revising.resend else []
+        approval = self.job.approval_now()
+        if approval is None:
             return made
-        return [self.revising.message(m) for m in made] if self.revising.resend else []
+        return approval.hold(made, timedelta(hours=self.settings.approval_deadline_hours))
 
     def effect(self) -> Effect | None:
         """The job's business effect of a completion; never a revision's (the flow refuses to

@@ -317,7 +317,7 @@ WITH due AS
 FROM outbox 
 WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_attempt_at <= statement_timestamp() AND (outbox.status != %s::VARCHAR OR outbox.lease_expires_at <= statement_timestamp()) AND (CAST(%s::VARCHAR AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(%s::VARCHAR AS VARCHAR(32))) ORDER BY outbox.next_attempt_at, outbox.message_id 
  LIMIT %s::INTEGER FOR UPDATE SKIP LOCKED)
- UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts + %s::INTEGER), fence=(outbox.fence + %s::INTEGER), lease_owner=%s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), claimed_at=statement_timestamp(), updated_at=statement_timestamp() FROM due WHERE outbox.message_id = due.message_id RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, due.status AS previous_status;
+ UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts + %s::INTEGER), fence=(outbox.fence + %s::INTEGER), lease_owner=%s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %s)), claimed_at=statement_timestamp(), updated_at=statement_timestamp() FROM due WHERE outbox.message_id = due.message_id RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason, due.status AS previous_status;
 
 -- name: record_delivery_outcome
 -- sending -> retry, uncertain or dead, with the error and when it is due again (database clock, or
@@ -370,19 +370,52 @@ UPDATE outbox SET status=%s::VARCHAR, attempts=(outbox.attempts - %s::INTEGER), 
 -- Operator action: a retry, uncertain or dead message is due now, with the same key; no other
 -- status can be requeued.
 -- parameters: status, message_id, status_1, status_2, status_3
-UPDATE outbox SET status=%s::VARCHAR, next_attempt_at=statement_timestamp(), updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR) RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at;
+UPDATE outbox SET status=%s::VARCHAR, next_attempt_at=statement_timestamp(), updated_at=statement_timestamp() WHERE outbox.message_id = %s::VARCHAR AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR) RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason;
+
+-- name: decide_held_messages
+-- A person's decision on held messages: approved ones become pending, due now with their key;
+-- rejected ones are rejected, never sent; who, when and why are recorded; only a held message can
+-- be decided.
+-- parameters: status, decision, decided_by, decision_reason, decided, status_1
+UPDATE outbox SET status=%s::VARCHAR, next_attempt_at=statement_timestamp(), updated_at=statement_timestamp(), decision=%s::VARCHAR, decided_by=%s::VARCHAR, decided_at=statement_timestamp(), decision_reason=%s::VARCHAR WHERE outbox.message_id IN (SELECT given.message_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64))) AND outbox.status = %s::VARCHAR RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason;
+
+-- name: read_message_statuses
+-- The status of each of the given outbox messages that exists.
+-- parameters: given
+SELECT outbox.message_id, outbox.status 
+FROM outbox 
+WHERE outbox.message_id IN (SELECT given.message_id 
+FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64)));
+
+-- name: reject_overdue_holds
+-- The job's held messages whose deadline passed (database clock) are rejected, by the deadline;
+-- never sent.
+-- parameters: status, decision, decided_by, decision_reason, status_1, job
+UPDATE outbox SET status=%s::VARCHAR, updated_at=statement_timestamp(), decision=%s::VARCHAR, decided_by=%s::VARCHAR, decided_at=statement_timestamp(), decision_reason=%s::VARCHAR WHERE outbox.status = %s::VARCHAR AND outbox.hold_until <= statement_timestamp() AND outbox.run_id IN (SELECT runs.run_id 
+FROM runs 
+WHERE runs.job = %s::VARCHAR) RETURNING outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason;
+
+-- name: list_held_messages
+-- Held messages, oldest first, with their Run's job, subject, period and revision, optionally of
+-- one job and one Run.
+-- parameters: status_1, job, job, run_id, run_id, limit
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason, runs.job AS run_job, runs.subject AS run_subject, runs.period_start AS run_period_start, runs.revision AS run_revision 
+FROM outbox JOIN runs ON runs.run_id = outbox.run_id 
+WHERE outbox.status = %s::VARCHAR AND (CAST(%s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%s::VARCHAR AS VARCHAR(200))) AND (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id 
+ LIMIT %s::INTEGER;
 
 -- name: get_message
 -- An outbox message by id.
 -- parameters: message_id
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason 
 FROM outbox 
 WHERE outbox.message_id = %s::VARCHAR;
 
 -- name: list_messages
 -- Outbox messages, oldest first, optionally of one status, one Run and one channel.
 -- parameters: status, status, run_id, run_id, channel, channel, limit
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason 
 FROM outbox 
 WHERE (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR outbox.status = CAST(%s::VARCHAR AS VARCHAR(16))) AND (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) AND (CAST(%s::VARCHAR AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(%s::VARCHAR AS VARCHAR(32))) ORDER BY outbox.created_at, outbox.message_id 
  LIMIT %s::INTEGER;
@@ -390,7 +423,7 @@ WHERE (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR outbox.status = CAST(%s::VARC
 -- name: list_recent_messages
 -- The newest outbox messages first, optionally of one status, one Run and one channel.
 -- parameters: status, status, run_id, run_id, channel, channel, limit
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason 
 FROM outbox 
 WHERE (CAST(%s::VARCHAR AS VARCHAR(16)) IS NULL OR outbox.status = CAST(%s::VARCHAR AS VARCHAR(16))) AND (CAST(%s::VARCHAR AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(%s::VARCHAR AS VARCHAR(64))) AND (CAST(%s::VARCHAR AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(%s::VARCHAR AS VARCHAR(32))) ORDER BY outbox.created_at DESC, outbox.message_id DESC 
  LIMIT %s::INTEGER;
@@ -490,16 +523,16 @@ UPDATE runs SET raw_input=coalesce(runs.raw_input, %s::JSONB), updated_at=statem
 -- Accept the output, clear the lease, add the Attempt's model calls and record the flow run and
 -- task run that completed it; only the current fence holder can (PostgreSQL: with the outbox rows
 -- and the Attempt's end in the same statement, written only if the Run was accepted).
--- parameters: param_1, output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner, status_1, outcome, error, model_calls, attempt_id, param_2, param_3, param_4, messages
+-- parameters: param_1, output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner, status_1, outcome, error, model_calls, attempt_id, param_2, param_3, messages
 WITH accepted AS 
 (UPDATE runs SET status=%s::VARCHAR, owner=NULL, lease_expires_at=NULL, output=%s::JSONB, error=NULL, completed_attempt_id=%s::VARCHAR, completed_flow_run_id=%s::VARCHAR, completed_task_run_id=%s::VARCHAR, model_calls=(runs.model_calls + %s::INTEGER), updated_at=statement_timestamp(), completed_at=statement_timestamp() WHERE runs.run_id = %s::VARCHAR AND runs.fence = %s::INTEGER AND runs.owner = %s::VARCHAR AND runs.status = %s::VARCHAR RETURNING runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest), 
 finished AS 
 (UPDATE attempts SET finished_at=statement_timestamp(), outcome=%s::VARCHAR, error=%s::VARCHAR, model_calls=%s::INTEGER WHERE attempts.attempt_id = %s::VARCHAR AND (EXISTS (SELECT accepted.run_id 
 FROM accepted))), 
 queued AS 
-(INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, next_attempt_at, created_at, updated_at) SELECT given.message_id AS message_id, given.run_id AS run_id, given.channel AS channel, given.recipient AS recipient, given.subject AS subject, given.body AS body, given.headers AS headers, given.payload AS payload, %s::VARCHAR AS anon_1, %s::INTEGER AS anon_2, %s::INTEGER AS anon_3, statement_timestamp() AS db_now_1, statement_timestamp() AS db_now__1, statement_timestamp() AS db_now__2 
-FROM (SELECT given.message_id AS message_id, given.run_id AS run_id, given.channel AS channel, given.recipient AS recipient, given.subject AS subject, given.body AS body, given.headers AS headers, given.payload AS payload 
-FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64), run_id VARCHAR(64), channel VARCHAR(32), recipient VARCHAR(1100), subject TEXT, body TEXT, headers JSONB, payload JSONB)) AS given 
+(INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, next_attempt_at, created_at, updated_at, hold_until) SELECT given.message_id AS message_id, given.run_id AS run_id, given.channel AS channel, given.recipient AS recipient, given.subject AS subject, given.body AS body, given.headers AS headers, given.payload AS payload, given.status AS status, %s::INTEGER AS anon_1, %s::INTEGER AS anon_2, statement_timestamp() AS db_now_1, statement_timestamp() AS db_now__1, statement_timestamp() AS db_now__2, CASE WHEN (given.hold_seconds IS NULL) THEN NULL ELSE (statement_timestamp() + make_interval(secs => given.hold_seconds)) END AS anon_3 
+FROM (SELECT given.message_id AS message_id, given.run_id AS run_id, given.channel AS channel, given.recipient AS recipient, given.subject AS subject, given.body AS body, given.headers AS headers, given.payload AS payload, given.status AS status, given.hold_seconds AS hold_seconds 
+FROM jsonb_to_recordset(%s::JSONB) AS given(message_id VARCHAR(64), run_id VARCHAR(64), channel VARCHAR(32), recipient VARCHAR(1100), subject TEXT, body TEXT, headers JSONB, payload JSONB, status VARCHAR(16), hold_seconds FLOAT)) AS given 
 WHERE EXISTS (SELECT accepted.run_id 
 FROM accepted) ON CONFLICT DO NOTHING)
  SELECT accepted.run_id, accepted.job, accepted.subject, accepted.period_start, accepted.version, accepted.params_fingerprint, accepted.params, accepted.status, accepted.fence, accepted.owner, accepted.lease_expires_at, accepted.attempts, accepted.raw_input, accepted.output, accepted.error, accepted.completed_attempt_id, accepted.completed_flow_run_id, accepted.completed_task_run_id, accepted.model_calls, accepted.created_at, accepted.updated_at, accepted.completed_at, accepted.revision, accepted.revises_run_id, accepted.revision_reason, accepted.resend, accepted.requested_by, accepted.pruned_at, accepted.output_digest 
@@ -653,13 +686,13 @@ WHERE runs.run_id > %s::VARCHAR ORDER BY runs.run_id
 -- Lock the Runs of the batch's window (ids after the cursor, up to its end) that are completed
 -- before the cutoff, of the given jobs, not tombstones and without an outbox message still to
 -- deliver, with their outputs (to digest) and their documents' stored size.
--- parameters: after, until, status_1, cutoff, jobs, status_2, status_3, status_4, status_5
+-- parameters: after, until, status_1, cutoff, jobs, status_2, status_3, status_4, status_5, status_6
 SELECT runs.run_id, runs.output, coalesce(pg_column_size(runs.raw_input), 0) + coalesce(pg_column_size(runs.output), 0) + coalesce(pg_column_size(runs.error), 0) + coalesce(pg_column_size(runs.params), 0) AS document_bytes 
 FROM runs 
 WHERE runs.run_id > %s::VARCHAR AND runs.run_id <= %s::VARCHAR AND runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
 FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200))) AND NOT (EXISTS (SELECT * 
 FROM outbox 
-WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR))) ORDER BY runs.run_id FOR UPDATE OF runs;
+WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR))) ORDER BY runs.run_id FOR UPDATE OF runs;
 
 -- name: lock_pruned_messages
 -- Lock the outbox rows of the picked Runs and read their status again: a message requeued since
@@ -679,10 +712,11 @@ WHERE outbox.run_id IN (SELECT given.run_id
 FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR)) RETURNING delivery_attempts.id;
 
 -- name: delete_pruned_messages
--- Delete the pruned Runs' sent and dead outbox rows (never a message still to deliver).
+-- Delete the pruned Runs' sent and dead outbox rows (never a message still to deliver, nor one a
+-- person decided: it is the decision's record).
 -- parameters: ids, status_1, status_2
 DELETE FROM outbox WHERE outbox.run_id IN (SELECT given.run_id 
-FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR) RETURNING outbox.message_id;
+FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64))) AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR) AND outbox.decision IS NULL RETURNING outbox.message_id;
 
 -- name: delete_pruned_attempts
 -- Delete the pruned Runs' Attempts.
@@ -714,14 +748,14 @@ FROM jsonb_to_recordset(%s::JSONB) AS given(run_id VARCHAR(64), output_digest VA
 -- name: count_prunable
 -- What a prune pass with this cutoff and these jobs would make tombstones and delete (a dry run),
 -- and the Runs from before the cutoff it leaves alone, by why.
--- parameters: status_1, cutoff, jobs, status_2, status_3, status_4, status_5, coalesce_2, status_6, cutoff, jobs, status_7, status_8, status_9, status_10, status_11, cutoff, jobs, status_12, status_13, cutoff, jobs, jobs
+-- parameters: status_1, cutoff, jobs, status_2, status_3, status_4, status_5, status_6, coalesce_2, status_7, cutoff, jobs, status_8, status_9, status_10, status_11, status_12, status_13, cutoff, jobs, status_14, status_15, cutoff, jobs, jobs
 WITH picked AS 
 (SELECT runs.run_id AS run_id, coalesce(pg_column_size(runs.raw_input), 0) + coalesce(pg_column_size(runs.output), 0) + coalesce(pg_column_size(runs.error), 0) + coalesce(pg_column_size(runs.params), 0) AS size 
 FROM runs 
 WHERE runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
 FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200))) AND NOT (EXISTS (SELECT * 
 FROM outbox 
-WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR))))
+WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR))))
  SELECT (SELECT count(*) AS count_1 
 FROM picked) AS runs, (SELECT count(*) AS count_2 
 FROM attempts 
@@ -743,7 +777,7 @@ FROM runs
 WHERE runs.status = %s::VARCHAR AND runs.pruned_at IS NULL AND runs.completed_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
 FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200))) AND (EXISTS (SELECT * 
 FROM outbox 
-WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR)))) AS unfinished_outbox, (SELECT count(*) AS count_7 
+WHERE outbox.run_id = runs.run_id AND (outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR OR outbox.status = %s::VARCHAR)))) AS unfinished_outbox, (SELECT count(*) AS count_7 
 FROM runs 
 WHERE runs.status = %s::VARCHAR AND runs.created_at < %s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
 FROM jsonb_to_recordset(%s::JSONB) AS given(job VARCHAR(200)))) AS failed, (SELECT count(*) AS count_8 

@@ -309,9 +309,9 @@ WHERE occurrences.job = ? AND occurrences.period_start >= ? ORDER BY occurrences
 -- name: queue_messages
 -- The completed Run's outbox rows, one per (run, channel, recipient); a row already queued is left
 -- as it is.
--- parameters: param_1, param_2, param_3, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, json_extract_7, json_extract_8, messages
-INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, next_attempt_at, created_at, updated_at) SELECT given.message_id, given.run_id, given.channel, given.recipient, given.subject, given.body, given.headers, given.payload, ? AS anon_1, ? AS anon_2, ? AS anon_3, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2 
-FROM (SELECT json_extract(anon_4.value, ?) AS message_id, json_extract(anon_4.value, ?) AS run_id, json_extract(anon_4.value, ?) AS channel, json_extract(anon_4.value, ?) AS recipient, json_extract(anon_4.value, ?) AS subject, json_extract(anon_4.value, ?) AS body, json_extract(anon_4.value, ?) AS headers, json_extract(anon_4.value, ?) AS payload 
+-- parameters: param_1, param_2, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, json_extract_7, json_extract_8, json_extract_9, json_extract_10, messages
+INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, next_attempt_at, created_at, updated_at, hold_until) SELECT given.message_id, given.run_id, given.channel, given.recipient, given.subject, given.body, given.headers, given.payload, given.status, ? AS anon_1, ? AS anon_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2, CASE WHEN (given.hold_seconds IS NULL) THEN NULL ELSE (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', given.hold_seconds)) || '000') END AS anon_3 
+FROM (SELECT json_extract(anon_4.value, ?) AS message_id, json_extract(anon_4.value, ?) AS run_id, json_extract(anon_4.value, ?) AS channel, json_extract(anon_4.value, ?) AS recipient, json_extract(anon_4.value, ?) AS subject, json_extract(anon_4.value, ?) AS body, json_extract(anon_4.value, ?) AS headers, json_extract(anon_4.value, ?) AS payload, json_extract(anon_4.value, ?) AS status, json_extract(anon_4.value, ?) AS hold_seconds 
 FROM json_each(?) AS anon_4) AS given 
 WHERE 1 = 1 ON CONFLICT DO NOTHING;
 
@@ -329,7 +329,7 @@ WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_att
 -- in one statement); each claim bumps the fence and counts the attempt.
 -- parameters: status, attempts_1, fence_1, owner, lease, json_extract_1, due
 UPDATE outbox SET status=?, attempts=(outbox.attempts + ?), fence=(outbox.fence + ?), lease_owner=?, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), claimed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id IN (SELECT json_extract(anon_1.value, ?) AS message_id 
-FROM json_each(?) AS anon_1) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
+FROM json_each(?) AS anon_1) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
 
 -- name: record_delivery_outcome
 -- sending -> retry, uncertain or dead, with the error and when it is due again (database clock, or
@@ -380,19 +380,52 @@ UPDATE outbox SET status=?, attempts=(outbox.attempts - ?), lease_owner=NULL, le
 -- Operator action: a retry, uncertain or dead message is due now, with the same key; no other
 -- status can be requeued.
 -- parameters: status, message_id, status_1, status_2, status_3
-UPDATE outbox SET status=?, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ?) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at;
+UPDATE outbox SET status=?, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ?) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
+
+-- name: decide_held_messages
+-- A person's decision on held messages: approved ones become pending, due now with their key;
+-- rejected ones are rejected, never sent; who, when and why are recorded; only a held message can
+-- be decided.
+-- parameters: status, decision, decided_by, decision_reason, json_extract_1, decided, status_1
+UPDATE outbox SET status=?, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision=?, decided_by=?, decided_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision_reason=? WHERE outbox.message_id IN (SELECT json_extract(anon_1.value, ?) AS message_id 
+FROM json_each(?) AS anon_1) AND outbox.status = ? RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
+
+-- name: read_message_statuses
+-- The status of each of the given outbox messages that exists.
+-- parameters: json_extract_1, given
+SELECT outbox.message_id, outbox.status 
+FROM outbox 
+WHERE outbox.message_id IN (SELECT json_extract(anon_1.value, ?) AS message_id 
+FROM json_each(?) AS anon_1);
+
+-- name: reject_overdue_holds
+-- The job's held messages whose deadline passed (database clock) are rejected, by the deadline;
+-- never sent.
+-- parameters: status, decision, decided_by, decision_reason, status_1, job
+UPDATE outbox SET status=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision=?, decided_by=?, decided_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision_reason=? WHERE outbox.status = ? AND outbox.hold_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AND outbox.run_id IN (SELECT runs.run_id 
+FROM runs 
+WHERE runs.job = ?) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
+
+-- name: list_held_messages
+-- Held messages, oldest first, with their Run's job, subject, period and revision, optionally of
+-- one job and one Run.
+-- parameters: status_1, job, job, run_id, run_id, limit, param_1
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason, runs.job AS run_job, runs.subject AS run_subject, runs.period_start AS run_period_start, runs.revision AS run_revision 
+FROM outbox JOIN runs ON runs.run_id = outbox.run_id 
+WHERE outbox.status = ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id
+ LIMIT ? OFFSET ?;
 
 -- name: get_message
 -- An outbox message by id.
 -- parameters: message_id
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason 
 FROM outbox 
 WHERE outbox.message_id = ?;
 
 -- name: list_messages
 -- Outbox messages, oldest first, optionally of one status, one Run and one channel.
 -- parameters: status, status, run_id, run_id, channel, channel, limit, param_1
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason 
 FROM outbox 
 WHERE (CAST(? AS VARCHAR(16)) IS NULL OR outbox.status = CAST(? AS VARCHAR(16))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) AND (CAST(? AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(? AS VARCHAR(32))) ORDER BY outbox.created_at, outbox.message_id
  LIMIT ? OFFSET ?;
@@ -400,7 +433,7 @@ WHERE (CAST(? AS VARCHAR(16)) IS NULL OR outbox.status = CAST(? AS VARCHAR(16)))
 -- name: list_recent_messages
 -- The newest outbox messages first, optionally of one status, one Run and one channel.
 -- parameters: status, status, run_id, run_id, channel, channel, limit, param_1
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at 
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason 
 FROM outbox 
 WHERE (CAST(? AS VARCHAR(16)) IS NULL OR outbox.status = CAST(? AS VARCHAR(16))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) AND (CAST(? AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(? AS VARCHAR(32))) ORDER BY outbox.created_at DESC, outbox.message_id DESC
  LIMIT ? OFFSET ?;
@@ -634,13 +667,13 @@ WHERE runs.run_id > ? ORDER BY runs.run_id
 -- Lock the Runs of the batch's window (ids after the cursor, up to its end) that are completed
 -- before the cutoff, of the given jobs, not tombstones and without an outbox message still to
 -- deliver, with their outputs (to digest) and their documents' stored size.
--- parameters: after, until, status_1, cutoff, json_extract_1, jobs, status_2, status_3, status_4, status_5
+-- parameters: after, until, status_1, cutoff, json_extract_1, jobs, status_2, status_3, status_4, status_5, status_6
 SELECT runs.run_id, runs.output, coalesce(length(CAST(runs.raw_input AS BLOB)), 0) + coalesce(length(CAST(runs.output AS BLOB)), 0) + coalesce(length(CAST(runs.error AS BLOB)), 0) + coalesce(length(CAST(runs.params AS BLOB)), 0) AS document_bytes 
 FROM runs 
 WHERE runs.run_id > ? AND runs.run_id <= ? AND runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_1.value, ?) AS job 
 FROM json_each(?) AS anon_1) AND NOT (EXISTS (SELECT * 
 FROM outbox 
-WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?))) ORDER BY runs.run_id;
+WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?))) ORDER BY runs.run_id;
 
 -- name: delete_pruned_delivery_attempts
 -- Delete the delivery attempts of the pruned Runs' sent and dead messages.
@@ -651,10 +684,11 @@ WHERE outbox.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id
 FROM json_each(?) AS anon_1) AND (outbox.status = ? OR outbox.status = ?)) RETURNING id;
 
 -- name: delete_pruned_messages
--- Delete the pruned Runs' sent and dead outbox rows (never a message still to deliver).
+-- Delete the pruned Runs' sent and dead outbox rows (never a message still to deliver, nor one a
+-- person decided: it is the decision's record).
 -- parameters: json_extract_1, ids, status_1, status_2
 DELETE FROM outbox WHERE outbox.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) AND (outbox.status = ? OR outbox.status = ?) RETURNING message_id;
+FROM json_each(?) AS anon_1) AND (outbox.status = ? OR outbox.status = ?) AND outbox.decision IS NULL RETURNING message_id;
 
 -- name: delete_pruned_attempts
 -- Delete the pruned Runs' Attempts.
@@ -686,14 +720,14 @@ FROM json_each(?) AS anon_1) AS buried WHERE runs.run_id = buried.run_id AND run
 -- name: count_prunable
 -- What a prune pass with this cutoff and these jobs would make tombstones and delete (a dry run),
 -- and the Runs from before the cutoff it leaves alone, by why.
--- parameters: status_1, cutoff, json_extract_1, jobs, status_2, status_3, status_4, status_5, coalesce_2, status_6, cutoff, json_extract_2, jobs, status_7, status_8, status_9, status_10, status_11, cutoff, json_extract_3, jobs, status_12, status_13, cutoff, json_extract_4, jobs, json_extract_5, jobs
+-- parameters: status_1, cutoff, json_extract_1, jobs, status_2, status_3, status_4, status_5, status_6, coalesce_2, status_7, cutoff, json_extract_2, jobs, status_8, status_9, status_10, status_11, status_12, status_13, cutoff, json_extract_3, jobs, status_14, status_15, cutoff, json_extract_4, jobs, json_extract_5, jobs
 WITH picked AS 
 (SELECT runs.run_id AS run_id, coalesce(length(CAST(runs.raw_input AS BLOB)), 0) + coalesce(length(CAST(runs.output AS BLOB)), 0) + coalesce(length(CAST(runs.error AS BLOB)), 0) + coalesce(length(CAST(runs.params AS BLOB)), 0) AS size 
 FROM runs 
 WHERE runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_1.value, ?) AS job 
 FROM json_each(?) AS anon_1) AND NOT (EXISTS (SELECT * 
 FROM outbox 
-WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?))))
+WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?))))
  SELECT (SELECT count(*) AS count_1 
 FROM picked) AS runs, (SELECT count(*) AS count_2 
 FROM attempts 
@@ -715,7 +749,7 @@ FROM runs
 WHERE runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_2.value, ?) AS job 
 FROM json_each(?) AS anon_2) AND (EXISTS (SELECT * 
 FROM outbox 
-WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?)))) AS unfinished_outbox, (SELECT count(*) AS count_7 
+WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?)))) AS unfinished_outbox, (SELECT count(*) AS count_7 
 FROM runs 
 WHERE runs.status = ? AND runs.created_at < ? AND runs.job IN (SELECT json_extract(anon_3.value, ?) AS job 
 FROM json_each(?) AS anon_3)) AS failed, (SELECT count(*) AS count_8 

@@ -92,7 +92,8 @@ def test_overdue_exits_0_when_everything_owed_completed_or_was_skipped(
                                              "no unfinished Run"]
     completed = owing_job(ledger, ("done",))
     listed = invoke("overdue", "--job", completed.name, "--json")
-    assert (listed.exit_code, json.loads(listed.stdout)) == (0, {"late": [], "unfinished": []})
+    assert (listed.exit_code, json.loads(listed.stdout)) == (0, {"late": [], "unfinished": [],
+                                                                   "holds": []})
     assert invoke("overdue", "--job", completed.name).stdout == (
         "nothing owed is late\nno unfinished Run\n")
 

@@ -8,7 +8,7 @@ import asyncio
 import os
 import sys
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,16 @@ def recipient(i: int) -> str:
     return f"user{i:04d}@example.com"
 
 
-def queue(ledger: Ledger, count: int, *, body: str = "Hello\n") -> list[QueuedMessage]:
-    """Complete a fresh Run with ``count`` outbox messages (one per recipient)."""
+def queue(ledger: Ledger, count: int, *, body: str = "Hello\n",
+          hold: timedelta | None = None) -> list[QueuedMessage]:
+    """Complete a fresh Run with ``count`` outbox messages (one per recipient), held for a
+    person's approval when ``hold`` is given."""
     identity = RunIdentity("digest", f"subject-{uuid.uuid4().hex[:8]}",
                            datetime(2026, 1, 5, 9, tzinfo=UTC), "v1")
     ledger.register(identity)
     claim = ledger.claim(identity.run_id, "test-worker", 60)
     assert claim is not None
-    messages = [OutboxMessage(recipient=recipient(i), subject=f"Digest {i}", body=body)
+    messages = [OutboxMessage(recipient=recipient(i), subject=f"Digest {i}", body=body, hold=hold)
                 for i in range(count)]
     ledger.complete(claim, {"summary": "ok"}, messages)
     return ledger.outbox.messages(run_id=identity.run_id, limit=count)

@@ -111,6 +111,7 @@ def test_a_message_not_held_is_refused_before_anything_changes(ledger: Ledger) -
         "held", None, None)
 
 
+@pytest.mark.processes
 def test_an_approved_message_whose_dispatcher_is_killed_after_the_send_arrives_once(
         db_url: str, ledger: Ledger) -> None:
     """Approval, then a dispatcher SIGKILLed after the receiver accepted the message and before
@@ -133,6 +134,7 @@ def test_an_approved_message_whose_dispatcher_is_killed_after_the_send_arrives_o
         assert sink.stats["unique"] == 3
 
 
+@pytest.mark.processes
 def test_an_approval_killed_after_its_commit_is_kept_and_delivered_once(
         db_url: str, ledger: Ledger) -> None:
     """`runledger outbox approve` SIGKILLed right after its commit: the decision stands (the

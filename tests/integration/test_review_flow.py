@@ -23,6 +23,8 @@ from tests.support.review import (
     stop,
 )
 
+pytestmark = pytest.mark.processes
+
 DAY = timedelta(days=1)
 
 

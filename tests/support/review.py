@@ -16,7 +16,7 @@ from prefect.client.schemas.objects import FlowRun
 
 from flows.review.flow import review_outbox
 from tests.support.delivery import RUNLEDGER
-from tests.support.stack import wait_until
+from tests.support.waiting import wait_until
 
 PAUSE_SECONDS = 120  # a cold flow run in a subprocess on a loaded machine
 

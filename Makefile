@@ -37,9 +37,10 @@ docs: setup
 
 # Lint and the docs build run beside the suite (a third of its time is spent waiting on real
 # schedules and processes, so two cores have room for them): any of the three failing fails
-# `make test`, after all three ended. Their output is interleaved line by line.
+# `make test`, after all three ended. Each one's output is printed whole when it ends (the
+# suite's last: `make suite` shows its progress as it goes).
 test: setup
-	@$(MAKE) --no-print-directory -j3 --output-sync=line lint docs suite
+	@$(MAKE) --no-print-directory -j3 --output-sync=target lint docs suite
 
 # Three pytest-xdist workers on two cores: the acceptance tests that share one stack (a real
 # server and workers, mostly waiting on real schedules) on one of them, so that the other two keep

@@ -127,6 +127,8 @@ def assert_finished_once(ledger: Ledger, c: Crash, sink: Sink) -> str:
     taken = ledger.get(fw.identity(c.subject, 4).run_id)
     assert (taken.status, taken.fence, taken.owner) == ("pending", 2, None), taken
     assert [a.outcome for a in ledger.attempts(taken.run_id)] == ["released"]
+    reviewed = ledger.outbox.messages(run_id=fw.identity(c.subject, 5).run_id)
+    assert [(m.status, m.decision) for m in reviewed] == [("rejected", "rejected")], reviewed
     pruned = ledger.get(RunIdentity(fw.PRUNED_JOB, c.subject, fw.PERIOD, "1").run_id)
     assert pruned.status == "completed" and pruned.pruned_at is not None, pruned
     assert pruned.output is None and pruned.output_digest is not None

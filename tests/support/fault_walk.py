@@ -117,6 +117,7 @@ def walk(ledger: Ledger, subject: str, host: str, port: int) -> None:
     ledger.occurrences.mark_recovered(JOB)
     _operate(ledger, identity(subject, 2), owner)
     _take_over(ledger, identity(subject, 4), owner)
+    _review(ledger, identity(subject, 5), owner)
     _prune(ledger, RunIdentity(PRUNED_JOB, subject, PERIOD, "1"), owner)
     _emit(ledger)
     _deliver(ledger, main.run_id, host, port)
@@ -170,6 +171,21 @@ def _take_over(ledger: Ledger, side: RunIdentity, owner: str) -> None:
         assert ledger.claim(side.run_id, owner, RUN_LEASE) is not None
     if ledger.get(side.run_id).status == "running":
         ledger.take_over(side.run_id)
+
+
+def _review(ledger: Ledger, side: RunIdentity, owner: str) -> None:
+    """A side Run whose one message is held for a person's review, then rejected (so that
+    the walk's delivery passes send exactly what they sent before holds existed)."""
+    found = register_and_claim(ledger, side, PARAMS, owner=owner, lease=RUN_LEASE)
+    if found.run.status != "completed":
+        claim = found.claim or _claim_when_free(ledger, found.run, owner)
+        ledger.complete(claim, {"text": "held for review"}, [OutboxMessage(
+            f"{side.subject}@review.example.org", "walk review", "read me first",
+            hold=timedelta(hours=1))])
+    held = [m.message_id for m in ledger.outbox.messages(run_id=side.run_id)
+            if m.status == "held"]
+    if held:
+        ledger.outbox.decide(held, "rejected", f"walk:{side.subject}", "walk: not to be sent")
 
 
 def _prune(ledger: Ledger, old: RunIdentity, owner: str) -> None:

@@ -52,9 +52,9 @@ suite: setup
 	$(UV) run --no-sync python -m tests.support.durations reports/junit.xml; exit $$status
 
 # The inner loop: unit tests and the SQLite half of integration, without the tests that start or
-# kill other processes (the `processes` marker), on two xdist workers.
+# kill other processes (the `processes` marker), on four xdist workers (they mostly wait).
 test-fast: setup
-	$(UV) run pytest -q -n 2 -m "(unit or integration) and not postgres and not processes"
+	$(UV) run pytest -q -n 4 -m "(unit or integration) and not postgres and not processes"
 
 # The drills that break things on purpose (docs/how-to/fault-points.md) at full size: drill 1
 # with 1,000 Runs and 100 kills per ledger, drill 3 with 200 Runs and 10 restarts of a private

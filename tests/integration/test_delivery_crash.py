@@ -5,16 +5,18 @@ receiver's count of distinct Message-IDs equals the number of outbox rows."""
 from __future__ import annotations
 
 import email
-import signal
-import subprocess
-import time
 
 import pytest
 
 from flows.mail.letter import message_id_for
 from flows.mail.sink import Sink
 from store import Ledger
-from tests.support.delivery import RUNLEDGER, cli_env, deliver, queue, statuses
+from tests.support.delivery import (
+    deliver_killed_after_send,
+    deliver_until_sent,
+    queue,
+    statuses,
+)
 
 pytestmark = pytest.mark.processes
 
@@ -29,21 +31,12 @@ def test_a_message_accepted_before_the_crash_is_resent_with_the_same_message_id(
     has the same Message-ID, unique Message-IDs == outbox rows."""
     queued = queue(ledger, 5)
     with Sink() as sink:
-        env = cli_env(db_url, sink, RUNLEDGER_FAULTS="after_send_before_mark",
-                      RUNLEDGER_DELIVERY_LEASE_SECONDS=str(LEASE_SECONDS),
-                      RUNLEDGER_SMTP_TIMEOUT=str(TIMEOUT_SECONDS))
-        killed = subprocess.run([*RUNLEDGER, "deliver"], env=env, capture_output=True, text=True,
-                                timeout=120)
-        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        deliver_killed_after_send(db_url, sink, LEASE_SECONDS, TIMEOUT_SECONDS)
         assert sink.stats["received"] == 1
         [first] = sink.messages
         assert statuses(ledger) == {"sending": 5}  # the whole batch was leased to the dead process
 
-        deadline = time.monotonic() + 6 * LEASE_SECONDS
-        while statuses(ledger) != {"sent": 5}:
-            assert time.monotonic() < deadline, statuses(ledger)
-            time.sleep(0.25)
-            deliver(ledger, sink, lease_seconds=LEASE_SECONDS, timeout=TIMEOUT_SECONDS)
+        deliver_until_sent(ledger, sink, 5, LEASE_SECONDS, TIMEOUT_SECONDS, 6 * LEASE_SECONDS)
 
         assert sink.stats["received"] == 6
         assert sink.stats["unique"] == len(queued) == 5

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,7 +14,15 @@ import pytest
 from flows.mail.sink import Sink
 from store import Ledger
 from store.errors import InvalidInput, InvalidTransition, MessageNotFound
-from tests.support.delivery import RUNLEDGER, cli_env, deliver, queue, statuses
+from tests.support.delivery import (
+    RUNLEDGER,
+    cli_env,
+    deliver,
+    deliver_killed_after_send,
+    deliver_until_sent,
+    queue,
+    statuses,
+)
 
 DAY = timedelta(days=1)
 LEASE_SECONDS = 4.0
@@ -120,17 +127,8 @@ def test_an_approved_message_whose_dispatcher_is_killed_after_the_send_arrives_o
     held = queue(ledger, 3, hold=DAY)
     ledger.outbox.decide([m.message_id for m in held], "approved", "alice")
     with Sink() as sink:
-        env = cli_env(db_url, sink, RUNLEDGER_FAULTS="after_send_before_mark",
-                      RUNLEDGER_DELIVERY_LEASE_SECONDS=str(LEASE_SECONDS),
-                      RUNLEDGER_SMTP_TIMEOUT=str(TIMEOUT_SECONDS))
-        killed = subprocess.run([*RUNLEDGER, "deliver"], env=env, capture_output=True, text=True,
-                                timeout=120)
-        assert killed.returncode == -signal.SIGKILL, killed.stderr
-        deadline = time.monotonic() + 10 * LEASE_SECONDS
-        while statuses(ledger) != {"sent": 3}:
-            assert time.monotonic() < deadline, f"waited for 3 sent messages: {statuses(ledger)}"
-            time.sleep(0.25)
-            deliver(ledger, sink, lease_seconds=LEASE_SECONDS, timeout=TIMEOUT_SECONDS)
+        deliver_killed_after_send(db_url, sink, LEASE_SECONDS, TIMEOUT_SECONDS)
+        deliver_until_sent(ledger, sink, 3, LEASE_SECONDS, TIMEOUT_SECONDS, 10 * LEASE_SECONDS)
         assert sink.stats["unique"] == 3
 
 

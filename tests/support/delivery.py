@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
 import sys
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -93,3 +96,27 @@ def cli_env(db_url: str, sink: Sink, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def deliver_killed_after_send(db_url: str, sink: Sink, lease_seconds: float,
+                              smtp_timeout: float) -> None:
+    """A `runledger deliver` process SIGKILLed at after_send_before_mark: the receiver accepted
+    its first message, which the ledger never marked sent (its batch stays leased)."""
+    env = cli_env(db_url, sink, RUNLEDGER_FAULTS="after_send_before_mark",
+                  RUNLEDGER_DELIVERY_LEASE_SECONDS=str(lease_seconds),
+                  RUNLEDGER_SMTP_TIMEOUT=str(smtp_timeout))
+    killed = subprocess.run([*RUNLEDGER, "deliver"], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+
+
+def deliver_until_sent(ledger: Ledger, sink: Sink, count: int, lease_seconds: float,
+                       smtp_timeout: float, within: float) -> None:
+    """Delivery passes until all ``count`` messages are sent (the killed pass's batch is
+    claimable once its lease expires); fails after ``within`` seconds naming the statuses."""
+    deadline = time.monotonic() + within
+    while statuses(ledger) != {"sent": count}:
+        assert time.monotonic() < deadline, \
+            f"waited {within:.0f} s for {count} sent messages: {statuses(ledger)}"
+        time.sleep(0.25)
+        deliver(ledger, sink, lease_seconds=lease_seconds, timeout=smtp_timeout)

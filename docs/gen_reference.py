@@ -364,8 +364,9 @@ def env_names_in_code(root: Path = ROOT) -> dict[str, set[str]]:
 
 
 def _commands(command: Any, ctx: Any) -> Iterator[tuple[Any, Any]]:
+    """``command`` and every command under it, in the order `--help` lists them (by panel)."""
     yield command, ctx
-    for name in getattr(command, "commands", {}):
+    for name in command.list_commands(ctx) if hasattr(command, "commands") else ():
         sub = command.commands[name]
         if getattr(sub, "hidden", False):
             continue
@@ -388,11 +389,14 @@ def cli_page() -> str:
     for command, ctx in _commands(root, root_ctx):
         is_group = hasattr(command, "commands")
         if ctx.parent is None:
-            out += ["## Commands", ""]
-            out += [f"- [`runledger {name}`](#{_anchor('runledger ' + name)}): "
-                    f"{_cell(command.commands[name].get_short_help_str(100))}"
-                    for name in command.commands]
-            out.append("")
+            out += ["## Commands", "", "Grouped as `runledger --help` shows them, by what a person "
+                    "is doing.", ""]
+            for panel, names in _panels(command, ctx).items():
+                out += [f"**{panel}**", ""]
+                out += [f"- [`runledger {name}`](#{_anchor('runledger ' + name)}): "
+                        f"{_cell(command.commands[name].get_short_help_str(100))}"
+                        for name in names]
+                out.append("")
             continue
         path = ctx.command_path
         out += [f"## `{path}`", "", _rst_to_md(inspect.cleandoc(command.help or "")), ""]
@@ -412,6 +416,15 @@ def cli_page() -> str:
             out += [f"| `{r[0]}` | {_cell(r[1])} |" for r, _ in records]
             out.append("")
     return "\n".join(out) + "\n"
+
+
+def _panels(group: Any, ctx: Any) -> dict[str, list[str]]:
+    """The names of ``group``'s commands per help panel (``rich_help_panel``), in help order."""
+    panels: dict[str, list[str]] = {}
+    for name in group.list_commands(ctx):
+        panel = getattr(group.commands[name], "rich_help_panel", None) or "Commands"
+        panels.setdefault(panel, []).append(name)
+    return panels
 
 
 def _anchor(title: str) -> str:

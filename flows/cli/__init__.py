@@ -1,22 +1,22 @@
-"""`runledger` command line: importing the command modules registers their commands."""
+"""`runledger` command line: importing the command modules registers their commands, each in
+the help panel of what a person does with it (app.py: run work, look, operate, set up)."""
 
 from __future__ import annotations
 
-import flows.cli.delivery_commands  # noqa: F401  (registers deliver, outbox requeue|show, sink)
 from flows.cli import (
-    approval_commands,  # noqa: F401  (registers outbox held|approve|reject)
     backfill_commands,  # noqa: F401  (registers backfill)
     check_commands,  # noqa: F401  (registers check)
     cost_commands,  # noqa: F401  (registers costs)
+    db_commands,  # noqa: F401  (registers db upgrade)
+    delivery_commands,  # noqa: F401  (registers deliver, sink)
     demo,  # noqa: F401  (registers demo)
     init_commands,  # noqa: F401  (registers init)
-    ledger_commands,  # noqa: F401  (registers db, runs, outbox list)
+    outbox_commands,  # noqa: F401  (registers outbox list|show|held|approve|reject|requeue)
     overdue_commands,  # noqa: F401  (registers overdue)
     prune_commands,  # noqa: F401  (registers prune)
     reconcile_commands,  # noqa: F401  (registers reconcile)
-    release_commands,  # noqa: F401  (registers runs release)
-    revise_commands,  # noqa: F401  (registers runs revise)
     run_commands,  # noqa: F401  (registers run)
+    runs_commands,  # noqa: F401  (registers runs list|show|requeue|release|revise)
     stack_commands,  # noqa: F401  (registers serve, stack up|automations)
     stats_commands,  # noqa: F401  (registers stats)
     status_commands,  # noqa: F401  (registers status)

@@ -1,4 +1,5 @@
-"""The `runledger` Typer application; each command group lives in its own module."""
+"""The `runledger` Typer application, its command groups and the help panels that sort their
+commands by what a person is doing; the commands live in modules named after what they act on."""
 
 from __future__ import annotations
 
@@ -20,8 +21,29 @@ SETTINGS = (RunledgerSettings, LedgerSettings, DeliverySettings)
 SETTINGS_ERROR = 2
 
 
-class Commands(TyperGroup):
-    """The command group: a settings error, before or during any command (`check` included),
+# The help panels (`rich_help_panel=`), in the order `--help` shows them; a command names its
+# panel where it is declared, and a panel lists its commands by name.
+RUN_WORK = "Run work"
+LOOK = "Look"
+OPERATE = "Operate"
+SET_UP = "Set up"
+PANELS = (RUN_WORK, LOOK, OPERATE, SET_UP)
+
+
+class Panels(TyperGroup):
+    """A command group whose `--help` shows its panels in the order of PANELS, each with its
+    commands sorted by name (commands without a panel first, in Typer's own panel)."""
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        def place(name: str) -> tuple[int, str]:
+            panel = getattr(self.commands[name], "rich_help_panel", None)
+            return (PANELS.index(panel) if panel in PANELS else -1, name)
+
+        return sorted(self.commands, key=place)
+
+
+class Commands(Panels):
+    """The root command group: a settings error, before or during any command (`check` included),
     is one line per bad variable and exit status 2, never a pydantic traceback."""
 
     def invoke(self, ctx: _click.Context) -> Any:
@@ -53,12 +75,25 @@ app = typer.Typer(
     rich_markup_mode="rich",
     cls=Commands,
 )
-db_app = typer.Typer(help="Ledger database schema.", no_args_is_help=True)
-runs_app = typer.Typer(help="Inspect logical runs, their attempts and outbox rows.", no_args_is_help=True)
-outbox_app = typer.Typer(help="Inspect and operate the outbox.", no_args_is_help=True)
-app.add_typer(db_app, name="db")
-app.add_typer(runs_app, name="runs")
-app.add_typer(outbox_app, name="outbox")
+db_app = typer.Typer(help="Ledger database schema.", no_args_is_help=True, cls=Panels)
+runs_app = typer.Typer(help="Look at logical runs, their attempts and outbox rows; requeue, "
+                            "release or revise one.", no_args_is_help=True, cls=Panels)
+outbox_app = typer.Typer(help="Look at the outbox; approve, reject or requeue its messages.",
+                         no_args_is_help=True, cls=Panels)
+stack_app = typer.Typer(help="The local stack: Prefect server, SMTP sink, serve or workers.",
+                        no_args_is_help=True, cls=Panels)
+# Runs and the outbox are where an operator acts on one Run or message (each group splits its
+# own commands into Look and Operate).
+app.add_typer(runs_app, name="runs", rich_help_panel=OPERATE)
+app.add_typer(outbox_app, name="outbox", rich_help_panel=OPERATE)
+app.add_typer(db_app, name="db", rich_help_panel=SET_UP)
+app.add_typer(stack_app, name="stack", rich_help_panel=SET_UP)
+
+
+def check_choice(value: str | None, allowed: tuple[str, ...], what: str) -> None:
+    """Refuse an option's ``value`` that is not one of ``allowed`` (None: not given)."""
+    if value is not None and value not in allowed:
+        raise typer.BadParameter(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
 
 
 def api_refused(error: BaseException) -> str | None:

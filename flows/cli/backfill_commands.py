@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from flows.cli.app import app
+from flows.cli.app import RUN_WORK, app
 from flows.cli.flow_runs import run_here
-from flows.cli.output import console, fail, open_ledger, print_json
+from flows.cli.output import console, fail, ledger_session, print_json
 from flows.cli.run_commands import STYLES
 from flows.cli.tables import FOLD, Col, print_table, short_id
 from flows.jobs.schedule import NOT_DUE_FLAG
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 SHOWN = ("new", "duplicate", "failed")  # always in the progress bar, even at 0
 
 
-@app.command("backfill")
+@app.command("backfill", rich_help_panel=RUN_WORK)
 def backfill_command(
     job: Annotated[str, typer.Argument(help="A registered job, e.g. competitor-summary.")],
     start: Annotated[str, typer.Option(
@@ -75,16 +75,11 @@ def backfill_command(
                         allow_not_due)
     except RunledgerError as exc:
         raise fail(exc, code=2) from None
-    ledger = open_ledger()
-    try:
+    with ledger_session() as ledger:
         if dry_run:
             planned = read_plan(ledger, request)
         else:
             upgrade_ledger(ledger)
-    except RunledgerError as exc:
-        raise fail(exc) from None
-    finally:
-        ledger.close()
     if dry_run:
         _print_plan(planned, as_json)
         return

@@ -11,22 +11,24 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from flows.cli.app import app
+from flows.cli.app import SET_UP, app
 from flows.cli.output import console
 
 MARKS = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]",
          "skip": "[dim]skip[/]"}
 
 
-@app.command("check")
+@app.command("check", rich_help_panel=SET_UP)
 def check(
     folder: Annotated[Path, typer.Option(
         "--folder", help="Where a prefect.yaml to check may be.")] = Path("."),
 ) -> None:
-    """Check this setup: the ledger (RUNLEDGER_DATABASE_URL) reachable and migrated, the
-    registered jobs and their packages, each run-job deployment's schedule against its Job
-    (./prefect.yaml and the server in PREFECT_API_URL), the work pools, the mail and model
-    endpoints. Exit status 1 when anything failed."""
+    """Check this setup, one line per finding.
+
+    The ledger (RUNLEDGER_DATABASE_URL) reachable and migrated, the registered jobs and their
+    packages, each run-job deployment's schedule against its Job (./prefect.yaml and the
+    server in PREFECT_API_URL), the work pools, the mail and model endpoints. Exit status 1
+    when anything failed."""
     from prefect.settings import PREFECT_API_URL
 
     from flows.checkup import check_all

@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.app import app
-from flows.cli.output import console, open_ledger, print_json
+from flows.cli.app import LOOK, app
+from flows.cli.output import console, ledger_session, print_json
 from flows.cli.stats_commands import checked_window, window_start
 from flows.cli.tables import FOLD, Col, print_table
 from flows.spend import JobCosts, cost_text, job_costs
@@ -32,7 +32,7 @@ def _row(costs: JobCosts) -> list[str]:
             (f"{costs.saved_tokens} tokens" if costs.saved_tokens else "-")]
 
 
-@app.command("costs")
+@app.command("costs", rich_help_panel=LOOK)
 def costs(
     job: Annotated[str | None, typer.Option("--job", help="Only this registered job.")] = None,
     since: Annotated[str | None, typer.Option(
@@ -49,7 +49,7 @@ def costs(
     reserved (a provider that did not honour max_tokens) gets a line saying how many and by
     how many tokens. Reads only."""
     start = checked_window(job, since)
-    with open_ledger() as ledger:
+    with ledger_session() as ledger:
         start = window_start(ledger, start)
         duplicates: dict[str, int] = {}
         for day in daily_stats(ledger.activity(start, job), start):

@@ -1,10 +1,10 @@
 """Delivery commands: `deliver` (one dispatcher pass per channel, the same code as the
-deliver-outbox flow), `outbox requeue|show`, and `sink` (the local SMTP sink)."""
+deliver-outbox flow) and `sink` (the local SMTP sink); the `outbox` commands are in
+outbox_commands.py."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import Counter
 from pathlib import Path
@@ -14,21 +14,19 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from flows.cli.app import app, outbox_app
-from flows.cli.output import console, fail, open_ledger, print_json
-from flows.cli.tables import decision_text, utc
+from flows.cli.app import RUN_WORK, SET_UP, app
+from flows.cli.output import console, fail, ledger_session, print_json
 from flows.delivery.dispatcher import Dispatcher
 from flows.delivery.report import DeliveryReport
 from flows.delivery.settings import DeliverySettings
 from flows.errors import DeliveryConfigurationError
-from flows.mail.letter import message_id_for
 from flows.mail.sink import Fault, serve
 from store import CHANNELS, Ledger, RunledgerError
 
 CONFIGURATION_EXIT = 2
 
 
-@app.command("deliver")
+@app.command("deliver", rich_help_panel=RUN_WORK)
 def deliver(
     batch_size: int = typer.Option(100, "--batch-size", min=1,
                                    help="Messages claimed per batch (one lease each)."),
@@ -46,14 +44,12 @@ def deliver(
                                  param_hint="--channel")
     if verbose:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-    ledger = open_ledger()
-    try:
-        reports = asyncio.run(_passes(ledger, channel, batch_size, max_seconds))
-        waiting = {} if channel else _not_delivered(ledger)
-    except DeliveryConfigurationError as exc:
-        raise fail(exc, CONFIGURATION_EXIT, label="configuration error") from None
-    finally:
-        ledger.close()
+    with ledger_session() as ledger:
+        try:
+            reports = asyncio.run(_passes(ledger, channel, batch_size, max_seconds))
+            waiting = {} if channel else _not_delivered(ledger)
+        except DeliveryConfigurationError as exc:
+            raise fail(exc, CONFIGURATION_EXIT, label="configuration error") from None
     if as_json:
         total: Counter[str] = Counter()
         for report in reports:
@@ -104,80 +100,7 @@ async def _passes(ledger: Ledger, channel: str | None, batch_size: int,
                                        for d in dispatchers]))
 
 
-@outbox_app.command("requeue")
-def outbox_requeue(message_id: str = typer.Argument(
-        ..., help="The outbox message id (its key), or a unique prefix of it (4+ characters).")
-) -> None:
-    """Make a retry, uncertain or dead message due now; it is resent with the same key."""
-    ledger = open_ledger()
-    try:
-        message_id = ledger.outbox.resolve_message_id(message_id)
-        before = ledger.outbox.message(message_id)
-        message = ledger.outbox.requeue_message(message_id)
-    except RunledgerError as exc:
-        raise fail(exc) from exc
-    finally:
-        ledger.close()
-    out = console()
-    same_key = (f"Message-ID {message_id_for(message.message_id)}" if message.channel == "email"
-                else f"key {message.message_id}")
-    out.print(f"{message.channel} message {message.message_id} to {escape(message.recipient)} is "
-              f"{message.status}, due now, {same_key}")
-    if before is not None and before.status == "uncertain" and message.channel != "email":
-        out.print("[yellow]note:[/] it was uncertain: before sending it again the dispatcher asks "
-                  "the receiver where it can (a webhook's status lookup, an object's HEAD); "
-                  "otherwise the copy carries the same key")
-    elif before is not None and before.status == "uncertain":
-        out.print("[yellow]note:[/] it was uncertain: the receiver may already have it; the "
-                      "copy carries the same Message-ID so it can be recognised")
-
-
-@outbox_app.command("show")
-def outbox_show(
-    message_id: str = typer.Argument(
-        ..., help="The outbox message id (its key), or a unique prefix of it (4+ characters)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-) -> None:
-    """Show one outbox message and every delivery attempt."""
-    ledger = open_ledger()
-    try:
-        message_id = ledger.outbox.resolve_message_id(message_id)
-        message = ledger.outbox.message(message_id)
-        attempts = ledger.outbox.delivery_attempts(message_id)
-    except RunledgerError as exc:
-        raise fail(exc) from exc
-    finally:
-        ledger.close()
-    if message is None:
-        raise fail(RunledgerError(f"no outbox message with id {message_id!r}"))
-    if as_json:
-        print_json({"message": message.model_dump(mode="json"),
-                    "attempts": [a.model_dump(mode="json") for a in attempts]})
-        return
-    out = console()
-    key = (f"Message-ID {message_id_for(message.message_id)}" if message.channel == "email"
-           else f"{message.channel}, key {message.message_id}")
-    out.print(f"[bold]{escape(message.recipient)}[/] {escape(repr(message.subject))}\nmessage "
-              f"{message.message_id} ({key}) run {message.run_id}\n"
-                  f"status [bold]{message.status}[/], attempts {message.attempts}, next attempt "
-                  f"{message.next_attempt_at or '-'}, last error {message.last_error or '-'}")
-    if message.decision is not None or message.status == "held":
-        decided = decision_text(message.decision, message.decided_by, message.decided_at,
-                                message.decision_reason)
-        out.print(escape(decided or f"held for approval, overdue at {utc(message.hold_until)}"),
-                  highlight=False)
-    if message.payload is not None:
-        out.print(f"channel {message.channel}, payload:")
-        out.print(escape(json.dumps(message.payload, indent=2, ensure_ascii=False)[:4000]))
-    table = Table("attempt", "owner", "started", "finished", "outcome", "reply", "provider id")
-    for a in attempts:
-        table.add_row(str(a.attempt), a.owner, str(a.started_at), str(a.finished_at), a.outcome,
-                      f"{a.reply_code or ''} {a.reply_text or ''}".strip(),
-                      a.provider_message_id or "")
-    out.print(table)
-
-
-@app.command("sink")
+@app.command("sink", rich_help_panel=SET_UP)
 def sink(
     maildir: Annotated[Path, typer.Option("--maildir", help="Folder for .eml files and stats.json.")],
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")],

@@ -9,26 +9,20 @@ from datetime import UTC, datetime, timedelta
 
 import typer
 
-from flows.cli.app import app
-from flows.cli.output import console, fail
-from store import Ledger, OutboxMessage, Period, RunIdentity, RunledgerError
+from flows.cli.app import SET_UP, app
+from flows.cli.output import console, ledger_session
+from store import Ledger, OutboxMessage, Period, RunIdentity
 
 
-@app.command("demo")
+@app.command("demo", rich_help_panel=SET_UP)
 def demo(
     database_url: str | None = typer.Option(
         None, "--database-url", help="Ledger URL (default: $RUNLEDGER_DATABASE_URL, else ./runledger.db)."
     ),
 ) -> None:
     """Run today's demo Run on the ledger, then repeat it to show the duplicate is returned."""
-    try:
-        ledger = Ledger.connect(database_url)
-        try:
-            _demo(ledger)
-        finally:
-            ledger.close()
-    except RunledgerError as exc:
-        raise fail(exc) from exc
+    with ledger_session(url=database_url) as ledger:
+        _demo(ledger)
 
 
 def _demo(ledger: Ledger) -> None:

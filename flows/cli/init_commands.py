@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.app import app
+from flows.cli.app import SET_UP, app
 from flows.cli.output import fail
 from store import RunledgerError
 
 
-@app.command("init")
+@app.command("init", rich_help_panel=SET_UP)
 def init(
     job: Annotated[str, typer.Option("--job", help="The job's name, e.g. team-digest.")],
     package: Annotated[str | None, typer.Option(
@@ -30,8 +30,9 @@ def init(
                             "path of a wheel (written as a uv source).")] = "runledger",
     folder: Annotated[Path, typer.Option("--folder", help="The repository.")] = Path("."),
 ) -> None:
-    """Scaffold a repository for your own jobs: a job module, its entry point in
-    pyproject.toml, a prefect.yaml, a README section and a test that runs the job twice.
+    """Scaffold a repository for your own jobs.
+
+    A job module, its entry point in pyproject.toml, a prefect.yaml, a README section and a test that runs the job twice.
     Nothing is overwritten; then `uv sync` and `uv run pytest`."""
     from flows.scaffold import Scaffold
 

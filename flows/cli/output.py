@@ -1,16 +1,18 @@
 """What every command prints through: a console sized for the terminal at the moment it prints,
-an error as one line on stderr, JSON on stdout, and the ledger it reads."""
+an error as one line on stderr, JSON on stdout, and the ledger session it reads and writes in."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from store import Ledger
+from store import Ledger, RunledgerError
 
 
 def console(stderr: bool = False) -> Console:
@@ -38,6 +40,18 @@ def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
 
 
-def open_ledger() -> Ledger:
-    """The ledger at $RUNLEDGER_DATABASE_URL (default ./runledger.db); close it (``with``)."""
-    return Ledger.connect()
+@contextmanager
+def ledger_session(code: int = 1, label: str = "error", url: str | None = None) -> Iterator[Ledger]:
+    """The ledger at ``url`` (default $RUNLEDGER_DATABASE_URL, else ./runledger.db) for one
+    ``with`` block, closed when it ends: a runledger error opening it or raised in the block
+    ends the command as ``fail`` does, one line on stderr and exit status ``code``."""
+    try:
+        ledger = Ledger.connect(url)
+    except RunledgerError as exc:
+        raise fail(exc, code, label) from None
+    try:
+        yield ledger
+    except RunledgerError as exc:
+        raise fail(exc, code, label) from None
+    finally:
+        ledger.close()

@@ -11,15 +11,15 @@ from zoneinfo import ZoneInfo
 import typer
 from rich.text import Text
 
-from flows.cli.app import app
-from flows.cli.output import console, fail, open_ledger, print_json
+from flows.cli.app import LOOK, app
+from flows.cli.output import console, ledger_session, print_json
 from flows.cli.tables import FOLD, Col, print_table, short_id, utc
 from flows.cli.unfinished import fields, of_jobs, print_unfinished
 from flows.jobs import Job
 from flows.reconcile import Step
 from flows.reconcile.prepare import prepare
 from flows.registry import get_job, registered_jobs
-from store import HeldMessage, RunledgerError
+from store import HeldMessage
 
 ERROR_EXIT = 2  # 1 says something is overdue or unfinished
 
@@ -113,7 +113,7 @@ def duration(value: timedelta) -> str:
     return f"{minutes}m" if minutes else f"{seconds}s"
 
 
-@app.command("overdue")
+@app.command("overdue", rich_help_panel=LOOK)
 def overdue(
     job: str | None = typer.Option(None, "--job", help="Only this job (default: every job)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (times in UTC)."),
@@ -131,8 +131,7 @@ def overdue(
     Exit status: 0 when nothing is overdue (owed and not completed nor skipped by its due
     time plus the job's grace) and no Run is unfinished, 1 when something is overdue or a Run
     is unfinished, 2 on an error; so it can gate a script."""
-    ledger = open_ledger()
-    try:
+    with ledger_session(ERROR_EXIT) as ledger:
         jobs = [get_job(job)] if job else list(registered_jobs().values())
         found: list[Late] = []
         for one in jobs:
@@ -141,10 +140,6 @@ def overdue(
         now = ledger.now()
         unfinished = of_jobs(ledger, jobs, now)
         holds = overdue_holds(ledger.outbox.held(job=job), jobs, now)
-    except RunledgerError as exc:
-        raise fail(exc, ERROR_EXIT) from None
-    finally:
-        ledger.close()
     count = sum(1 for late in found if late.step.overdue) + len(holds)
     if as_json:
         print_json({"late": [late.as_dict() for late in found],

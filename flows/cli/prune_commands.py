@@ -15,15 +15,14 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from flows.cli.app import app
-from flows.cli.output import console, fail, open_ledger, print_json
+from flows.cli.app import OPERATE, app
+from flows.cli.output import console, ledger_session, print_json
 from flows.cli.tables import Col, print_table
-from store import RunledgerError
 
 SUMMARY_COLUMNS = [Col("what"), Col("count")]
 
 
-@app.command("prune")
+@app.command("prune", rich_help_panel=OPERATE)
 def prune(
     older_than: Annotated[str, typer.Option(
         "--older-than", metavar="DURATION",
@@ -47,7 +46,7 @@ def prune(
     from flows.retention import checked_pass
 
     out = console(stderr=as_json)
-    with open_ledger() as ledger:
+    with ledger_session() as ledger:
         show = not as_json and out.is_terminal
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=out, disable=not show) as bar:
@@ -58,11 +57,8 @@ def prune(
                     task.append(bar.add_task("pruning Runs", total=total))
                 bar.update(task[0], completed=done)
 
-            try:
-                report = checked_pass(ledger, older_than, job, dry_run=dry_run,
-                                      batch_size=batch_size, progress=progress)
-            except RunledgerError as exc:
-                raise fail(exc) from exc
+            report = checked_pass(ledger, older_than, job, dry_run=dry_run,
+                                  batch_size=batch_size, progress=progress)
     if as_json:
         print_json(report.as_dict())
         return

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from flows.cli.app import app
+from flows.cli.app import RUN_WORK, app
 from flows.cli.flow_runs import run_here
-from flows.cli.output import console, fail, open_ledger, print_json
+from flows.cli.output import console, fail, ledger_session, print_json
 from flows.cli.tables import FOLD, Col, print_table, short_id
 from store import RunledgerError
 
@@ -26,7 +26,7 @@ STEP_COLUMNS = [Col("subject", fold=FOLD), Col("period"), Col("state"),
                 Col("reason", fold=FOLD, optional=True)]
 
 
-@app.command("reconcile")
+@app.command("reconcile", rich_help_panel=RUN_WORK)
 def reconcile(
     job: Annotated[str | None, typer.Argument(
         help="A registered job; default: every job.")] = None,
@@ -51,12 +51,9 @@ def reconcile(
     except RunledgerError as exc:
         raise fail(exc) from exc
     if dry_run:
-        ledger = open_ledger()
-        try:
+        with ledger_session() as ledger:
             results = [JobReconciled(prepare(ledger, j, dry_run=True), dry_run=True)
                        for j in jobs]
-        finally:
-            ledger.close()
     else:
         def call() -> Coroutine[Any, Any, State[Any]]:
             from flows.reconcile.flow import reconcile as reconcile_flow

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 from rich.text import Text
 
-from flows.cli.app import app
+from flows.cli.app import RUN_WORK, app
 from flows.cli.flow_runs import run_here
-from flows.cli.output import console, fail, open_ledger, print_json
+from flows.cli.output import console, fail, ledger_session, print_json
 from flows.cli.tables import FOLD, Col, print_table, short_id
 from flows.errors import NotReady
 from flows.jobs.schedule import NOT_DUE_FLAG
@@ -33,7 +33,7 @@ STYLES: dict[Outcome, str] = {
     "failed": "bold red"}
 
 
-@app.command("run")
+@app.command("run", rich_help_panel=RUN_WORK)
 def run(
     job: Annotated[str, typer.Argument(help="A registered job, e.g. competitor-summary.")],
     subject: Annotated[list[str] | None, typer.Option(
@@ -81,7 +81,7 @@ def run(
         from flows.settings import RunledgerSettings
 
         preflight(definition, RunledgerSettings())
-        with open_ledger() as ledger:
+        with ledger_session() as ledger:
             upgrade_ledger(ledger)
 
     async def call() -> State[Any]:
@@ -129,7 +129,7 @@ TICK_COLUMNS = [Col("subject", fold=FOLD), Col("outcome"), Col("run id"), Col("a
 
 def _print_stopped(job: str, period: Period) -> None:
     """After a Ctrl-C: each Run of the tick as the ledger has it now."""
-    with open_ledger() as ledger:
+    with ledger_session() as ledger:
         runs = [r for r in ledger.runs(job=job, limit=10_000) if r.period_start == period.start]
     done = sum(r.status == "completed" for r in runs)
     states = ", ".join(f"{r.subject} {r.status}{' (leased)' if r.owner else ''}"

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from flows.cli.app import api_refused, app
+from flows.cli.app import RUN_WORK, api_refused, app, stack_app
 from flows.cli.output import console, error, fail
 from flows.stack.auth import StackAuth
 from flows.stack.automations import (
@@ -25,12 +25,8 @@ from flows.stack.prefect_server import client
 from flows.stack.work_pool import DEFAULT_POOL
 from store import RunledgerError
 
-stack_app = typer.Typer(help="The local stack: Prefect server, SMTP sink, serve or workers.",
-                        no_args_is_help=True)
-app.add_typer(stack_app, name="stack")
 
-
-@app.command("serve")
+@app.command("serve", rich_help_panel=RUN_WORK)
 def serve(
     limit: int | None = typer.Option(None, "--limit", min=1,
                                      help="Most flow runs executed at once."),
@@ -40,8 +36,10 @@ def serve(
              "path.py:flow from the current folder); default: runledger's deployments plus "
              "one per registered job on the schedule its Job derives.")] = None,
 ) -> None:
-    """Serve deployments with their schedules: by default runledger's own (reconcile,
-    deliver-outbox, prune, backfill, revise) and one per registered job.
+    """Serve deployments with their schedules, in this process.
+
+    By default runledger's own (reconcile, deliver-outbox, prune, backfill, revise) and one
+    per registered job.
 
     Needs PREFECT_API_URL. Every job's schedule is checked against its Job first. On exit
     Prefect pauses the deployments and drops their future scheduled runs."""

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.app import app
-from flows.cli.output import console, fail, open_ledger, print_json
+from flows.cli.app import LOOK, app
+from flows.cli.output import console, fail, ledger_session, print_json
 from flows.cli.tables import FOLD, Col, print_table
 from flows.spend import cost_text
 from flows.stats import DayStats, daily_stats
@@ -59,7 +59,7 @@ def window_start(ledger: Ledger, start: datetime | None) -> datetime:
     return datetime.combine(today - timedelta(days=DEFAULT_DAYS - 1), time(0), UTC)
 
 
-@app.command("stats")
+@app.command("stats", rich_help_panel=LOOK)
 def stats(
     job: Annotated[str | None, typer.Option("--job", help="Only this registered job.")] = None,
     since: Annotated[str | None, typer.Option(
@@ -75,7 +75,7 @@ def stats(
     from a checkpoint, tokens and cost (revisions' included), and the outbox messages queued
     that day by their status now. Reads only."""
     start = checked_window(job, since)
-    with open_ledger() as ledger:
+    with ledger_session() as ledger:
         start = window_start(ledger, start)
         days = daily_stats(ledger.activity(start, job), start, ledger.calls.since(start, job))
     if as_json:

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.app import app
-from flows.cli.output import console, fail, open_ledger, print_json
+from flows.cli.app import LOOK, app
+from flows.cli.output import console, fail, ledger_session, print_json
 from flows.cli.tables import FOLD, Col, print_table
 from flows.cli.unfinished import fields, of_jobs, print_unfinished
 from store import RunledgerError
@@ -20,7 +20,7 @@ BOARD_COLUMNS = [Col("period"), Col("owed", drop=3), Col("completed"), Col("pend
 MAX_PERIODS = 1_000  # a board reads every Run of the periods it shows
 
 
-@app.command("status")
+@app.command("status", rich_help_panel=LOOK)
 def status(
     job: Annotated[str | None, typer.Argument(
         help="A registered job; default: every job.")] = None,
@@ -46,7 +46,7 @@ def status(
         jobs = [get_job(job)] if job else list(registered_jobs().values())
     except RunledgerError as exc:
         raise fail(exc) from exc
-    with open_ledger() as ledger:
+    with ledger_session() as ledger:
         now = ledger.now()
         boards = [job_board(ledger, one, now, periods) for one in jobs]
         unfinished = of_jobs(ledger, jobs, now)

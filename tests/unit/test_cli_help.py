@@ -12,7 +12,7 @@ import typer
 from rich.cells import cell_len
 from typer.testing import CliRunner
 
-from flows.cli.app import app, paragraphs
+from flows.cli.app import PANELS, app, paragraphs
 
 WIDTHS = (80, 120)
 PANEL_EDGES = "│╭╰"
@@ -62,15 +62,24 @@ def description(lines: list[str]) -> list[list[str]]:
     return [p for p in found if p]
 
 
+def panel_title(line: str) -> str:
+    """The title of the panel whose top edge is ``line`` (``╭─ Run work ───╮``)."""
+    return line.strip("╭─╮ ")
+
+
 def command_rows(lines: list[str]) -> dict[str, list[str]]:
-    """The Commands panel: each command's name with the lines of its summary, and the cells
-    its summary column has (up to the panel's right edge and its padding)."""
-    start = next(i for i, line in enumerate(lines) if "Commands" in line and line[:1] == "╭")
+    """The command panels (every panel but Options and Arguments): each command's name with the
+    lines of its summary, and the cells its summary column has (up to the panel's right edge
+    and its padding)."""
     rows: dict[str, list[str]] = {}
     name = ""
-    for line in lines[start + 1:]:
-        if line[:1] == "╰":
-            break
+    inside = False
+    for line in lines:
+        if line[:1] in "╭╰":
+            inside = line[:1] == "╭" and panel_title(line) not in ("Options", "Arguments")
+            continue
+        if not inside:
+            continue
         inner = line[1:line.rindex("│")]
         if inner[1:2].strip():
             name = inner.split()[0]
@@ -123,3 +132,30 @@ def test_paragraphs_joins_a_docstrings_lines_and_keeps_its_blank_line_breaks() -
         on two lines.
 
         Second.""") == "Summary line.\n\nFirst paragraph on two lines.\n\nSecond."
+
+
+@pytest.mark.parametrize(("path", "command"), COMMANDS,
+                         ids=lambda v: " ".join(v) or "runledger" if isinstance(v, tuple) else "")
+def test_every_command_has_a_help_text_and_its_help_fits_80_columns(
+        path: tuple[str, ...], command: Any) -> None:
+    """Every command and group, the root included, says what it does, and so does each of its
+    parameters; its `--help` at COLUMNS=80 has no line wider than 80 cells."""
+    assert (command.help or "").strip(), path
+    for param in command.params:
+        assert param.name == "help" or (getattr(param, "help", None) or "").strip(), \
+            (path, param.name)
+    assert [line for line in rendered_help(path, 80) if cell_len(line) > 80] == []
+
+
+def test_the_command_list_shows_the_panels_of_what_people_do_in_order() -> None:
+    """`runledger --help` lists every command in one panel of PANELS (run work, look, operate,
+    set up), the panels in that order, each command by name within its panel."""
+    root = typer.main.get_command(app)
+    lines = rendered_help((), 80)
+    titles = [panel_title(line) for line in lines if line[:1] == "╭"]
+    assert titles == ["Options", *PANELS]
+    for name, command in root.commands.items():  # type: ignore[attr-defined]
+        assert command.rich_help_panel in PANELS, name
+    shown = list(command_rows(lines))
+    assert shown == sorted(root.commands, key=lambda n: (  # type: ignore[attr-defined]
+        PANELS.index(root.commands[n].rich_help_panel), n))  # type: ignore[attr-defined]

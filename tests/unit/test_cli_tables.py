@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from rich.console import Console
 from rich.text import Text
 
-from flows.cli.ledger_commands import RUN_COLUMNS
+from flows.cli.runs_commands import RUN_COLUMNS
 from flows.cli.tables import FOLD, Col, fit_table, short_id, utc
 
 RUN_ID = "d4baf766fcbfd7cb6ec98a67bf4ffc791a7a2ab6782994023ea1976848b8fec0"

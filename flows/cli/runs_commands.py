@@ -1,29 +1,39 @@
-"""Ledger commands: `db upgrade`, `runs list|show|requeue`, `outbox list`."""
+"""The `runs` commands: look at logical runs (`runs list|show`) and act on one (`runs requeue`,
+`runs release` of a dead worker's lease, `runs revise` for a new output through the revise
+flow in this process)."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import Coroutine
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from flows.cli.app import db_app, outbox_app, runs_app
+from flows.cli.app import LOOK, OPERATE, check_choice, runs_app
+from flows.cli.flow_runs import run_here
 from flows.cli.logical_runs import attempt_fields, period_label, prefect_ui_url, run_fields
-from flows.cli.output import console, fail, open_ledger, print_json
+from flows.cli.output import console, fail, ledger_session, print_json
 from flows.cli.tables import EMAIL, FOLD, Col, decision_text, print_table, short_id, utc
+from flows.jobs.schedule import NOT_DUE_FLAG
 from flows.prices import format_money
+from flows.run_job.outcomes import outcome_name
 from flows.spend import spend_of
 from store import (
-    CHANNELS,
-    MESSAGE_STATUSES,
     RUN_STATUSES,
     Attempt,
+    InvalidInput,
     ModelCall,
     Run,
     RunledgerError,
     latest_completed,
 )
+
+if TYPE_CHECKING:
+    from prefect import State
 
 # Job and period are what a list of Runs is read for; attempts and version go first on a
 # narrow console (`runs show` has them). A recipient is worth more than the run id it belongs
@@ -45,47 +55,11 @@ RUN_OUTBOX_COLUMNS = [Col("message id"), Col("channel", drop=1), Col("recipient"
                       Col("status"), Col("attempts", drop=2),
                       Col("last error", fold=FOLD, optional=True),
                       Col("decision", fold=FOLD, optional=True)]
-# An address is what the list is read for and a folded one is misread: it never folds; the
-# run id, the channel and the subject are left out first at 80 columns. "for" is the Run a
-# message belongs to (job, subject, period): a webhook's or object's target and subject are
-# the same on every row of a job.
-OUTBOX_COLUMNS = [Col("message id"), Col("run id", drop=6), Col("channel", drop=5),
-                  Col("target"), Col("for", fold=FOLD, drop=3),
-                  Col("subject", fold=FOLD, drop=4), Col("status"),
-                  Col("attempts", drop=1), Col("next attempt (UTC)", drop=2),
-                  Col("last error", fold=FOLD, optional=True)]
+
+REFUSED_EXIT = 2  # an unknown Run, a Run that holds no lease, an owner that holds none
 
 
-def run_for(run: Run | None) -> str:
-    """The Run a message belongs to, as its job, subject and period (``-`` if pruned)."""
-    return "-" if run is None else f"{run.job} {run.subject} {period_label(run)}"
-
-
-def _check_choice(value: str | None, allowed: tuple[str, ...], what: str) -> None:
-    if value is not None and value not in allowed:
-        raise typer.BadParameter(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
-
-
-@db_app.command("upgrade")
-def db_upgrade(revision: str = typer.Argument("head", help="Alembic revision to upgrade to.")) -> None:
-    """Create or migrate the ledger schema and the registered jobs' tables.
-
-    Runs Alembic's upgrade to REVISION, then creates the registered jobs' own business tables
-    that are missing. Run it before the workers of a new version start."""
-    from flows.registry import upgrade_ledger
-
-    ledger = open_ledger()
-    try:
-        with_tables = upgrade_ledger(ledger, revision)
-    except RunledgerError as exc:
-        raise fail(exc) from exc
-    finally:
-        ledger.close()
-    tables = f"; tables of {', '.join(with_tables)}" if with_tables else ""
-    console().print(f"ledger schema at {revision} ({ledger.dialect}){tables}")
-
-
-@runs_app.command("list")
+@runs_app.command("list", rich_help_panel=LOOK)
 def runs_list(
     job: str | None = typer.Option(None, "--job", help="Only runs of this job."),
     status: str | None = typer.Option(None, "--status", help=f"One of {', '.join(RUN_STATUSES)}."),
@@ -94,8 +68,8 @@ def runs_list(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List logical runs, newest period first."""
-    _check_choice(status, RUN_STATUSES, "--status")
-    with open_ledger() as ledger:
+    check_choice(status, RUN_STATUSES, "--status")
+    with ledger_session() as ledger:
         runs = ledger.runs(job=job, status=status, limit=limit)
         attempts = ledger.attempts_of([r.run_id for r in runs]) if as_json else {}
     if as_json:
@@ -107,7 +81,7 @@ def runs_list(
          r.status, str(r.attempts)] for r in runs])
 
 
-@runs_app.command("show")
+@runs_app.command("show", rich_help_panel=LOOK)
 def runs_show(
     run_id: str = typer.Argument(..., help="The Run id, or a unique prefix of it (4+ characters)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -118,11 +92,8 @@ def runs_show(
     location, which links into the Prefect UI when PREFECT_UI_URL or PREFECT_API_URL is set;
     each model call of each attempt with its outcome, tokens, latency, cost and how often its
     answer was reused from the checkpoint."""
-    with open_ledger() as ledger:
-        try:
-            run = ledger.get(ledger.resolve_run_id(run_id))
-        except RunledgerError as exc:
-            raise fail(exc) from exc
+    with ledger_session() as ledger:
+        run = ledger.get(ledger.resolve_run_id(run_id))
         attempts = ledger.attempts(run.run_id)
         calls = ledger.calls.of_run(run.run_id)
         messages = ledger.outbox.messages(run_id=run.run_id, limit=10_000)
@@ -239,47 +210,115 @@ def _print_run(out: Console, run: Run, record: dict[str, Any]) -> None:
         out.print(line, markup=False, highlight=False)
 
 
-@runs_app.command("requeue")
+@runs_app.command("requeue", rich_help_panel=OPERATE)
 def runs_requeue(run_id: str = typer.Argument(
         ..., help="A failed Run's id, or a unique prefix of it (4+ characters).")) -> None:
     """Put a failed Run back to pending so the next flow run retries it."""
-    with open_ledger() as ledger:
-        try:
-            run = ledger.requeue_run(ledger.resolve_run_id(run_id))
-        except RunledgerError as exc:
-            raise fail(exc) from exc
+    with ledger_session() as ledger:
+        run = ledger.requeue_run(ledger.resolve_run_id(run_id))
     console().print(f"run {run.run_id} is {run.status}")
 
 
-@outbox_app.command("list")
-def outbox_list(
-    status: str | None = typer.Option(None, "--status", help=f"One of {', '.join(MESSAGE_STATUSES)}."),
-    run_id: str | None = typer.Option(None, "--run",
-                                      help="Only messages of this Run (its id or a unique prefix)."),
-    channel: str | None = typer.Option(None, "--channel", help=f"One of {', '.join(CHANNELS)}."),
-    limit: int = typer.Option(100, "--limit", min=1,
-                              help="Show the newest N messages (default 100)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+@runs_app.command("release", rich_help_panel=OPERATE)
+def runs_release(
+    run_id: Annotated[str | None, typer.Argument(
+        help="A running Run's id, or a unique prefix of it (4+ characters).")] = None,
+    owner: Annotated[str | None, typer.Option(
+        "--owner", help="Release every Run this lease owner holds (as `runledger status` "
+                        "shows it, e.g. host:pid), instead of one Run.")] = None,
 ) -> None:
-    """List outbox messages, newest first; the target is the address, the webhook endpoint,
-    or the bucket block and object key."""
-    _check_choice(status, MESSAGE_STATUSES, "--status")
-    _check_choice(channel, CHANNELS, "--channel")
-    with open_ledger() as ledger:
-        try:
-            run = None if run_id is None else ledger.resolve_run_id(run_id)
-        except RunledgerError as exc:
-            raise fail(exc) from exc
-        messages = ledger.outbox.recent_messages(status=status, run_id=run, channel=channel,
-                                                 limit=limit)
-        runs = ledger.get_many(list(dict.fromkeys(m.run_id for m in messages)))
-    if as_json:
-        print_json([m.model_dump(mode="json", exclude={"body", "payload"}) for m in messages])
-        return
+    """Take over the lease of a Run whose worker is dead, or of every Run one owner holds.
+
+    Each Run goes back to pending at once (the next tick or `runledger reconcile JOB` runs it)
+    and its fence is raised by one: if the worker was not dead after all, its next write (a
+    renewal, its raw input, its model call's answer, its output) is refused and it ends
+    LeaseLost, so nothing is written twice. Its Attempt ends released, and the Run's error
+    says whose lease was taken over.
+
+    Exit status: 0 when released; 2, with one line saying why, for an unknown Run, a Run that
+    holds no lease (pending, completed, failed) or an owner that holds none."""
+    if (run_id is None) == (owner is None):
+        raise fail("give the Run to release (RUN) or the lease owner whose Runs to release "
+                   "(--owner OWNER), one of the two", REFUSED_EXIT)
+    with ledger_session(REFUSED_EXIT) as ledger:
+        taken = ledger.take_over(ledger.resolve_run_id(run_id) if run_id else None, owner=owner)
     out = console()
-    print_table(out, OUTBOX_COLUMNS, [
-        [short_id(m.message_id), short_id(m.run_id), m.channel, m.recipient,
-         run_for(runs.get(m.run_id)), m.subject, m.status, str(m.attempts),
-         utc(m.next_attempt_at), m.last_error or ""] for m in messages])
-    if len(messages) == limit:
-        out.print(f"the newest {limit}; older ones with a larger --limit", highlight=False)
+    for run in taken:
+        out.print(f"released {short_id(run.run_id)} {run.job}/{run.subject}/{period_label(run)}:"
+                  f" {run.error}; now pending at fence {run.fence}", markup=False,
+                  highlight=False)
+
+
+def parse_params(text: str | None) -> dict[str, Any] | None:
+    """--params as a JSON object, or None when not given."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"--params must be a JSON object such as "
+                           f"'{{\"recipients\": [\"ana@example.com\"]}}': {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"--params must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+@runs_app.command("revise", rich_help_panel=OPERATE)
+def runs_revise(
+    run_id: Annotated[str, typer.Argument(
+        help="The completed Run to revise: any of its revisions' ids, or a unique prefix "
+             "(4+ characters); an unfinished revision's id resumes it.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why the output must be redone.")],
+    recollect: Annotated[bool, typer.Option(
+        "--recollect", help="Collect the input again instead of reusing the stored one.")] = False,
+    resend: Annotated[bool, typer.Option(
+        "--resend/--no-resend",
+        help="Queue the revision's messages (new keys, 'revised' in the subject).")] = True,
+    params: Annotated[str | None, typer.Option(
+        "--params", help="The revision's parameters as a JSON object (default: the latest "
+                         "completed revision's); they must be what the job computes now.")] = None,
+    allow_not_due: Annotated[bool, typer.Option(
+        NOT_DUE_FLAG, help="Revise a Run of a period not due yet (refused otherwise).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
+) -> None:
+    """Compute a new output for a completed Run as its next revision.
+
+    The revision is a new Run row linked to the original, computed through the revise flow: the
+    original Run and its deliveries stay as they are.
+
+    Uses the Prefect server at PREFECT_API_URL, or a temporary local one. At most one revision
+    of a Run is unfinished at a time."""
+    from flows.jobs.schedule import require_due
+    from flows.registry import get_job, upgrade_ledger
+
+    try:
+        if not reason.strip():
+            raise InvalidInput("--reason must say why the output is redone, e.g. "
+                               "--reason 'recipients changed'")
+        new_params = parse_params(params)
+        with ledger_session() as ledger:
+            upgrade_ledger(ledger)
+            full_id = ledger.resolve_run_id(run_id)
+            target = ledger.get(full_id)
+        job = get_job(target.job)
+        require_due(job, job.period_at(target.period_start), datetime.now(UTC),
+                    allow_not_due=allow_not_due)
+    except RunledgerError as exc:
+        raise fail(exc) from None
+    from flows.run_job.revision import RevisionReport
+
+    def call() -> Coroutine[Any, Any, State[Any]]:
+        from flows.run_job.revision import revise
+
+        return cast("Coroutine[Any, Any, State[Any]]", revise(
+            run_id=full_id, reason=reason, recollect=recollect, resend=resend,
+            params=new_params, allow_not_due=allow_not_due, return_state=True))
+
+    value, state = run_here(call, RevisionReport, what=f"the revision of run {full_id[:12]}")
+    if as_json:
+        print_json({**value.as_dict(), "flow_run_id": str(state.state_details.flow_run_id)})
+    else:
+        console().print(f"{outcome_name(state)}: {value.message}", markup=False,
+                        highlight=False)
+    if value.outcome == "failed":
+        raise typer.Exit(1)

@@ -511,12 +511,6 @@ def states_page() -> str:
     from flows.events import JOB_EVENTS, OCCURRENCE_EVENTS
     from flows.registry import registered_jobs
     from flows.retention import ARTIFACT_KEY as PRUNE_ARTIFACT_KEY
-    from flows.run_job.flow import (
-        collect_input,
-        persist_output,
-        register_and_claim,
-        transform_input,
-    )
     from flows.run_job.monitoring import status_artifact_key, tick_artifact_key
     from flows.run_job.outcomes import (
         DECIDING,
@@ -526,6 +520,12 @@ def states_page() -> str:
         STATE_NAMES,
     )
     from flows.run_job.revision import REVISION_STATE_NAMES as REVISE_STATES
+    from flows.run_job.tasks import (
+        collect_input,
+        persist_output,
+        register_and_claim,
+        transform_input,
+    )
     from store import MESSAGE_STATUSES, RUN_STATUSES
     from store.models import ATTEMPT_OUTCOMES
 

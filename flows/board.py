@@ -14,8 +14,8 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from flows.jobs import Job
-from flows.reconcile.plan import Step
-from flows.reconcile.prepare import prepare
+from flows.occurrences.plan import Step
+from flows.occurrences.prepare import prepare
 from flows.spend import Spend, spend_of
 from store import Ledger, Period
 

@@ -14,7 +14,7 @@ from prefect.client.orchestration import get_client
 from prefect.events import Event, emit_event
 
 from flows.jobs import Job
-from flows.reconcile.plan import Step
+from flows.occurrences.plan import Step
 from store import Ledger, Occurrence, Period, unemitted
 
 

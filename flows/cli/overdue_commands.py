@@ -16,8 +16,8 @@ from flows.cli.output import console, ledger_session, print_json
 from flows.cli.tables import FOLD, Col, print_table, short_id, utc
 from flows.cli.unfinished import fields, of_jobs, print_unfinished
 from flows.jobs import Job
-from flows.reconcile import Step
-from flows.reconcile.prepare import prepare
+from flows.occurrences.plan import Step
+from flows.occurrences.prepare import prepare
 from flows.registry import get_job, registered_jobs
 from store import HeldMessage
 

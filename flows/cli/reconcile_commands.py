@@ -42,8 +42,8 @@ def reconcile(
 
     Runs the reconcile flow on the Prefect server at PREFECT_API_URL, or a temporary local one;
     --dry-run needs no Prefect server. Exits 1 when a period it ran failed."""
+    from flows.occurrences.prepare import prepare
     from flows.reconcile.flow import JobReconciled
-    from flows.reconcile.prepare import prepare
     from flows.registry import get_job, registered_jobs
 
     try:

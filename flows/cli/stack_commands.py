@@ -20,7 +20,8 @@ from flows.stack.automations import (
     install_crash_detector,
     notification_block,
 )
-from flows.stack.local import StackConfig, up
+from flows.stack.config import StackConfig
+from flows.stack.local import up
 from flows.stack.prefect_server import client
 from flows.stack.work_pool import DEFAULT_POOL
 from store import RunledgerError

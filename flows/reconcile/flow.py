@@ -22,8 +22,8 @@ from prefect.states import Failed
 from flows.board import Board
 from flows.events import emit_decisions, emit_job_event
 from flows.jobs import Job
-from flows.reconcile.plan import ACTIONS, STATES, Plan, Step
-from flows.reconcile.prepare import prepare
+from flows.occurrences.plan import ACTIONS, STATES, Plan, Step
+from flows.occurrences.prepare import prepare
 from flows.registry import get_job, registered_jobs
 from flows.run_job.flow import run_job
 from flows.run_job.monitoring import create_status_artifact, read_board

@@ -23,11 +23,13 @@ from flows.jobs import Job
 from flows.jobs.schedule import require_due
 from flows.registry import get_job
 from flows.run_job.findings import describe
-from flows.run_job.flow import configured_stages, ledgered, process_subject
+from flows.run_job.flow import ledgered
 from flows.run_job.lease_keeper import LeaseKeeper
 from flows.run_job.outcomes import STATE_NAMES, Outcome, SubjectOutcome, outcome_state
 from flows.run_job.preflight import NOT_READY_STATE, preflight
 from flows.run_job.stop import Stop
+from flows.run_job.subjects import process_subject
+from flows.run_job.tasks import configured_stages
 from flows.run_job.tick import Revising
 from flows.settings import RunledgerSettings
 from store import (

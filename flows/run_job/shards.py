@@ -2,7 +2,11 @@
 yet finished are split into shards, each a flow run of the same deployment (a subflow of the
 tick, taken by any worker of the pool on any host), and the tick waits for them. The ledger
 makes this safe as it makes retries safe: a shard retried, run twice or killed completes each
-Run once. What each subject came to is read back from the ledger, which outlives any shard."""
+Run once. What each subject came to is read back from the ledger, which outlives any shard.
+
+A shard is told it is one by the idempotency key its tick creates it with (``shard_key``), not
+by a parameter: the flow's parameters are what a person sets in the Prefect UI, and a copy of a
+shard's parameters run by hand is a plain tick of its subjects."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from uuid import UUID
 
 from prefect import State
 from prefect.client.schemas.objects import FlowRun
+from prefect.context import FlowRunContext
 from prefect.deployments import run_deployment
 
 from flows.budgeting import OVER_BUDGET_STATE
@@ -30,10 +35,12 @@ from store import InvalidInput, ModelCall, Period, Run, RunIdentity
 # How often the tick asks the Prefect server whether its shards have ended.
 POLL_SECONDS = 2.0
 _SHARD_LABEL = re.compile(r"^([1-9][0-9]*)/([1-9][0-9]*)$")
+# What ends a shard's idempotency key, before its label: "<tick flow run>:<try>:shard-2/4".
+_SHARD_KEY_MARK = ":shard-"
 
 
 class InvalidSharding(InvalidInput):
-    """A run-job flow run's ``shard_size`` or ``shard`` parameter is invalid."""
+    """A run-job flow run's ``shard_size`` parameter or its shard label is invalid."""
 
 
 def shard_size_for(job: Job, given: Any) -> int | None:
@@ -48,15 +55,32 @@ def shard_size_for(job: Job, given: Any) -> int | None:
     return given
 
 
-def check_shard_label(label: Any) -> str | None:
-    """A shard's ``shard`` parameter ("2/4"), which only a sharded tick sets; None for a tick."""
-    if label is None:
+def shard_label_of(idempotency_key: str | None) -> str | None:
+    """The shard label ("2/4") a sharded tick put in its shard's idempotency key
+    (``shard_key``); None for a flow run that is not a shard (a tick)."""
+    if idempotency_key is None or _SHARD_KEY_MARK not in idempotency_key:
         return None
-    found = _SHARD_LABEL.match(label) if isinstance(label, str) else None
+    label = idempotency_key.rsplit(_SHARD_KEY_MARK, 1)[1]
+    found = _SHARD_LABEL.match(label)
     if found is None or int(found[1]) > int(found[2]):
         raise InvalidSharding(f"shard must be N/M (shard N of M), got {label!r}; a sharded "
-                              "tick sets it for its shards: leave it empty")
+                              "tick gives it to its shards in their idempotency key "
+                              f"(...{_SHARD_KEY_MARK}N/M)")
     return found[0]
+
+
+def current_shard() -> str | None:
+    """This flow run's shard label ("2/4"), from its idempotency key; None for a tick (a flow
+    run of no key, or of another key: a schedule's, a person's)."""
+    context = FlowRunContext.get()
+    flow_run = None if context is None else context.flow_run
+    return shard_label_of(None if flow_run is None else flow_run.idempotency_key)
+
+
+def shard_key(tick_key: str, label: str) -> str:
+    """The idempotency key of shard ``label`` of the tick's try ``tick_key``: it makes the
+    shard's creation idempotent and tells the shard which one it is (``shard_label_of``)."""
+    return f"{tick_key}{_SHARD_KEY_MARK}{label}"
 
 
 @dataclass(frozen=True)
@@ -101,16 +125,15 @@ def split(pending: dict[str, RunIdentity], size: int) -> list[Shard]:
 async def run_shards(deployment_id: str, job: Job, period: Period, shards: Sequence[Shard],
                      allow_not_due: bool, key: str) -> list[FlowRun]:
     """Start every shard as a subflow run of deployment ``deployment_id`` and wait for all of
-    them to end; ``key`` makes each one's creation idempotent (the tick's flow run and try)."""
+    them to end; ``key`` (the tick's flow run and try) makes each one's creation idempotent."""
     async def one(shard: Shard) -> FlowRun:
         # Any period string names the period containing it: the start, with its offset.
         parameters = {"job": job.name, "subjects": list(shard.identities),
-                      "period": period.start.isoformat(), "allow_not_due": allow_not_due,
-                      "shard": shard.label}
+                      "period": period.start.isoformat(), "allow_not_due": allow_not_due}
         found: FlowRun = await run_deployment(  # type: ignore[misc]  # the async dispatch
             UUID(deployment_id), parameters=parameters,
             flow_run_name=shard.flow_run_name(job.name, period),
-            idempotency_key=f"{key}:shard-{shard.label}", timeout=None,
+            idempotency_key=shard_key(key, shard.label), timeout=None,
             poll_interval=POLL_SECONDS, as_subflow=True)
         return found
 

@@ -13,169 +13,48 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
-from uuid import UUID
 
 import sqlalchemy as sa
-from prefect.client.orchestration import SyncPrefectClient
-from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
-from prefect.client.schemas.objects import FlowRun
 
 from flows.ports import free_port, port_is_free
 from flows.registry import registered_jobs, upgrade_ledger
 from flows.stack import commands
-from flows.stack.auth import NO_AUTH, StackAuth, is_loopback
-from flows.stack.automations import HEARTBEAT_SECONDS, install_crash_detector
+from flows.stack.auth import NO_AUTH, is_loopback
+from flows.stack.automations import install_crash_detector
+from flows.stack.config import (
+    StackConfig,
+    absolute_ledger_url,
+    flow_env,
+    prefect_database_for,
+    shown_url,
+)
+from flows.stack.kickoff import (
+    DELIVERY_DEPLOYMENT,
+    REFERENCE_DEPLOYMENT,
+    run_and_wait,
+    wait_for_deployments,
+)
 from flows.stack.prefect_server import (
     PREFECT_DB_ENV,
-    api_url,
     client,
-    redis_messaging_env,
     server_env,
     ui_url,
     wait_until_healthy,
 )
 from flows.stack.processes import StackError, Supervisor
-from flows.stack.work_pool import DEFAULT_POOL, ensure_pool
+from flows.stack.work_pool import ensure_pool
 from store import Ledger, LedgerSettings, RunledgerError, create_database_if_missing
 
-REFERENCE_DEPLOYMENT = "competitor-summary"
-DELIVERY_DEPLOYMENT = "deliver-outbox"
-DEFAULT_SENDER = "runledger@example.org"
 SINK_HOST = "127.0.0.1"
 SERVER = "prefect-server"  # the child everything else needs: its exit stops the stack
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    """What to start and where: ``home`` holds Prefect's files, the logs and the mail folder."""
-
-    home: Path
-    host: str = "127.0.0.1"
-    port: int = 4200
-    workers: int = 0
-    pool: str = DEFAULT_POOL
-    kickoff: bool = True
-    crash_after_seconds: float = 3 * HEARTBEAT_SECONDS
-    prefect_database_url: str | None = None
-    redis_url: str | None = None
-    auth: StackAuth = NO_AUTH
-
-    def __post_init__(self) -> None:
-        if self.redis_url:  # refused before anything starts
-            redis_messaging_env(self.redis_url)
-
-    @property
-    def mail_dir(self) -> Path:
-        return self.home / "mail"
-
-    @property
-    def log_dir(self) -> Path:
-        return self.home / "logs"
-
-    @property
-    def prefect_home(self) -> Path:
-        return self.home / "prefect"
-
-    @property
-    def record(self) -> Path:
-        """Where a running stack says who it is: pid, UI, ledger."""
-        return self.home / "stack.json"
-
-    @property
-    def api(self) -> str:
-        return api_url(self.host, self.port)
-
-
-def absolute_ledger_url(url: str) -> str:
-    """``url`` with a relative SQLite path made absolute, so every process opens the same file."""
-    parsed = sa.engine.make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database and \
-            parsed.database != ":memory:" and not Path(parsed.database).is_absolute():
-        parsed = parsed.set(database=str(Path(parsed.database).resolve()))
-    return parsed.render_as_string(hide_password=False)
-
-
-def prefect_database_for(ledger_url: str, explicit: str | None) -> str | None:
-    """Prefect's own database: ``explicit`` if given; on a PostgreSQL ledger, a database named
-    after the ledger's with ``_prefect`` on the same server; else None (SQLite in PREFECT_HOME).
-    Prefect needs its own database: its tables include an ``alembic_version`` like the ledger's."""
-    if explicit:
-        return explicit
-    parsed = sa.engine.make_url(ledger_url)
-    if parsed.get_backend_name() != "postgresql":
-        return None
-    return parsed.set(drivername="postgresql+asyncpg",
-                      database=f"{parsed.database}_prefect").render_as_string(hide_password=False)
-
-
-def flow_env(base: Mapping[str, str], config: StackConfig, ledger_url: str,
-             smtp_port: int) -> dict[str, str]:
-    """The environment of every process that runs flows (serve or workers), and of `prefect
-    deploy`: clients of the stack's server, with its auth string if it has one."""
-    env = config.auth.client_env(base)
-    env.update({
-        "PREFECT_API_URL": config.api,
-        "PREFECT_HOME": str(config.prefect_home),
-        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS),
-        "PREFECT_RUNNER_POLL_FREQUENCY": "5",
-        "PREFECT_WORKER_QUERY_SECONDS": "5",
-        "RUNLEDGER_DATABASE_URL": ledger_url,
-        "RUNLEDGER_SMTP_HOST": "127.0.0.1",
-        "RUNLEDGER_SMTP_PORT": str(smtp_port),
-        "RUNLEDGER_SMTP_TLS": "none",
-    })
-    env.setdefault("RUNLEDGER_MAIL_FROM", DEFAULT_SENDER)
-    env.pop(PREFECT_DB_ENV, None)
-    return env
-
-
-def deployment_ids(api: SyncPrefectClient, names: list[str]) -> dict[str, UUID]:
-    found = api.read_deployments(
-        deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=names)))
-    return {d.name: d.id for d in found}
-
-
-def wait_for_deployments(url: str, names: list[str], timeout: float,
-                         auth: StackAuth = NO_AUTH) -> dict[str, UUID]:
-    deadline = time.monotonic() + timeout
-    with client(url, auth.value) as api:
-        while True:
-            ids = deployment_ids(api, names)
-            if len(ids) == len(names):
-                return ids
-            if time.monotonic() > deadline:
-                missing = sorted(set(names) - set(ids))
-                raise StackError(f"deployments {', '.join(missing)} did not appear on the "
-                                 f"Prefect server within {timeout:.0f} s")
-            time.sleep(1.0)
-
-
-def run_and_wait(url: str, deployment_id: UUID, timeout: float,
-                 parameters: dict[str, Any] | None = None,
-                 auth: StackAuth = NO_AUTH) -> FlowRun:
-    """Create a flow run of the deployment (the UI's "Run") and wait until it is final."""
-    with client(url, auth.value) as api:
-        run = api.create_flow_run_from_deployment(deployment_id, parameters=parameters or {})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            run = api.read_flow_run(run.id)
-            if run.state is not None and run.state.is_final():
-                return run
-            time.sleep(1.0)
-    raise StackError(f"flow run {run.name} ({run.id}) did not finish within {timeout:.0f} s")
-
-
-def _shown(url: str) -> str:
-    """``url`` without its password."""
-    return sa.engine.make_url(url).render_as_string(hide_password=True)
 
 
 def running_stack(record: Path) -> dict[str, Any] | None:
@@ -202,7 +81,7 @@ def refuse_second_stack(config: StackConfig, ledger_url: str) -> None:
         raise StackError(
             f"port {config.port} on {config.host} is in use, by another Prefect server or a "
             f"stack started with another --home; nothing was started. A second stack on the "
-            f"same ledger ({_shown(ledger_url)}) would run every schedule twice: use the one "
+            f"same ledger ({shown_url(ledger_url)}) would run every schedule twice: use the one "
             "running, or give this one its own RUNLEDGER_DATABASE_URL and --port")
 
 
@@ -295,7 +174,7 @@ class LocalStack:
             self._create_prefect_database(database)
         env = config.auth.server_env(server_env(os.environ, config.prefect_home, database,
                                                 config.redis_url))
-        events = f", events through Redis {_shown(config.redis_url)}" if config.redis_url else ""
+        events = f", events through Redis {shown_url(config.redis_url)}" if config.redis_url else ""
         self.say(f"starting the Prefect server on {ui_url(config.host, config.port)} "
                  f"({'PostgreSQL' if database else 'SQLite in ' + str(config.prefect_home)}"
                  f"{events})")
@@ -385,7 +264,7 @@ class LocalStack:
         return lines
 
     def _shown_ledger(self) -> str:
-        return sa.engine.make_url(self.ledger_url).render_as_string(hide_password=True)
+        return shown_url(self.ledger_url)
 
     def watch(self, poll_seconds: float = 1.0) -> None:
         """Block until Ctrl-C, SIGTERM, an exit of the Prefect server or a child's crash loop

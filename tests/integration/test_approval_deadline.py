@@ -13,8 +13,8 @@ import pytest
 from typer.testing import Result
 
 from flows.jobs import Approval
+from flows.occurrences.prepare import prepare
 from flows.reconcile.flow import decide
-from flows.reconcile.prepare import prepare
 from store import Ledger
 from tests.support.delivery import statuses
 from tests.support.pipeline import Env, probe_job

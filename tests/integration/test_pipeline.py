@@ -35,9 +35,10 @@ from flows.jobs.competitor_summary import job as competitor_summary
 from flows.model import OfflineModel
 from flows.prices import NO_PRICES
 from flows.registry import register
-from flows.run_job.flow import register_and_claim, run_job
+from flows.run_job.flow import run_job
 from flows.run_job.monitoring import after_tick, create_status_artifact, label_flow_run
 from flows.run_job.outcomes import TickReport, outcome_name
+from flows.run_job.tasks import register_and_claim
 from flows.run_job.tick import Tick
 from flows.settings import RunledgerSettings
 from flows.spend import spend_of

@@ -11,9 +11,9 @@ import pytest
 from flows.jobs import Candidate
 from flows.model import OfflineModel
 from flows.prices import NO_PRICES
-from flows.run_job.flow import persist_output
 from flows.run_job.lease_keeper import LeaseKeeper
 from flows.run_job.outcomes import outcome_name
+from flows.run_job.tasks import persist_output
 from flows.run_job.tick import Held, Persisted, Tick
 from flows.settings import RunledgerSettings
 from store import AFTER_MODEL_ANSWER

@@ -22,7 +22,6 @@ from flows.reconcile.flow import JobReconciled, reconcile_jobs
 from flows.reconcile.flow import reconcile as reconcile_flow
 from flows.run_job.flow import run_ledgered_tick
 from flows.run_job.outcomes import TickReport
-from flows.run_job.shards import ShardPlan
 from flows.run_job.stop import Stop
 from flows.settings import RunledgerSettings
 from store import RunIdentity, unemitted
@@ -212,8 +211,8 @@ def test_a_stale_scheduled_tick_of_a_skip_job_runs_nothing_and_ends_skipped(env:
     identities = {s: probe.job.identity(s, monday) for s in ("acme", "globex")}
     ticked = run_ledgered_tick(probe.job, monday, identities, RunledgerSettings(), "test",
                                Stop(), expected_start=probe.job.due_at(monday))
-    assert not isinstance(ticked, ShardPlan), ticked
-    report, _ = ticked
+    assert ticked.kind == "ran", ticked
+    report, _ = ticked.ran()
     assert isinstance(report, TickReport) and report.state_name() == "Skipped"
     assert set(outcomes(report).values()) == {"skipped"}
     assert "period=2026-01-05" in (report.subjects[0].error or "")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from flows.stack.local import prefect_database_for
+from flows.stack.config import prefect_database_for
 from store import InvalidInput
 from store.database import create_database_if_missing
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.stack.local import SERVER, LocalStack, Restarts, StackConfig
+from flows.stack.config import StackConfig
+from flows.stack.local import SERVER, LocalStack, Restarts
 from flows.stack.processes import StackError
 
 

@@ -30,7 +30,7 @@ from deployments.project import PROJECT_ROOT
 from flows.ports import free_port
 from flows.stack import commands
 from flows.stack.automations import HEARTBEAT_SECONDS, install_crash_detector
-from flows.stack.local import deployment_ids
+from flows.stack.kickoff import deployment_ids
 from flows.stack.prefect_server import api_url, client, server_env, wait_until_healthy
 from flows.stack.processes import Child, Supervisor
 from flows.stack.work_pool import DEFAULT_POOL, ensure_pool

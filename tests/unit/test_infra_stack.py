@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.stack.local import (
+from flows.stack.config import (
     DEFAULT_SENDER,
     StackConfig,
     absolute_ledger_url,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from flows.jobs import Candidate, Job
-from flows.reconcile.plan import asked_for, first_owed, owed_occurrences, plan, redrive_delay
+from flows.occurrences.plan import asked_for, first_owed, owed_occurrences, plan, redrive_delay
 from flows.run_job.stale import stale_reason
 from store import RunState
 

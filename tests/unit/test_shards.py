@@ -1,4 +1,5 @@
-"""How a tick is cut into shards, and the shard parameters a person may type."""
+"""How a tick is cut into shards, the shard parameter a person may type, and how a shard
+knows which one it is."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from flows.errors import InvalidJob
 from flows.run_job.outcomes import over_budget_state
 from flows.run_job.shards import (
     InvalidSharding,
-    check_shard_label,
     ended_over_budget,
+    shard_key,
+    shard_label_of,
     shard_size_for,
     split,
 )
@@ -61,12 +63,14 @@ def test_a_job_with_a_shard_size_below_one_is_refused() -> None:
         probe_job(shard_size=0)
 
 
-@pytest.mark.parametrize("label", ["0/2", "3/2", "2", "a/b", "1/2/3", 5])
-def test_a_shard_label_other_than_n_of_m_is_refused(label: object) -> None:
-    """Only a sharded tick sets ``shard``; anything but N/M with N <= M says to leave it empty."""
-    with pytest.raises(InvalidSharding, match="leave it empty"):
-        check_shard_label(label)
-    assert check_shard_label("2/4") == "2/4" and check_shard_label(None) is None
+@pytest.mark.parametrize("label", ["0/2", "3/2", "2", "a/b", "1/2/3", ""])
+def test_a_shard_label_other_than_n_of_m_is_refused(label: str) -> None:
+    """Only a sharded tick gives a shard its label, in the shard's idempotency key; anything
+    but N/M with N <= M is refused, naming the form; a key of no shard is a tick's."""
+    with pytest.raises(InvalidSharding, match=r"shard must be N/M \(shard N of M\)"):
+        shard_label_of(shard_key("tick:1", label))
+    assert shard_label_of(shard_key("tick:1", "2/4")) == "2/4"
+    assert shard_label_of(None) is None and shard_label_of("review tick") is None
 
 
 def test_a_shard_ended_over_budget_is_told_by_its_state_type_and_name_not_its_message() -> None:

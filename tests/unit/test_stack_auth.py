@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from flows.cli.app import app
 from flows.stack.auth import CLIENT_AUTH_ENV, SERVER_AUTH_ENV, StackAuth, is_loopback, masked
-from flows.stack.local import LocalStack, StackConfig, flow_env
+from flows.stack.config import StackConfig, flow_env
+from flows.stack.local import LocalStack
 from flows.stack.processes import StackError
 
 SECRET = "admin:0123456789abcdef0123456789abcdef"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from flows.jobs import Job
-from flows.reconcile.plan import (
+from flows.occurrences.plan import (
     DEFAULT_CAP,
     Plan,
     asked_for,

@@ -12,9 +12,9 @@ from flows.mail.settings import (
     ProviderSettings,
     SmtpSettings,
     TlsMode,
-    is_loopback,
     load_settings,
 )
+from flows.transport import is_loopback
 
 SMTP_ENV = {
     "RUNLEDGER_SMTP_HOST": "smtp.example.com", "RUNLEDGER_SMTP_PORT": "2525",

@@ -142,13 +142,12 @@ def deployment_findings(api_url: str | None, now: datetime, folder: Path) -> lis
 def mail_finding(connect: Callable[[str, int], None] | None = None) -> Finding:
     """The configured mail transport answers: SMTP accepts a connection and greets (220), or
     the HTTP provider answers at all."""
-    from flows.delivery.settings import DeliverySettings
+    from flows.mail.channel import EmailDeliverySettings
     from flows.mail.settings import ProviderSettings, SmtpSettings, load_settings
 
     where = "mail settings"
     try:
-        delivery = DeliverySettings()
-        if delivery.transport == "provider":
+        if EmailDeliverySettings().transport == "provider":
             provider = load_settings(ProviderSettings)
             response = httpx.get(provider.url, timeout=CONNECT_SECONDS)
             return Finding("ok", "mail", f"http provider {provider.url} answered "

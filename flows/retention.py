@@ -17,6 +17,7 @@ from prefect.artifacts import acreate_markdown_artifact
 
 from flows.delivery.settings import DeliverySettings
 from flows.jobs import Job
+from flows.mail.channel import EmailDeliverySettings
 from flows.mail.settings import ProviderSettings, load_settings
 from flows.registry import get_job, registered_jobs
 from store import MAX_BATCH, InvalidInput, Ledger, Prunable, Pruned, Storage
@@ -64,7 +65,7 @@ def _days(value: timedelta) -> str:
 def key_retention() -> tuple[timedelta, str] | None:
     """How long the configured delivery transport's receiver remembers an idempotency key, and
     the setting that says so; None for SMTP, which promises nothing."""
-    if DeliverySettings().transport != "provider":
+    if EmailDeliverySettings().transport != "provider":
         return None
     seconds = load_settings(ProviderSettings).key_retention_seconds
     return timedelta(seconds=seconds), "RUNLEDGER_PROVIDER_KEY_RETENTION_HOURS"

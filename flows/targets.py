@@ -9,23 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from prefect.exceptions import ObjectNotFound
-from prefect_aws import S3Bucket
 
+from flows.channels import channel_named
 from flows.errors import DeliveryConfigurationError
-from flows.objects.bucket import check_endpoint
-from flows.webhook.block import WebhookEndpoint, endpoint_settings
-from store import (
-    EMAIL,
-    OBJECT,
-    WEBHOOK,
-    InvalidInput,
-    OutboxMessage,
-    check_block_name,
-    split_object_target,
-)
+from store import EMAIL, OBJECT, WEBHOOK, InvalidInput, OutboxMessage, check_block_name
 
 _USABLE: set[Target] = set()
 SEE = "see docs/how-to/outbox.md"
@@ -68,39 +57,28 @@ class Target:
 
 def message_target(message: OutboxMessage) -> Target:
     """The Target an outbox message goes to."""
-    if message.channel == WEBHOOK:
-        return Target(WEBHOOK, message.recipient)
-    if message.channel == OBJECT:
-        return Target(OBJECT, split_object_target(message.recipient)[0])
-    return Target.email()
+    return Target(message.channel, channel_named(message.channel).block_of(message.recipient))
 
 
 def check_target(target: Target) -> None:
-    """A webhook or object target's block exists (``MissingBlock``) and is usable
-    (``InvalidBlock``); an email target names none."""
-    if target.block is None or target in _USABLE:
+    """A target's block, if its channel names one, exists (``MissingBlock``) and is usable
+    (``InvalidBlock``)."""
+    block = channel_named(target.channel).block
+    if target.block is None or block is None or target in _USABLE:
         return
-    kind = "webhook endpoint" if target.channel == WEBHOOK else "S3Bucket"
-    block_type: Any = WebhookEndpoint if target.channel == WEBHOOK else S3Bucket
     try:
         # Synchronously: Block.load dispatches on its context, and in a tick's thread (inside
         # an async flow run) it would return a coroutine.
-        found: object = block_type.load(target.block, _sync=True)
+        found: object = block.block_type.load(target.block, _sync=True)
     except (ValueError, ObjectNotFound) as exc:
         raise MissingBlock(
-            f"the {kind} block {target.block!r} does not exist; create it ({SEE}) or fix the "
-            "job's targets and messages. Nothing was written") from exc
+            f"the {block.kind} block {target.block!r} does not exist; create it ({SEE}) or fix "
+            "the job's targets and messages. Nothing was written") from exc
     try:
-        if isinstance(found, WebhookEndpoint):  # its URL rules (the secret is read at delivery)
-            endpoint_settings(name=target.block, url=found.url, lookup_url=found.lookup_url,
-                              key_retention_hours=found.key_retention_hours,
-                              timeout=found.timeout)
-        elif isinstance(found, S3Bucket):
-            params = found.credentials.aws_client_parameters.get_params_override()
-            check_endpoint(target.block, params.get("endpoint_url"))
-        else:
+        if not isinstance(found, block.block_type):
             raise DeliveryConfigurationError(
-                f"block {target.block!r} is a {type(found).__name__}, not a {kind} block")
+                f"block {target.block!r} is a {type(found).__name__}, not a {block.kind} block")
+        block.check(target.block, found)
     except DeliveryConfigurationError as exc:
         raise InvalidBlock(f"{exc}; fix the block ({SEE}). Nothing was written") from None
     _USABLE.add(target)

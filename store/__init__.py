@@ -18,6 +18,7 @@ from store.channels import (
     canonical_json,
     check_block_name,
     check_object_key,
+    normalize_address,
     object_target,
     revised_target,
     split_object_target,
@@ -44,7 +45,7 @@ from store.faults import AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK, fault_point
 from store.identity import RunIdentity, document_digest, params_fingerprint
 from store.lease import Claim, Registration
 from store.ledger import Ledger
-from store.message import OutboxMessage, normalize_address
+from store.message import OutboxMessage
 from store.model_calls import Checkpoint, InFlight, Intent, Usage
 from store.models import (
     MESSAGE_STATUSES,

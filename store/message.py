@@ -2,82 +2,24 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import lru_cache
 from typing import Any
-
-from email_validator import EmailNotValidError, validate_email
 
 from store.channels import (
     EMAIL,
     OBJECT,
     WEBHOOK,
+    Content,
     canonical_json,
-    check_block_name,
-    check_channel,
-    check_json_payload,
-    check_object_payload,
+    channel_rules,
+    check_header_value,
     object_target,
-    split_object_target,
 )
 from store.errors import InvalidMessage
 from store.identity import has_surrogate
 
-MAX_MESSAGE_BYTES = 256 * 1024  # an email, a webhook's JSON
-MAX_OBJECT_BYTES = 5 * 1024 * 1024  # an object write's report
 MAX_SUBJECT_CHARS = 998  # RFC 5322 line limit
-_HEADER_NAME = re.compile(r"^[!-9;-~]+$")  # printable ASCII except ':' (RFC 5322 ftext)
-# CR, LF and NUL, plus every other character that str.splitlines() (used when Python's email
-# package folds headers) treats as a line break, and the remaining C0 controls except TAB.
-_FORBIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")
-_ENCODED_WORD = re.compile(r"=\?[^?]*\?[bqBQ]\?", re.ASCII)
-# Headers the dispatcher owns: a job may not set them.
-RESERVED_HEADERS = frozenset(
-    h.lower() for h in ("From", "To", "Cc", "Bcc", "Subject", "Message-ID", "Date",
-                        "X-Idempotency-Key", "Content-Type", "Content-Transfer-Encoding",
-                        "MIME-Version", "Sender", "Return-Path")
-)
-
-
-def check_header_value(value: str, what: str) -> str:
-    """Reject CR, LF, NUL, other line breaks and controls, and RFC 2047 encoded words: each can
-    inject a header on Python 3.11.7."""
-    if not isinstance(value, str):
-        raise InvalidMessage(f"{what} must be a string, got {type(value).__name__}")
-    bad = _FORBIDDEN.search(value)
-    if bad:
-        raise InvalidMessage(
-            f"{what} must not contain CR, LF, NUL or another control or line-break character "
-            f"(found {bad.group()!r}): {value!r}"
-        )
-    if _ENCODED_WORD.search(value):
-        raise InvalidMessage(f"{what} must not contain an RFC 2047 encoded word (=?...?=): {value!r}")
-    if has_surrogate(value):
-        raise InvalidMessage(f"{what} must be valid Unicode text (it holds a lone surrogate code "
-                             f"point): {value!r}")
-    return value
-
-
-def normalize_address(address: str, what: str = "recipient") -> str:
-    """A syntactically valid email address, normalized to ASCII (an internationalized domain
-    becomes its IDNA form; a non-ASCII local part, which needs SMTPUTF8, is refused). No
-    deliverability lookup."""
-    if not isinstance(address, str) or not address.strip():
-        raise InvalidMessage(f"{what} must be a non-empty email address")
-    check_header_value(address, what)
-    try:
-        return _normalized(address.strip())
-    except EmailNotValidError as exc:
-        raise InvalidMessage(f"{what} {address!r} is not a valid email address: {exc}") from exc
-
-
-@lru_cache(maxsize=4096)
-def _normalized(address: str) -> str:
-    # Cached: the same recipients come back every period, and validation is pure but not cheap.
-    valid = validate_email(address, check_deliverability=False, allow_smtputf8=False)
-    return valid.ascii_email or valid.normalized
 
 
 @dataclass(frozen=True)
@@ -112,7 +54,7 @@ class OutboxMessage:
                    channel=OBJECT, payload={"body": body, "content_type": content_type})
 
     def __post_init__(self) -> None:
-        check_channel(self.channel)
+        rules = channel_rules(self.channel)
         check_header_value(self.subject, "subject")
         if not self.subject.strip():
             raise InvalidMessage("subject must not be empty")
@@ -132,46 +74,14 @@ class OutboxMessage:
                                       or self.hold <= timedelta(0)):
             raise InvalidMessage(f"hold must be a positive timedelta (how long a person has to "
                                  f"decide), or None to send without approval, got {self.hold!r}")
-        if self.channel == EMAIL:
-            self._check_email()
-        else:
-            self._check_effect()
-
-    def _check_email(self) -> None:
-        object.__setattr__(self, "recipient", normalize_address(self.recipient))
-        if self.payload is not None:
-            raise InvalidMessage("an email has a subject and a body, not a payload; use "
-                                 "OutboxMessage.webhook or OutboxMessage.object for JSON")
-        # A copy: the caller's dict may change after validation (or be shared by messages).
-        object.__setattr__(self, "headers", dict(self.headers))
-        for name, value in self.headers.items():
-            if not isinstance(name, str) or not _HEADER_NAME.match(name):
-                raise InvalidMessage(f"header name {name!r} is not a valid RFC 5322 field name")
-            if name.lower() in RESERVED_HEADERS:
-                raise InvalidMessage(f"header {name!r} is set by the dispatcher, not by a job")
-            check_header_value(value, f"header {name}")
+        content = rules.check(Content(self.recipient, self.headers, self.body, self.payload))
+        object.__setattr__(self, "recipient", content.recipient)
+        object.__setattr__(self, "headers", content.headers)
+        object.__setattr__(self, "payload", content.payload)
         size = self.size_bytes()
-        if size > MAX_MESSAGE_BYTES:
-            raise InvalidMessage(f"message is {size} bytes, above the {MAX_MESSAGE_BYTES}-byte limit")
-
-    def _check_effect(self) -> None:
-        if self.headers or self.body:
-            raise InvalidMessage(f"a {self.channel} message carries its content in its payload; "
-                                 "headers and body must be empty")
-        if self.channel == WEBHOOK:
-            check_block_name(self.recipient, "the webhook endpoint")
-        else:
-            split_object_target(self.recipient)
-        payload = check_json_payload(self.payload)
-        object.__setattr__(self, "payload", payload)
-        limit = MAX_MESSAGE_BYTES
-        if self.channel == OBJECT:
-            check_object_payload(payload)
-            limit = MAX_OBJECT_BYTES
-        size = self.size_bytes()
-        if size > limit:
-            raise InvalidMessage(f"the {self.channel} payload is {size} bytes, above the "
-                                 f"{limit}-byte limit")
+        if size > rules.max_bytes:
+            what = "message" if self.payload is None else f"the {self.channel} payload"
+            raise InvalidMessage(f"{what} is {size} bytes, above the {rules.max_bytes}-byte limit")
 
     def size_bytes(self) -> int:
         parts: list[Any] = [self.subject, self.body, *self.headers.keys(), *self.headers.values()]

@@ -8,16 +8,19 @@ from typing import Any
 
 import typer
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 from typer import _click  # the click Typer vendors, whose Context its groups take
 from typer.core import TyperGroup
 
+from flows.channels import CHANNEL_SETTINGS
 from flows.cli.output import error
 from flows.delivery.settings import DeliverySettings
 from flows.settings import RunledgerSettings, settings_problems
 from store import LedgerSettings
 
 # The settings every command reads, checked before any command runs.
-SETTINGS = (RunledgerSettings, LedgerSettings, DeliverySettings)
+SETTINGS: tuple[type[BaseSettings], ...] = (
+    RunledgerSettings, LedgerSettings, DeliverySettings, *CHANNEL_SETTINGS)
 SETTINGS_ERROR = 2
 
 

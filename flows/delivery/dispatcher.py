@@ -21,7 +21,7 @@ from flows.delivery.report import Delivery, DeliveryReport
 from flows.delivery.settings import DeliverySettings, open_transport
 from flows.errors import DeliveryConfigurationError
 from flows.mail.settings import SmtpSettings, load_settings
-from flows.mail.transport import OutcomeKind, SendOutcome, Transport
+from flows.transport import OutcomeKind, SendOutcome, Transport
 from store import (
     AFTER_SEND_BEFORE_MARK,
     DeliveryLeaseLost,

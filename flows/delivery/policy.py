@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from flows.errors import DeliveryConfigurationError
-from flows.mail.transport import OutcomeKind, SendOutcome
+from flows.transport import OutcomeKind, SendOutcome
 from store import InvalidInput, MessageClaim
 
 

@@ -1,34 +1,30 @@
-"""Dispatcher settings (RUNLEDGER_DELIVERY_*): the channels delivered, the email transport, the
-limits, and the transport of each channel."""
+"""Dispatcher settings (RUNLEDGER_DELIVERY_*): the channels delivered and the limits every
+channel shares; each channel's own fields are in its definition (``flows/channels.py``)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from flows.channel import Opening
+from flows.channels import NAMES, channel_named
 from flows.delivery.policy import RetryPolicy, UncertainPolicy
-from flows.errors import DeliveryConfigurationError
-from flows.mail.provider import ProviderTransport
-from flows.mail.settings import ProviderSettings, SmtpSettings, load_settings
-from flows.mail.smtp import SmtpTransport
-from flows.mail.transport import Transport
-from store import CHANNELS
+from flows.mail.settings import SmtpSettings, load_settings
+from flows.transport import Transport
 
 
 class DeliverySettings(BaseSettings):
-    """Which transport delivers, how long a claim lasts, and the retry limits."""
+    """Which channels are delivered, how long a claim lasts, and the retry limits."""
 
     model_config = SettingsConfigDict(env_prefix="RUNLEDGER_DELIVERY_", extra="ignore")
 
     channels: str = Field(
         default="email",
-        description="The channels this deployment delivers, comma-separated: ``email``, "
-                    "``webhook``, ``object`` (one dispatcher each, in one flow run).")
-    transport: Literal["smtp", "provider"] = Field(
-        default="smtp", description="``smtp`` (RUNLEDGER_SMTP_*) or ``provider`` (an HTTP email "
-                                    "API, RUNLEDGER_PROVIDER_*).")
+        description="The channels this deployment delivers, comma-separated: "
+                    f"{', '.join(f'``{name}``' for name in NAMES)} (one dispatcher each, in one "
+                    "flow run).")
     lease_seconds: float = Field(default=600.0, gt=0,
                                  description="How long a dispatcher holds a claimed message.")
     max_attempts: int = Field(default=8, ge=1,
@@ -51,21 +47,13 @@ class DeliverySettings(BaseSettings):
         description="Sent marks committed together; a crash can resend at most this many "
                     "accepted messages, each with its same Message-ID.")
 
-    webhook_max_timeout: float = Field(
-        default=30.0, gt=0, le=300,
-        description="The longest timeout a webhook endpoint block may set; the delivery lease "
-                    "must be at least four times it (a lookup and a POST).")
-    object_timeout: float = Field(
-        default=30.0, gt=0, le=300,
-        description="Seconds to wait for each S3 request (PUT, HEAD).")
-
     @field_validator("channels")
     @classmethod
     def _known_channels(cls, value: str) -> str:
         names = [c.strip() for c in value.split(",") if c.strip()]
-        unknown = [c for c in names if c not in CHANNELS]
+        unknown = [c for c in names if c not in NAMES]
         if unknown or not names:
-            raise ValueError(f"must list channels among {', '.join(CHANNELS)}, got {value!r}")
+            raise ValueError(f"must list channels among {', '.join(NAMES)}, got {value!r}")
         return ",".join(dict.fromkeys(names))
 
     @property
@@ -82,30 +70,8 @@ class DeliverySettings(BaseSettings):
 
 def open_transport(settings: DeliverySettings, channel: str = "email",
                    smtp: SmtpSettings | None = None) -> Transport[Any]:
-    """The transport of ``channel``: for email SMTP (``smtp`` given, e.g. from a Prefect block,
-    or RUNLEDGER_SMTP_*) or the HTTP provider (RUNLEDGER_PROVIDER_*); for webhooks and objects
-    the Prefect blocks each message's target names."""
-    # Lazy imports: an email-only dispatcher (and the CLI) does not load boto3 or prefect-aws.
-    if channel == "webhook":
-        from flows.webhook.block import load_endpoint
-        from flows.webhook.transport import WebhookTransport
-
-        return WebhookTransport(load_endpoint, max_timeout=settings.webhook_max_timeout,
-                                max_window_seconds=settings.max_window_hours * 3600)
-    if channel == "object":
-        from flows.objects.bucket import Bucket, load_bucket
-        from flows.objects.transport import ObjectStoreTransport
-
-        timeout = settings.object_timeout
-
-        async def bucket(name: str) -> Bucket:
-            return await load_bucket(name, timeout)
-
-        return ObjectStoreTransport(bucket, timeout=timeout)
-    if channel != "email":
-        raise DeliveryConfigurationError(
-            f"no transport for channel {channel!r}; RUNLEDGER_DELIVERY_CHANNELS lists among "
-            f"{', '.join(CHANNELS)}")
-    if settings.transport == "provider":
-        return ProviderTransport(load_settings(ProviderSettings))
-    return SmtpTransport(smtp or load_settings(SmtpSettings))
+    """The transport of ``channel``, from its own settings (``smtp``, e.g. from a Prefect block,
+    stands in for RUNLEDGER_SMTP_*)."""
+    definition = channel_named(channel)
+    return definition.open(load_settings(definition.settings),
+                           Opening(settings.max_window_hours * 3600, smtp))

@@ -13,23 +13,14 @@ import httpx
 from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import Letter
 from flows.mail.settings import ProviderSettings
-from flows.mail.transport import EmailTransport, OutcomeKind, SendOutcome
-from flows.retry_after import retry_after_seconds
+from flows.mail.transport import EmailTransport
+from flows.transport import OutcomeKind, SendOutcome, retry_after
 from store import Reply
 
 STILL_IN_FLIGHT = "concurrent_idempotent_requests"
 MAX_MESSAGE_ID_CHARS = 300  # the ledger's provider_message_id columns
 # Failures where the request certainly never reached the provider.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
-
-
-def retry_after(headers: httpx.Headers) -> float | None:
-    """Seconds to wait from ``Retry-After`` (seconds or an HTTP date), else ``ratelimit-reset``."""
-    for name in ("retry-after", "ratelimit-reset"):
-        seconds = retry_after_seconds(headers.get(name))
-        if seconds is not None:
-            return seconds
-    return None
 
 
 def _text(value: Any, limit: int = 300) -> str:

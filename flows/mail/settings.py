@@ -3,7 +3,6 @@ RUNLEDGER_PROVIDER_* for the HTTP provider. TLS is required unless the host is l
 
 from __future__ import annotations
 
-import ipaddress
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flows.mail.errors import MailConfigurationError
 from flows.settings import settings_problems
+from flows.transport import is_loopback
 from store import normalize_address
 
 S = TypeVar("S", bound=BaseSettings)
@@ -32,17 +32,6 @@ class TlsMode(StrEnum):
 
 
 DEFAULT_PORTS = {TlsMode.NONE: 25, TlsMode.STARTTLS: 587, TlsMode.TLS: 465}
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses; names are not resolved (a DNS answer could lie)."""
-    name = host.strip().strip("[]").lower()
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def _sender(value: str) -> str:

@@ -17,7 +17,8 @@ from aiosmtplib import (
 from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import Letter
 from flows.mail.settings import SmtpSettings, TlsMode
-from flows.mail.transport import EmailTransport, OutcomeKind, SendOutcome
+from flows.mail.transport import EmailTransport
+from flows.transport import OutcomeKind, SendOutcome
 from store import Reply
 
 SERVICE_CLOSING = 421

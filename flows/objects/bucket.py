@@ -13,7 +13,7 @@ from botocore.config import Config
 from prefect_aws import S3Bucket
 
 from flows.errors import DeliveryConfigurationError
-from flows.mail.settings import is_loopback
+from flows.transport import is_loopback
 
 
 @dataclass(frozen=True)

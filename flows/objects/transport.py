@@ -21,8 +21,8 @@ from botocore.exceptions import (
 )
 
 from flows.errors import DeliveryConfigurationError
-from flows.mail.transport import OutcomeKind, Parcel, SendOutcome
 from flows.objects.bucket import Bucket
+from flows.transport import OutcomeKind, Parcel, SendOutcome
 from store import MessageClaim, Reply, split_object_target
 
 log = logging.getLogger("runledger.delivery.objects")

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from flows.mail.settings import is_loopback
+from flows.transport import is_loopback
 
 SECRET_PREFIX = "whsec_"
 KEY_PLACEHOLDER = "{key}"

@@ -18,8 +18,7 @@ import httpx
 from standardwebhooks import Webhook
 
 from flows.errors import DeliveryConfigurationError
-from flows.mail.provider import retry_after
-from flows.mail.transport import OutcomeKind, Parcel, SendOutcome
+from flows.transport import OutcomeKind, Parcel, SendOutcome, retry_after
 from flows.webhook.settings import WebhookSettings
 from store import MessageClaim, Reply
 

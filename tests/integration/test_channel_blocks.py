@@ -17,9 +17,9 @@ from flows.delivery.flow import deliver_outbox
 from flows.delivery.settings import DeliverySettings, open_transport
 from flows.errors import DeliveryConfigurationError
 from flows.mail.sink import Sink
-from flows.mail.transport import OutcomeKind, Parcel
 from flows.objects.bucket import load_bucket
 from flows.targets import InvalidBlock, MissingBlock, check_targets
+from flows.transport import OutcomeKind, Parcel
 from flows.webhook.block import WebhookEndpoint, load_endpoint
 from store import Ledger, OutboxMessage
 from tests.support.channels import complete_with

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 import pytest
 
 from flows.errors import DeliveryConfigurationError
-from flows.mail.transport import OutcomeKind, Parcel, SendOutcome
 from flows.objects.bucket import Bucket, bucket_from_block
 from flows.objects.transport import DIGEST_META, KEY_META, ObjectStoreTransport
+from flows.transport import OutcomeKind, Parcel, SendOutcome
 from tests.support.object_store import BUCKET, MotoS3
 
 KEY = "b" * 64

@@ -13,7 +13,7 @@ import pytest
 from pydantic import SecretStr
 
 from flows.errors import DeliveryConfigurationError
-from flows.mail.transport import OutcomeKind, Parcel, SendOutcome
+from flows.transport import OutcomeKind, Parcel, SendOutcome
 from flows.webhook.block import endpoint_settings
 from flows.webhook.settings import WebhookSettings
 from flows.webhook.transport import WebhookTransport

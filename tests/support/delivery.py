@@ -22,7 +22,7 @@ from flows.mail.provider import ProviderTransport
 from flows.mail.settings import ProviderSettings, SmtpSettings, TlsMode
 from flows.mail.sink import Sink
 from flows.mail.smtp import SmtpTransport
-from flows.mail.transport import Transport
+from flows.transport import Transport
 from store import Ledger, OutboxMessage, QueuedMessage, RunIdentity
 from tests.support.loopback import LoopbackServer
 

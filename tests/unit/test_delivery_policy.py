@@ -13,7 +13,7 @@ import pytest
 
 from flows.delivery.policy import RetryPolicy, Status, UncertainPolicy
 from flows.errors import DeliveryConfigurationError
-from flows.mail.transport import OutcomeKind, SendOutcome
+from flows.transport import OutcomeKind, SendOutcome
 from store import InvalidInput, MessageClaim, Reply
 
 QUEUED = datetime(2026, 1, 5, 9, tzinfo=UTC)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from flows.channels import CHANNELS as DEFINITIONS
+from flows.channels import NAMES
 from flows.delivery.settings import DeliverySettings
 from flows.mail.block import SmtpServer
 from flows.mail.errors import MailConfigurationError
@@ -12,9 +14,10 @@ from flows.mail.settings import (
     ProviderSettings,
     SmtpSettings,
     TlsMode,
-    is_loopback,
     load_settings,
 )
+from flows.transport import is_loopback
+from store import CHANNELS
 
 SMTP_ENV = {
     "RUNLEDGER_SMTP_HOST": "smtp.example.com", "RUNLEDGER_SMTP_PORT": "2525",
@@ -129,3 +132,9 @@ def test_delivery_settings_build_the_retry_policy(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("RUNLEDGER_DELIVERY_UNCERTAIN", "hold")
     policy = load_settings(DeliverySettings).policy()
     assert (policy.max_attempts, policy.max_window, policy.uncertain.value) == (5, 7200, "hold")
+
+
+def test_every_channel_the_ledger_accepts_has_one_definition_in_flows() -> None:
+    """flows/channels.py lists one definition per channel name of store's rules, in their order."""
+    assert NAMES == CHANNELS
+    assert len({d.settings for d in DEFINITIONS}) == len(DEFINITIONS)

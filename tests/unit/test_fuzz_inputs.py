@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from flows.errors import UnknownSubject
 from flows.registry import get_job
 from store import InvalidInput, OutboxMessage, RunIdentity, params_fingerprint
+from store.channels import MAX_MESSAGE_BYTES
 from store.errors import InvalidIdentity, InvalidMessage
 from store.identity import canonical_json
-from store.message import MAX_MESSAGE_BYTES
 from tests.support.fuzz import FUZZ, any_char, hostile_text, json_like, works_or_refused
 
 NOW = datetime(2026, 1, 5, tzinfo=UTC)

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from flows.mail.errors import MailConfigurationError
 from flows.mail.provider import ProviderTransport
 from flows.mail.settings import ProviderSettings
-from flows.mail.transport import OutcomeKind, SendOutcome
 from flows.retry_after import retry_after_seconds
+from flows.transport import OutcomeKind, SendOutcome
 from tests.support.fuzz import FUZZ, hostile_text, json_like
 
 TRANSPORT = ProviderTransport(ProviderSettings(url="http://127.0.0.1:9", api_key="re_x",

@@ -8,8 +8,10 @@ writers) or ``LedgerUnavailable`` (a dropped connection, a restarting server): b
 ``retryable`` set and wrote nothing, so the caller may try again later; ``LedgerError`` is a
 refusal that retrying will not fix. Every one is a ``RunledgerError``."""
 
+from store.approvals import HeldMessage
 from store.budgets import BudgetExhausted, Charge, Refusal, Window
 from store.call_book import CallBook
+from store.call_plan import InFlight, Intent, Usage
 from store.channels import (
     CHANNELS,
     EMAIL,
@@ -23,10 +25,11 @@ from store.channels import (
     revised_target,
     split_object_target,
 )
+from store.checkpoints import Checkpoint
 from store.completion import CompletedBy, Completion, Effect
 from store.database import create_database_if_missing
 from store.dialect import Storage
-from store.endpoint_limits import Acquisition, Limits, Throttle
+from store.endpoint_limits import Announcement, Limits, Slot, SlotDecision, SlotUnavailable
 from store.errors import (
     DeliveryLeaseLost,
     InvalidInput,
@@ -46,7 +49,6 @@ from store.identity import RunIdentity, document_digest, params_fingerprint
 from store.lease import Claim, Registration
 from store.ledger import Ledger
 from store.message import OutboxMessage
-from store.model_calls import Checkpoint, InFlight, Intent, Usage
 from store.models import (
     MESSAGE_STATUSES,
     RUN_STATUSES,
@@ -59,12 +61,12 @@ from store.models import (
 )
 from store.occurrence_book import OccurrenceBook
 from store.occurrences import RunState, unemitted
-from store.outbox import HeldMessage, MessageClaim, Reply
+from store.outbox import MessageClaim, Reply
 from store.outbox_book import OutboxBook
 from store.period import Period
 from store.retention_book import RetentionBook
 from store.revisions import Revision, latest_completed
-from store.runs import OVER_BUDGET_ERROR, UNFINISHED_KINDS, FinishedRun, UnfinishedRun
+from store.run_reads import OVER_BUDGET_ERROR, UNFINISHED_KINDS, FinishedRun, UnfinishedRun
 from store.settings import LedgerSettings
 from store.stats import Activity
 from store.tombstones import MAX_BATCH, Prunable, Pruned
@@ -81,8 +83,8 @@ __all__ = [
     "RUN_STATUSES",
     "UNFINISHED_KINDS",
     "WEBHOOK",
-    "Acquisition",
     "Activity",
+    "Announcement",
     "Attempt",
     "BudgetExhausted",
     "CallBook",
@@ -130,8 +132,10 @@ __all__ = [
     "RunIdentity",
     "RunState",
     "RunledgerError",
+    "Slot",
+    "SlotDecision",
+    "SlotUnavailable",
     "Storage",
-    "Throttle",
     "UnfinishedRun",
     "Usage",
     "Window",

@@ -16,7 +16,9 @@ from sqlalchemy.engine import Dialect
 
 # Every module that defines statements: importing them fills the registry.
 from store import (
+    approvals,
     budgets,
+    checkpoints,
     database,
     dialect,
     endpoint_limits,
@@ -24,8 +26,13 @@ from store import (
     model_calls,
     occurrences,
     outbox,
+    outbox_queue,
+    outbox_reads,
+    registration,
     revisions,
+    run_reads,
     runs,
+    savings,
     stats,
     tombstones,
 )
@@ -36,8 +43,9 @@ SQL_FILES = Path(__file__).with_name("sql")
 # defines them. The order the modules happen to be imported in (which fills the registry) must
 # not reorder the files: a moved import is no change to review. A module may hold a statement
 # of a module below it (database: dialect's begin_write), so each module follows those it uses.
-STATEMENT_MODULES = (dialect, budgets, endpoint_limits, model_calls, database, ids, occurrences,
-                     outbox, runs, revisions, stats, tombstones)
+STATEMENT_MODULES = (dialect, budgets, endpoint_limits, model_calls, checkpoints, savings, database,
+                     ids, occurrences, outbox_queue, outbox, outbox_reads, approvals, run_reads,
+                     registration, runs, revisions, stats, tombstones)
 
 
 def statements_in_order() -> list[Statement]:

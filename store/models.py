@@ -333,6 +333,10 @@ class ModelCall(SQLModel, table=True):
     error: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # Of the prompt's tokens, those the provider read from its prompt cache and wrote to it
+    # (priced apart; NULL: not reported).
+    cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
     latency_ms: int | None = None
     # Money in billionths of the currency's unit (integers add exactly on both databases);
     # NULL with a currency of NULL: the model has no price.
@@ -384,8 +388,9 @@ class EndpointLimit(SQLModel, table=True):
     """The shared limits of one named model endpoint, for every worker on every host: what is
     configured (requests and tokens per minute, calls in flight at once; NULL: no limit), the
     adaptive request rate (lowered when the provider refuses, raised again as it answers;
-    NULL: none learned yet), the two token buckets' levels when they were last refilled, and
-    until when the provider asked every worker to pause (all judged by the database clock)."""
+    NULL: none learned yet), the two token buckets' levels when they were last refilled,
+    until when the provider asked every worker to pause, and the limits its answers announced
+    (all judged by the database clock)."""
 
     __tablename__ = "endpoint_limits"
     __table_args__ = (
@@ -414,6 +419,13 @@ class EndpointLimit(SQLModel, table=True):
     calls: int = _count()
     refused: int = _count()
     updated_at: datetime | None = _ts(nullable=False)
+    # What the provider's answers announced (their rate-limit headers), per minute; NULL: none.
+    announced_requests_per_minute: float | None = Field(
+        default=None, sa_column=sa.Column(Real(), nullable=True))
+    announced_tokens_per_minute: int | None = Field(
+        default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
+    answered_at: datetime | None = _ts()  # the endpoint's last answer; NULL: none yet
+    probe_at: datetime | None = _ts()  # when the first call of an endpoint knowing no rate left
 
 
 class SuppressedCost(SQLModel, table=True):

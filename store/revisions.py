@@ -14,7 +14,7 @@ from store.dialect import db_now, insert_ignoring_conflicts
 from store.errors import RevisionInProgress, RevisionRefused, RunNotFound
 from store.identity import RunIdentity, params_fingerprint
 from store.models import Run, runs_table
-from store.runs import IDENTITY_COLUMNS, require_run, run_from_row
+from store.run_reads import IDENTITY_COLUMNS, require_run, run_from_row
 from store.statement import NOWHERE, Statement, param, transition
 
 runs = runs_table

@@ -78,24 +78,32 @@ NOWHERE: frozenset[str] = frozenset()
 
 class Transition(Generic[P, R]):
     """A state transition: a function of an open connection that never commits (the caller
-    owns the transaction), and the dialects where it is one statement (``one_statement_on``)."""
+    owns the transaction), and the dialects where it is one statement (``one_statement_on``);
+    a transition whose statements depend on its arguments says when it is one (``when``)."""
 
     def __init__(self, function: Callable[Concatenate[Connection, P], R],
-                 one_statement_on: frozenset[str]) -> None:
+                 one_statement_on: frozenset[str],
+                 when: Callable[..., bool] | None = None) -> None:
         self.function = function
         self.one_statement_on = one_statement_on
+        self.when = when
         self.__name__ = function.__name__
         self.__doc__ = function.__doc__
 
     def __call__(self, conn: Connection, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.function(conn, *args, **kwargs)
 
+    def is_one_statement(self, dialect: str, *args: P.args, **kwargs: P.kwargs) -> bool:
+        """Whether this call of the transition sends one statement on ``dialect``."""
+        return dialect in self.one_statement_on and (self.when is None or self.when(*args, **kwargs))
 
-def transition(*, one_statement_on: frozenset[str]
+
+def transition(*, one_statement_on: frozenset[str], when: Callable[..., bool] | None = None
                ) -> Callable[[Callable[Concatenate[Connection, P], R]], Transition[P, R]]:
-    """Declare a function a transition, one statement in autocommit on ``one_statement_on``."""
+    """Declare a function a transition, one statement in autocommit on ``one_statement_on``
+    (for the calls ``when`` holds for, its arguments given, if given)."""
     def declare(function: Callable[Concatenate[Connection, P], R]) -> Transition[P, R]:
-        return Transition(function, one_statement_on)
+        return Transition(function, one_statement_on, when)
 
     return declare
 

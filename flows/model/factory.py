@@ -1,21 +1,24 @@
-"""Choose the model from settings: RUNLEDGER_MODEL=offline (default) or openai."""
+"""Choose the model from settings: RUNLEDGER_MODEL=offline (default), openai or anthropic; and
+the client of an endpoint's kind."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from prefect.blocks.core import Block
 from pydantic import SecretStr
 
+from flows.model.anthropic import AnthropicModel
 from flows.model.errors import ModelMisconfigured
 from flows.model.offline import OfflineModel
 from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.model.price_block import ModelPrices
-from flows.model.protocol import Model
+from flows.model.protocol import ModelClient
 from flows.prices import PriceList
 from flows.settings import RunledgerSettings
 
 B = TypeVar("B", bound=Block)
+Kind = Literal["openai", "anthropic"]
 
 
 def load_block(kind: type[B], name: str) -> B:
@@ -47,21 +50,48 @@ def api_key_in_block(name: str, named_by: str) -> SecretStr:
     return SecretStr(str(block.get()))
 
 
-def model_from_settings(settings: RunledgerSettings | None = None) -> Model:
-    """The model the settings select; an incomplete openai configuration is a clear error."""
+def model_from_settings(settings: RunledgerSettings | None = None) -> ModelClient:
+    """The model the settings select; an incomplete openai or anthropic configuration is a
+    clear error."""
     settings = settings or RunledgerSettings()
     if settings.model == "offline":
         return OfflineModel(delay_seconds=settings.offline_model_delay_seconds,
                             max_tokens=settings.model_max_tokens)
     if not settings.model_base_url or not settings.model_name:
+        example = ("https://api.anthropic.com" if settings.model == "anthropic"
+                   else "http://localhost:11434/v1")
         raise ModelMisconfigured(
-            "RUNLEDGER_MODEL=openai needs RUNLEDGER_MODEL_BASE_URL (e.g. http://localhost:11434/v1) "
+            f"RUNLEDGER_MODEL={settings.model} needs RUNLEDGER_MODEL_BASE_URL (e.g. {example}) "
             "and RUNLEDGER_MODEL_NAME"
         )
-    return OpenAICompatibleModel(
-        settings.model_base_url, settings.model_name, api_key(settings),
-        timeout_seconds=settings.model_timeout_seconds, max_tokens=settings.model_max_tokens,
-    )
+    return client_of(settings.model, settings.model_base_url, settings.model_name,
+                     api_key(settings), timeout_seconds=settings.model_timeout_seconds,
+                     max_tokens=settings.model_max_tokens)
+
+
+def client_of(kind: Kind, base_url: str, name: str, key: SecretStr | None, *,
+              timeout_seconds: float, max_tokens: int) -> ModelClient:
+    """A new client of an endpoint's ``kind`` of API (the caller closes it)."""
+    if kind == "anthropic":
+        return AnthropicModel(base_url, name, key, timeout_seconds=timeout_seconds,
+                              max_tokens=max_tokens)
+    return OpenAICompatibleModel(base_url, name, key, timeout_seconds=timeout_seconds,
+                                 max_tokens=max_tokens)
+
+
+def misconfigured(kind: Kind, base_url: str | None, name: str | None,
+                  settings: tuple[str, str]) -> str | None:
+    """What is wrong with an endpoint's configuration, read without building its client
+    (what a tick's preflight refuses before any Run is registered), naming ``settings``
+    (those of its base URL and of its model name); None when nothing is."""
+    url_setting, name_setting = settings
+    if not base_url or not base_url.startswith(("http://", "https://")):
+        example = "https://api.anthropic.com" if kind == "anthropic" else "https://api.openai.com/v1"
+        return (f"{url_setting} must be an http(s) URL such as {example} for an {kind} "
+                f"endpoint, got {base_url!r}")
+    if not name:
+        return f"{name_setting} must name the model of an {kind} endpoint"
+    return None
 
 
 def prices_from_settings(settings: RunledgerSettings | None = None) -> PriceList:

@@ -43,8 +43,7 @@ from flows.run_job.tick import Tick
 from flows.settings import RunledgerSettings
 from flows.spend import spend_of
 from flows.stats import daily_stats
-from store import Ledger, Registration, Run
-from store.model_calls import Intent
+from store import Intent, Ledger, Registration, Run
 from tests.support.alerts import quiet_job
 from tests.support.ledger import wait_for_db_clock, write_locked
 from tests.support.loopback import Answer, LoopbackServer, Request, json_answer
@@ -220,7 +219,7 @@ def test_a_permanent_failure_is_not_retried_until_an_operator_requeues_it(
 def test_an_invalid_candidate_fails_the_run_without_retry(
         env: Env, model_server: ModelServer) -> None:
     """An empty summary fails validation: the Run is failed, nothing is queued, no retry."""
-    model_server.script.append(Reply(text="   "))
+    model_server.script.append(Reply(text='{"summary": "   ", "launches": []}'))
     state, _ = env.run(SUMMARY, ["acme"], "2026-01-05")
     assert state.is_failed() and "empty summary" in (state.message or "")
     run = env.the_run("acme", "2026-01-05")
@@ -742,7 +741,7 @@ def test_the_completed_event_carries_what_the_run_spent_over_every_attempt(
     assert state.name == "Completed" and outcomes(report) == {"acme": "new", "globex": "new"}
     one_call = {"calls_paid": 1, "calls_lost": 0, "calls_failed": 0, "calls_refused": 0,
                 "calls_in_flight": 0, "calls_reused": 0, "tokens": 150,
-                "cost": {"USD": "0.000036"}, "calls_without_price": 0,
+                "cached_tokens": 0, "cache_write_tokens": 0, "cost": {"USD": "0.000036"}, "calls_without_price": 0,
                 "calls_of_unknown_cost": 0, "calls_over_bound": 0, "tokens_over_bound": 0}
     expected = {"acme": {**one_call, "calls_paid": 2, "calls_lost": 1,
                          "calls_of_unknown_cost": 1}, "globex": one_call}

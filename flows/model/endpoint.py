@@ -11,12 +11,12 @@ from prefect.blocks.core import Block
 from prefect.client.orchestration import get_client
 from pydantic import ValidationError
 
+from flows.model.client import misconfigured
 from flows.model.errors import ModelMisconfigured
 from flows.model.factory import (
     api_key_in_block,
     client_of,
     load_block,
-    misconfigured,
     model_from_settings,
     prices_from_settings,
     prices_in_block,

@@ -3,12 +3,13 @@ the client of an endpoint's kind."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from prefect.blocks.core import Block
 from pydantic import SecretStr
 
 from flows.model.anthropic import AnthropicModel
+from flows.model.client import EXAMPLE_URLS, Kind
 from flows.model.errors import ModelMisconfigured
 from flows.model.offline import OfflineModel
 from flows.model.openai_compatible import OpenAICompatibleModel
@@ -18,7 +19,6 @@ from flows.prices import PriceList
 from flows.settings import RunledgerSettings
 
 B = TypeVar("B", bound=Block)
-Kind = Literal["openai", "anthropic"]
 
 
 def load_block(kind: type[B], name: str) -> B:
@@ -58,10 +58,9 @@ def model_from_settings(settings: RunledgerSettings | None = None) -> ModelClien
         return OfflineModel(delay_seconds=settings.offline_model_delay_seconds,
                             max_tokens=settings.model_max_tokens)
     if not settings.model_base_url or not settings.model_name:
-        example = ("https://api.anthropic.com" if settings.model == "anthropic"
-                   else "http://localhost:11434/v1")
         raise ModelMisconfigured(
-            f"RUNLEDGER_MODEL={settings.model} needs RUNLEDGER_MODEL_BASE_URL (e.g. {example}) "
+            f"RUNLEDGER_MODEL={settings.model} needs RUNLEDGER_MODEL_BASE_URL "
+            f"(e.g. {EXAMPLE_URLS[settings.model]}) "
             "and RUNLEDGER_MODEL_NAME"
         )
     return client_of(settings.model, settings.model_base_url, settings.model_name,
@@ -77,21 +76,6 @@ def client_of(kind: Kind, base_url: str, name: str, key: SecretStr | None, *,
                               max_tokens=max_tokens)
     return OpenAICompatibleModel(base_url, name, key, timeout_seconds=timeout_seconds,
                                  max_tokens=max_tokens)
-
-
-def misconfigured(kind: Kind, base_url: str | None, name: str | None,
-                  settings: tuple[str, str]) -> str | None:
-    """What is wrong with an endpoint's configuration, read without building its client
-    (what a tick's preflight refuses before any Run is registered), naming ``settings``
-    (those of its base URL and of its model name); None when nothing is."""
-    url_setting, name_setting = settings
-    if not base_url or not base_url.startswith(("http://", "https://")):
-        example = "https://api.anthropic.com" if kind == "anthropic" else "https://api.openai.com/v1"
-        return (f"{url_setting} must be an http(s) URL such as {example} for an {kind} "
-                f"endpoint, got {base_url!r}")
-    if not name:
-        return f"{name_setting} must name the model of an {kind} endpoint"
-    return None
 
 
 def prices_from_settings(settings: RunledgerSettings | None = None) -> PriceList:

@@ -20,8 +20,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from pydantic import SecretStr
 
 from flows.model.announced import Announced, announced_limits
-from flows.model.asking import Unrecorded
-from flows.model.errors import ModelMisconfigured, ModelRejected, ModelUnavailable
+from flows.model.client import ProviderClient
+from flows.model.errors import ModelRejected, ModelUnavailable
 from flows.model.protocol import Generation
 from flows.model.request import Request
 from flows.retry_after import pause_hint
@@ -38,13 +38,15 @@ def _snippet(error: openai.APIStatusError) -> str:
     return text[:MAX_ERROR_BODY] + ("..." if len(text) > MAX_ERROR_BODY else "")
 
 
-class OpenAICompatibleModel(Unrecorded):
+class OpenAICompatibleModel(ProviderClient):
     """A model client answering through ``POST {base_url}/chat/completions``: the request's
     messages and parameters as sent (``max_tokens`` and ``temperature`` the endpoint's unless
     the request sets them), structured output as OpenAI's strict JSON schema
     (``response_format``), the model's refusal as ``Generation.refusal``, the cached prompt
     tokens (``usage.prompt_tokens_details.cached_tokens``) and the rate limits the answer's
     headers announce."""
+
+    kind = "openai"
 
     def __init__(
         self,
@@ -56,28 +58,14 @@ class OpenAICompatibleModel(Unrecorded):
         temperature: float | None = None,
         max_tokens: int = 1024,
     ) -> None:
-        if not base_url or not base_url.startswith(("http://", "https://")):
-            raise ModelMisconfigured(
-                f"RUNLEDGER_MODEL_BASE_URL must be an http(s) URL such as "
-                f"http://localhost:11434/v1, got {base_url!r}"
-            )
-        if not name:
-            raise ModelMisconfigured("RUNLEDGER_MODEL_NAME must name the model, e.g. llama3.2")
-        self.name = name
-        self.base_url = base_url.rstrip("/")
-        self.endpoint = self.base_url
+        super().__init__(base_url, name, timeout_seconds=timeout_seconds, max_tokens=max_tokens)
         self.temperature = temperature
-        self.max_tokens = max_tokens
-        self.timeout_seconds = timeout_seconds
         key = api_key.get_secret_value() if api_key is not None else ""
         self._headers: dict[str, Any] = {} if key else {"Authorization": openai.Omit()}
         self._client = openai.OpenAI(
             base_url=self.base_url, api_key=key or NO_KEY, max_retries=0,
             timeout=openai.Timeout(timeout_seconds, connect=min(10.0, timeout_seconds)),
         )
-
-    def __repr__(self) -> str:
-        return f"OpenAICompatibleModel(base_url={self.base_url!r}, name={self.name!r})"
 
     def complete(self, request: Request) -> Generation:
         messages: list[ChatCompletionMessageParam] = [

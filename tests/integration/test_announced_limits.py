@@ -16,18 +16,16 @@ import pytest
 from bench.limited_provider import Announce, LimitedModelServer
 from flows.model import CallCount, EndpointLimiter, OpenAICompatibleModel, RecordedModel
 from flows.prices import PriceList
-from store import InFlight, Intent, Ledger, Limits, RunIdentity, Slot, Usage
-from tests.support.ledger import register_and_claim
+from store import Claim, InFlight, Intent, Ledger, Limits, RunIdentity, Slot, Usage
+from tests.support.ledger import claim_of
 
 PERIOD = datetime(2026, 12, 2, tzinfo=UTC)
 DIGEST = "0" * 64
 
 
-def claim_of(ledger: Ledger, subject: str) -> Any:
-    claim = register_and_claim(ledger, RunIdentity("announced", subject, PERIOD, "v1"),
-                               owner="w:1", lease=timedelta(minutes=5)).claim
-    assert claim is not None
-    return claim
+def claimed(ledger: Ledger, subject: str) -> Claim:
+    return claim_of(ledger, RunIdentity("announced", subject, PERIOD, "v1"),
+                    lease=timedelta(minutes=5))
 
 
 def limited(server: LimitedModelServer, ledger: Ledger, claim: Any,
@@ -45,7 +43,7 @@ def answer_once(ledger: Ledger, limits: Limits, *, rate: float = 10.0,
     ledger.calls.configure_endpoint("ep", limits)
     with LimitedModelServer(rate, announce=announce,
                             tokens_per_minute=tokens_per_minute) as server:
-        model = limited(server, ledger, claim_of(ledger, "first"), max_pause)
+        model = limited(server, ledger, claimed(ledger, "first"), max_pause)
         assert model.generate("hello").text == "hello"
     return server
 
@@ -89,20 +87,20 @@ def test_a_nearly_spent_quota_pauses_every_worker_before_the_provider_refuses(
     the provider refuses nothing."""
     ledger.calls.configure_endpoint("ep", Limits())
     with LimitedModelServer(10, announce="openai", tokens_per_minute=120) as server:
-        model = limited(server, ledger, claim_of(ledger, "a"), max_pause=1.5)
+        model = limited(server, ledger, claimed(ledger, "a"), max_pause=1.5)
         model.generate("first")
         row = ledger.calls.endpoint_limit("ep")
         assert row is not None and row.paused_until is not None and row.answered_at is not None
         assert row.answered_at + timedelta(seconds=1.4) < row.paused_until \
             <= row.answered_at + timedelta(seconds=1.6)
-        other = limited(server, ledger, claim_of(ledger, "b"), max_pause=1.5)
+        other = limited(server, ledger, claimed(ledger, "b"), max_pause=1.5)
         other.generate("second")
     assert (len(server.seen.accepted), len(server.seen.refused)) == (2, 0)
-    second = ledger.calls.of_run(claim_of_run(ledger, "b"))[0]
+    second = ledger.calls.of_run(run_id_of(ledger, "b"))[0]
     assert second.started_at is not None and second.started_at >= row.paused_until
 
 
-def claim_of_run(ledger: Ledger, subject: str) -> str:
+def run_id_of(ledger: Ledger, subject: str) -> str:
     [run] = [r for r in ledger.runs(job="announced", limit=10) if r.subject == subject]
     return run.run_id
 
@@ -134,7 +132,7 @@ def test_bad_headers_are_ignored_and_the_answer_counts(ledger: Ledger) -> None:
     assert row is not None and row.answered_at is not None and row.paused_until is None
     assert (row.rate, row.announced_requests_per_minute, row.announced_tokens_per_minute) \
         == (None, None, None)
-    [call] = ledger.calls.of_run(claim_of_run(ledger, "first"))
+    [call] = ledger.calls.of_run(run_id_of(ledger, "first"))
     assert call.outcome == "answered"
 
 
@@ -143,7 +141,7 @@ def record(ledger: Ledger, subject: str) -> InFlight | None:
     slot = Slot("ep", 10, 5.0)
     if not ledger.calls.take_slot(slot).granted:
         return None
-    return ledger.calls.record_intent(claim_of(ledger, subject),
+    return ledger.calls.record_intent(claimed(ledger, subject),
                                       Intent("ep", "m", 0, DIGEST, slot=slot))
 
 

@@ -15,7 +15,7 @@ from typer.testing import Result
 
 from store import Ledger, RunIdentity
 from tests.support.anthropic_server import AnthropicServer, Reply
-from tests.support.ledger import register_and_claim
+from tests.support.ledger import claim_of
 from tests.support.pipeline import Env, outcomes, probe_job
 
 PERIOD = datetime(2026, 12, 2, tzinfo=UTC)
@@ -43,9 +43,8 @@ def test_migration_0014_adds_the_cached_tokens_and_keeps_the_calls_made_before(
     with Ledger.connect(empty_db_url) as ledger:
         ledger.migrate("0013")
         assert "cached_tokens" not in model_call_columns(ledger)
-        claim = register_and_claim(ledger, RunIdentity("cached", "acme", PERIOD, "v1"),
-                                   owner="w:1", lease=timedelta(minutes=5)).claim
-        assert claim is not None
+        claim = claim_of(ledger, RunIdentity("cached", "acme", PERIOD, "v1"),
+                         lease=timedelta(minutes=5))
         with ledger.engine.begin() as conn:
             conn.execute(sa.text(
                 "INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, "

@@ -4,8 +4,6 @@ parameters and structured output as sent, refusals, cached tokens and announced 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from pydantic import BaseModel, SecretStr
 
@@ -23,12 +21,6 @@ from flows.settings import RunledgerSettings
 from tests.support.pipeline import ModelServer, Reply
 
 KEY = "sk-test-secret-123"
-
-
-@pytest.fixture
-def server() -> Iterator[ModelServer]:
-    with ModelServer() as running:
-        yield running
 
 
 def client(server: ModelServer, timeout: float = 5.0) -> OpenAICompatibleModel:

@@ -5,7 +5,6 @@ and failures are recorded as such; prices come from settings or a Prefect block.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -25,7 +24,7 @@ from flows.prices import ModelPrice, PriceList, format_money
 from flows.settings import RunledgerSettings
 from flows.spend import spend_of
 from store import Claim, Ledger, RunIdentity
-from tests.support.ledger import register_and_claim, wait_for_db_clock
+from tests.support.ledger import claim_of, wait_for_db_clock
 from tests.support.pipeline import ModelServer, Reply
 
 PERIOD = datetime(2026, 12, 2, tzinfo=UTC)
@@ -34,17 +33,8 @@ PRICES = PriceList(currency="USD", prices={"probe-model": ModelPrice(input=Decim
 COST = 120 * 150 + 30 * 600  # nanos: 120 prompt tokens at 0.15/M, 30 completion at 0.60/M
 
 
-@pytest.fixture
-def server() -> Iterator[ModelServer]:
-    with ModelServer() as running:
-        yield running
-
-
 def claimed(ledger: Ledger, lease: timedelta = timedelta(minutes=15)) -> Claim:
-    claim = register_and_claim(ledger, RunIdentity("recorded", "acme", PERIOD, "v1"),
-                                      owner="w:1", lease=lease).claim
-    assert claim is not None
-    return claim
+    return claim_of(ledger, RunIdentity("recorded", "acme", PERIOD, "v1"), lease=lease)
 
 
 def recorded(server: ModelServer, ledger: Ledger, claim: Claim,

@@ -6,7 +6,6 @@ refused before anything is recorded."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,7 +24,7 @@ from flows.model import (
 )
 from flows.prices import PriceList
 from store import Claim, Ledger, RunIdentity
-from tests.support.ledger import model_calls, register_and_claim, wait_for_db_clock
+from tests.support.ledger import claim_of, model_calls, wait_for_db_clock
 from tests.support.pipeline import ModelServer, Reply
 
 PERIOD = datetime(2026, 12, 3, tzinfo=UTC)
@@ -46,17 +45,8 @@ class Briefing2(BaseModel):
     risk: int
 
 
-@pytest.fixture
-def server() -> Iterator[ModelServer]:
-    with ModelServer() as running:
-        yield running
-
-
 def claimed(ledger: Ledger, lease: timedelta = timedelta(minutes=15)) -> Claim:
-    claim = register_and_claim(ledger, RunIdentity("structured", "acme", PERIOD, "v1"),
-                               owner="w:1", lease=lease).claim
-    assert claim is not None
-    return claim
+    return claim_of(ledger, RunIdentity("structured", "acme", PERIOD, "v1"), lease=lease)
 
 
 def recorded(server: ModelServer, ledger: Ledger, claim: Claim) -> RecordedModel:

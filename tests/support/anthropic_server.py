@@ -7,12 +7,10 @@ every call answers ``answer N`` (N counts the requests)."""
 
 from __future__ import annotations
 
-import json
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.loopback import Answer, LoopbackServer, Request, json_answer
+from tests.support.loopback import Answer, Request, ScriptedServer, json_answer
 
 USAGE = {"input_tokens": 100, "output_tokens": 30}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -33,30 +31,22 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class AnthropicServer(LoopbackServer):
+class AnthropicServer(ScriptedServer[Reply]):
     """Anthropic's Messages API, scripted."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.script: list[Reply] = []
-        self.requests: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
+        super().__init__(Reply)
 
     @property
     def base_url(self) -> str:
         return self.origin
 
     def answer(self, request: Request) -> Answer:
-        with self._lock:
-            self.requests.append({"path": request.path, "headers": request.headers,
-                                  "json": json.loads(request.body)})
-            count = len(self.requests)
-            reply = self.script.pop(0) if self.script else Reply()
+        count, sent, reply = self.next_reply(request)
         if reply.status != 200:
             kind = ERROR_TYPES.get(reply.status, "api_error")
             return json_answer(reply.status, {"type": "error", "error": {
                 "type": kind, "message": f"{kind} (status {reply.status})"}}, reply.headers)
-        sent = self.requests[-1]["json"]
         if reply.tool is not None:
             content: list[dict[str, Any]] = [{
                 "type": "tool_use", "id": f"toolu_{count:04d}",

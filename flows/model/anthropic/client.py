@@ -22,7 +22,8 @@ from pydantic import SecretStr
 
 from flows.model.announced import announced_limits
 from flows.model.anthropic.refusals import MAX_ERROR_BODY, refusal
-from flows.model.errors import ModelMisconfigured, ModelRejected, ModelUnavailable
+from flows.model.client import ProviderClient
+from flows.model.errors import ModelRejected, ModelUnavailable
 from flows.model.protocol import Generation
 from flows.model.request import Message, Request
 
@@ -49,8 +50,10 @@ def _system(request: Request) -> list[dict[str, Any]] | None:
     return blocks or None
 
 
-class AnthropicModel:
+class AnthropicModel(ProviderClient):
     """A ModelClient answering through Anthropic's Messages API."""
+
+    kind = "anthropic"
 
     def __init__(
         self,
@@ -61,32 +64,13 @@ class AnthropicModel:
         timeout_seconds: float = 60.0,
         max_tokens: int = 1024,
     ) -> None:
-        if not base_url or not base_url.startswith(("http://", "https://")):
-            raise ModelMisconfigured(
-                f"an anthropic endpoint's base URL must be an http(s) URL such as "
-                f"https://api.anthropic.com, got {base_url!r}")
-        if not name:
-            raise ModelMisconfigured(
-                "an anthropic endpoint must name its model, e.g. claude-sonnet-4-5")
-        self.name = name
-        self.base_url = base_url.rstrip("/")
-        self.endpoint = self.base_url
-        self.max_tokens = max_tokens
-        self.timeout_seconds = timeout_seconds
+        super().__init__(base_url, name, timeout_seconds=timeout_seconds, max_tokens=max_tokens)
         key = api_key.get_secret_value() if api_key is not None else ""
         self._headers: dict[str, Any] = {} if key else {
             "X-Api-Key": anthropic.Omit(), "Authorization": anthropic.Omit()}
         self._client = anthropic.Anthropic(
             base_url=self.base_url, api_key=key or NO_KEY, max_retries=0,
             timeout=anthropic.Timeout(timeout_seconds, connect=min(10.0, timeout_seconds)))
-
-    def __repr__(self) -> str:
-        return f"AnthropicModel(base_url={self.base_url!r}, name={self.name!r})"
-
-    def generate(self, prompt: str, *, system: str | None = None) -> Generation:
-        """The plain call (a prompt and its system text) as a request."""
-        messages = ((Message("system", system),) if system else ()) + (Message("user", prompt),)
-        return self.complete(Request(messages))
 
     def complete(self, request: Request) -> Generation:
         """Answer ``request``: its text, or the forced tool's input as JSON text."""

@@ -77,7 +77,7 @@ def acquired_at(limit_id: UUID, count: int) -> list[datetime]:
                 resource=EventResourceFilter(id=[f"prefect.concurrency-limit.{limit_id}"]),
             ), limit=50).events
         return sorted(e.occurred for e in events)
-    wait_until(lambda: len(found()) == count, 30, f"{count} acquisition events")
+    wait_until(lambda: len(found()) == count, 120, f"{count} acquisition events")
     return found()
 
 

@@ -308,7 +308,7 @@ def test_a_rerun_of_a_completed_tick_starts_no_task_runs_and_calls_no_model(env:
             return len(client.read_task_runs(flow_run_filter=FlowRunFilter(
                 id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))))
 
-        wait_until(lambda: task_runs(first) == 12 * 3 + 1, 30, "the first tick's task runs")
+        wait_until(lambda: task_runs(first) == 12 * 3 + 1, 120, "the first tick's task runs")
         wait_until(lambda: run_events("runledger.run.duplicate", run_ids) == 12, 30,
                    "the duplicate events")
         assert run_events("runledger.run.completed", run_ids) == 12
@@ -359,7 +359,7 @@ def test_a_tick_registers_and_claims_all_its_unfinished_subjects_in_one_task_run
             return client.read_task_runs(flow_run_filter=FlowRunFilter(
                 id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
 
-        wait_until(lambda: len(task_runs()) == 4 * 3 + 1, 30, "the tick's task runs")
+        wait_until(lambda: len(task_runs()) == 4 * 3 + 1, 120, "the tick's task runs")
         wait_until(lambda: all(t.state is not None and t.state.is_final() for t in task_runs()),
                    30, "the task runs' final states")
         runs = task_runs()
@@ -392,7 +392,7 @@ def test_a_large_tick_claims_a_batch_at_a_time_and_holds_no_more_runs_than_one_b
                 id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
                 if t.name.startswith("register+claim"))
 
-        wait_until(lambda: len(claims()) == 3, 30, "the tick's register+claim task runs")
+        wait_until(lambda: len(claims()) == 3, 120, "the tick's register+claim task runs")
         assert claims() == ["register+claim[1 subjects]"] + ["register+claim[3 subjects]"] * 2
 
 
@@ -821,7 +821,7 @@ def test_the_stats_agree_with_the_events_the_flows_emit(env: Env) -> None:
     def seen(name: str, count: int) -> Callable[[], bool]:
         return lambda: run_events(name, run_ids) == count
     for name, count in expected.items():
-        wait_until(seen(name, count), 30, name)
+        wait_until(seen(name, count), 120, name)
     assert day.model_calls == env.model_calls() == 3
     assert (day.attempts, dict(day.attempts_per_completed)) == (4, {1: 3})
 

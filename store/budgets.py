@@ -16,19 +16,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from store.call_tables import BUDGET_SCOPES, BUDGET_UNITS, BudgetWindow, budget_windows_table
 from store.dialect import db_now, upsert
 from store.errors import InvalidInput, RunledgerError
 from store.fence import RUN_LEASE
 from store.identity import require_aware
-from store.models import (
-    BUDGET_SCOPES,
-    BUDGET_UNITS,
-    BudgetWindow,
-    attempts_table,
-    budget_windows_table,
-    runs_table,
-)
-from store.statement import NOWHERE, Statement, param, transition
+from store.models import attempts_table, runs_table
+from store.statement import NOWHERE, Statement, insert_rows, param, transition
 
 windows = budget_windows_table
 runs = runs_table
@@ -116,7 +110,7 @@ def _reserve(d: str) -> Any:
         param(windows.c.unit), param(windows.c.currency), cap, estimate, sa.literal(0),
         sa.literal(1), sa.literal(0), db_now(),
     ).where(estimate <= cap)
-    insert = upsert(d, windows).from_select(
+    insert = insert_rows(upsert(d, windows),
         ["job", "scope", "window_start", "unit", "currency", "cap", "reserved", "spent", "calls",
          "refused", "updated_at"], rows)
     proposed = insert.excluded

@@ -1,7 +1,7 @@
 """The ledger's model calls and budgets (``Ledger.calls``): each method is one unit of work
 around one transition of ``store.model_calls`` (its steps chosen by ``store.call_plan``),
-``store.checkpoints``, ``store.savings``, ``store.endpoint_limits`` or ``store.budgets``,
-followed by its fault point."""
+``store.checkpoints``, ``store.savings``, ``store.endpoint_limits``,
+``store.announced_limits`` or ``store.budgets``, followed by its fault point."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ from collections.abc import Sequence
 from datetime import date, datetime
 from typing import Any
 
+from store import announced_limits as al
 from store import budgets, faults
 from store import checkpoints as ck
 from store import endpoint_limits as el
 from store import model_calls as mc
 from store import savings as sv
 from store.call_plan import NO_USAGE, End, InFlight, Intent, Usage
+from store.call_tables import BudgetWindow, EndpointLimit, ModelCall
 from store.errors import LeaseLost
 from store.lease import Claim
-from store.models import BudgetWindow, EndpointLimit, ModelCall
 from store.units_of_work import UnitsOfWork
 from store.validators import error_text, json_document
 
@@ -72,13 +73,13 @@ class CallBook:
                                    max_pause_seconds)
 
     def endpoint_answered(self, call: InFlight, usage: Usage,
-                          announced: el.Announcement | None = None) -> None:
+                          announced: al.Announcement | None = None) -> None:
         """Settle the tokens the call took of its endpoint to what it used (its estimate when
         the provider reported none), take in the limits its answer ``announced`` and raise
         the endpoint's rate by a step."""
         if call.slot is not None:
             used = usage.tokens if usage.prompt_tokens is not None else call.slot.tokens
-            self._ledger._write(faults.AFTER_CHECKPOINT_COMMIT, el.answered_txn,
+            self._ledger._write(faults.AFTER_CHECKPOINT_COMMIT, al.answered_txn,
                                 call.slot.endpoint, call.slot.tokens, used, announced)
 
     def endpoint_limit(self, name: str) -> EndpointLimit | None:

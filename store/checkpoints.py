@@ -11,10 +11,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from store.call_tables import model_calls_table
 from store.dialect import db_now
 from store.fence import RUN_LEASE, run_held
 from store.lease import Claim
-from store.models import model_calls_table, runs_table
+from store.models import runs_table
 from store.statement import EVERYWHERE, Statement, param, transition
 
 calls = model_calls_table

@@ -16,15 +16,7 @@ the configured rate (AIMD, as TCP's congestion window); an endpoint with no conf
 learns one from its first refusal
 (the calls it made in the last ``OBSERVED_SECONDS``).
 
-The provider's answers announce its limits (``Announcement``, from their rate-limit headers):
-each answer writes them into the row, so that every worker, and every process started later,
-runs at them. The request rate and the tokens per minute in force are the lower of the
-configured and the announced ones (an endpoint with nothing configured adopts the announced
-ones; a configured limit lower than the announced one wins); an announcement that the
-provider's quota is nearly spent pauses the endpoint until the quota resets, before the
-provider has to refuse. Until an endpoint with nothing configured and no rate learned has its
-first answer, it sends one call at a time (``probe_at``): a tick's first crowd of calls would
-otherwise leave before any answer could announce what the provider allows."""
+The provider's answers announce limits too, which the endpoint adopts: ``store.announced_limits``."""
 
 from __future__ import annotations
 
@@ -35,9 +27,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from store.call_tables import EndpointLimit, endpoint_limits_table, model_calls_table
 from store.dialect import db_now, greatest, least, seconds_since, upsert
 from store.errors import InvalidInput, RunledgerError
-from store.models import EndpointLimit, endpoint_limits_table, model_calls_table
 from store.statement import EVERYWHERE, Statement, param, transition
 
 limits = endpoint_limits_table
@@ -58,7 +50,8 @@ MAX_NAME = 300
 PROBE_RECORD_SECONDS = 1.0
 
 
-def _positive(value: float | None, name: str) -> float | None:
+def positive(value: float | None, name: str) -> float | None:
+    """A limit is a finite number greater than 0, or None (no limit)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 \
@@ -78,9 +71,9 @@ class Limits:
     max_concurrent: int | None = None
 
     def __post_init__(self) -> None:
-        _positive(self.requests_per_minute, "requests per minute")
-        _positive(self.tokens_per_minute, "tokens per minute")
-        _positive(self.max_concurrent, "max concurrent")
+        positive(self.requests_per_minute, "requests per minute")
+        positive(self.tokens_per_minute, "tokens per minute")
+        positive(self.max_concurrent, "max concurrent")
         for name in ("tokens_per_minute", "max_concurrent"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), int):
                 raise InvalidInput(f"an endpoint's {name.replace('_', ' ')} must be a whole "
@@ -105,7 +98,7 @@ class Slot:
         if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 0:
             raise InvalidInput(f"a call's token estimate must be an integer of 0 or more, "
                                f"got {self.tokens!r}")
-        _positive(self.in_flight_seconds, "in-flight window")
+        positive(self.in_flight_seconds, "in-flight window")
 
 
 @dataclass(frozen=True)
@@ -141,30 +134,6 @@ class SlotDecision:
         return longest if longest > 0 else poll
 
 
-@dataclass(frozen=True)
-class Announcement:
-    """What one answer's rate-limit headers announced, as the endpoint's row takes it: the
-    requests and tokens per minute the provider allows, the requests and tokens it has left,
-    and how long every worker pauses before the provider would have to refuse (each None:
-    not announced; no pause)."""
-
-    requests_per_minute: float | None = None
-    tokens_per_minute: int | None = None
-    requests_remaining: int | None = None
-    tokens_remaining: int | None = None
-    pause_seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        _positive(self.requests_per_minute, "announced requests per minute")
-        _positive(self.tokens_per_minute, "announced tokens per minute")
-        for name in ("requests_remaining", "tokens_remaining", "pause_seconds"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not value >= 0
-                                      or value == float("inf")):
-                raise InvalidInput(f"an announcement's {name.replace('_', ' ')} must be a "
-                                   f"finite number of 0 or more, got {value!r}")
-
-
 class SlotUnavailable(RunledgerError):
     """The endpoint's limits allow no call now; nothing was recorded or reserved. Ask again
     after ``decision.wait_seconds``."""
@@ -174,20 +143,20 @@ class SlotUnavailable(RunledgerError):
         self.decision = decision
 
 
-def _capacity(per_minute: Any) -> Any:
+def capacity(per_minute: Any) -> Any:
     """A bucket's size: one burst's worth of ``per_minute``, at least 1."""
     return greatest(per_minute / 60.0 * BURST_SECONDS, sa.literal(1.0))
 
 
-def _lower(first: Any, second: Any) -> Any:
+def lower(first: Any, second: Any) -> Any:
     """The lower of two limits, either NULL for none (SQLite's min() of a NULL is NULL)."""
     return sa.case((first.is_(None), second), (second.is_(None), first),
                    (second < first, second), else_=first)
 
 
-def _tokens_limit() -> Any:
+def tokens_limit() -> Any:
     """The tokens per minute in force: the lower of the configured and the announced."""
-    return _lower(limits.c.tokens_per_minute, limits.c.announced_tokens_per_minute)
+    return lower(limits.c.tokens_per_minute, limits.c.announced_tokens_per_minute)
 
 
 def _configure(d: str) -> Any:
@@ -197,8 +166,8 @@ def _configure(d: str) -> Any:
     insert = upsert(d, limits).values(
         name=param(limits.c.name), requests_per_minute=rpm, tokens_per_minute=tpm,
         max_concurrent=param(limits.c.max_concurrent), rate=rpm,
-        request_level=sa.case((rpm.is_(None), 0.0), else_=_capacity(rpm)),
-        token_level=sa.case((tpm.is_(None), 0.0), else_=_capacity(tpm)), refilled_at=db_now(),
+        request_level=sa.case((rpm.is_(None), 0.0), else_=capacity(rpm)),
+        token_level=sa.case((tpm.is_(None), 0.0), else_=capacity(tpm)), refilled_at=db_now(),
         refusals=0, granted=False, calls=0, refused=0, updated_at=db_now())
     given = insert.excluded
     return insert.on_conflict_do_update(
@@ -222,7 +191,7 @@ _CONFIGURE = Statement(
 def _refilled(level: Any, per_minute: Any) -> Any:
     elapsed = greatest(seconds_since(limits.c.refilled_at), sa.literal(0.0))
     return sa.case((per_minute.is_(None), 0.0),  # no limit: an empty bucket nobody reads
-                   else_=least(_capacity(per_minute), level + elapsed * per_minute / 60.0))
+                   else_=least(capacity(per_minute), level + elapsed * per_minute / 60.0))
 
 
 def _acquire(d: str) -> Any:
@@ -236,7 +205,7 @@ def _acquire(d: str) -> Any:
         .where(calls.c.endpoint == limits.c.name, calls.c.outcome.is_(None),
                calls.c.started_at > db_now(-window))
         .scalar_subquery())
-    tpm = _tokens_limit()
+    tpm = tokens_limit()
     requests = _refilled(limits.c.request_level, limits.c.rate)
     token_level = _refilled(limits.c.token_level, tpm)
     # With nothing configured, nothing learned and no answer yet, one call goes first (the
@@ -316,7 +285,7 @@ def _refuse(d: str) -> Any:
                                       db_now(seconds)),
                 request_level=0.0,
                 token_level=sa.case(
-                    (_tokens_limit().is_(None), 0.0),
+                    (tokens_limit().is_(None), 0.0),
                     else_=limits.c.token_level + sa.bindparam("tokens", type_=sa.BigInteger())),
                 refusals=limits.c.refusals + 1, refused=limits.c.refused + 1,
                 updated_at=db_now())
@@ -330,58 +299,6 @@ _REFUSE = Statement(
     "a pause; cut the rate by 30% once per pause (learning one from the calls just made when none "
     "is known); give back the call's tokens.", _refuse)
 
-
-def _answered(d: str) -> Any:
-    def given(name: str, kind: Any) -> Any:  # typed: a NULL parameter inside an expression
-        return sa.cast(sa.bindparam(name, type_=kind), kind)
-
-    rate = limits.c.rate
-    announced_rpm = sa.func.coalesce(given("announced_rpm", sa.Float()),
-                                     limits.c.announced_requests_per_minute)
-    announced_tpm = sa.func.coalesce(given("announced_tpm", sa.BigInteger()),
-                                     limits.c.announced_tokens_per_minute)
-    ceiling = _lower(limits.c.requests_per_minute, announced_rpm)
-    # An answer's share of a second's increase: the rate's answers of a second add it all.
-    step = sa.func.coalesce(ceiling, rate) * (INCREASE_SHARE * 60.0) / rate
-    raised = rate + step  # NULL (nothing learned, no limit) stays NULL
-    new_rate = sa.case((rate.is_(None), ceiling),  # nothing learned: adopt what is announced
-                       (sa.and_(ceiling.is_not(None), raised > ceiling), ceiling), else_=raised)
-    tpm, new_tpm = _tokens_limit(), _lower(limits.c.tokens_per_minute, announced_tpm)
-    requests_left = given("requests_remaining", sa.Float())
-    tokens_left = given("tokens_remaining", sa.Float())
-    pause = given("pause_seconds", sa.Float())
-    return (
-        sa.update(limits)
-        .where(limits.c.name == param(limits.c.name))
-        .values(token_level=sa.case(
-                    (new_tpm.is_(None), 0.0),
-                    # A tokens limit newly in force: its bucket holds what the provider has left.
-                    (tpm.is_(None), least(_capacity(new_tpm),
-                                          sa.func.coalesce(tokens_left, _capacity(new_tpm)))),
-                    else_=limits.c.token_level + sa.bindparam("estimate", type_=sa.BigInteger())
-                    - sa.bindparam("used", type_=sa.BigInteger())),
-                request_level=sa.case(
-                    (sa.and_(rate.is_(None), new_rate.is_not(None)),
-                     least(_capacity(new_rate),
-                           sa.func.coalesce(requests_left, _capacity(new_rate)))),
-                    else_=limits.c.request_level),
-                rate=new_rate,
-                announced_requests_per_minute=announced_rpm,
-                announced_tokens_per_minute=announced_tpm,
-                paused_until=sa.case(
-                    (pause.is_(None), limits.c.paused_until),
-                    else_=greatest(sa.func.coalesce(limits.c.paused_until, db_now()),
-                                   db_now(pause))),
-                answered_at=db_now(), refusals=0, updated_at=db_now())
-    )
-
-
-_ANSWERED = Statement(
-    "settle_endpoint_call", "An answered call settles the tokens it took to what it used, "
-    "records the limits it announced, and raises the endpoint's rate by its share of a "
-    "second's step, up to the lower of the configured and the announced rate (a rate not yet "
-    "known adopts it at once); a nearly spent quota pauses the endpoint, never shortening a "
-    "pause.", _answered)
 
 _READ = Statement(
     "read_endpoint_limit", "An endpoint's limits and their state.",
@@ -441,20 +358,8 @@ def refuse_txn(conn: Connection, name: str, tokens: int, pause_seconds: float | 
     return None if row is None else row["paused_until"]
 
 
-@transition(one_statement_on=EVERYWHERE)
-def answered_txn(conn: Connection, name: str, estimate: int, used: int,
-                 announced: Announcement | None = None) -> None:
-    """Settle an answered call's tokens, take in what it announced and raise the endpoint's
-    rate (see ``_ANSWERED``)."""
-    a = announced or Announcement()
-    _ANSWERED.rows(conn, name=name, estimate=estimate, used=used,
-                   announced_rpm=a.requests_per_minute, announced_tpm=a.tokens_per_minute,
-                   requests_remaining=a.requests_remaining, tokens_remaining=a.tokens_remaining,
-                   pause_seconds=a.pause_seconds)
-
-
 def _lower_of(first: int | None, second: int | None) -> int | None:
-    """The lower of two limits, either None for none (as ``_lower``)."""
+    """The lower of two limits, either None for none (as ``lower``)."""
     return first if second is None else second if first is None else min(first, second)
 
 

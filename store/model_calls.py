@@ -27,13 +27,14 @@ from store.call_plan import (
     end_is_one_statement,
     intent_is_one_statement,
 )
+from store.call_tables import ModelCall, model_calls_table
 from store.dialect import db_now, json_rows
 from store.endpoint_limits import SlotDecision
 from store.errors import LeaseLost
 from store.fence import RUN_LEASE, run_held
 from store.lease import Claim
-from store.models import ModelCall, model_calls_table, runs_table
-from store.statement import EVERYWHERE, NOWHERE, Statement, param, transition
+from store.models import runs_table
+from store.statement import EVERYWHERE, NOWHERE, Statement, insert_rows, param, transition
 from store.validators import error_text
 
 calls = model_calls_table
@@ -47,7 +48,7 @@ def _intent(d: str) -> Any:
         param(calls.c.position), param(calls.c.prompt_digest), db_now(),
         param(calls.c.estimate), param(calls.c.budget_period), param(calls.c.budget_day),
     ).where(RUN_LEASE.holder())
-    return sa.insert(calls).from_select(
+    return insert_rows(sa.insert(calls),
         ["call_id", "run_id", "attempt_id", "fence", "job", "endpoint", "model", "position",
          "prompt_digest", "started_at", "estimate", "budget_period", "budget_day"], rows,
     ).returning(calls.c.call_id)

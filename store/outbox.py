@@ -22,21 +22,9 @@ from store.dialect import (
 )
 from store.errors import DeliveryLeaseLost, InvalidInput, InvalidTransition, MessageNotFound
 from store.fence import DELIVERY_LEASE
-from store.models import (
-    CLAIMABLE_WHERE,
-    QueuedMessage,
-    delivery_attempts_table,
-    outbox_table,
-)
+from store.models import CLAIMABLE_WHERE, QueuedMessage, delivery_attempts_table, outbox_table
 from store.outbox_reads import get_message, message_from_row
-from store.statement import (
-    ON_POSTGRES,
-    Statement,
-    one_of,
-    optional,
-    param,
-    transition,
-)
+from store.statement import ON_POSTGRES, Statement, insert_rows, one_of, optional, param, transition
 from store.validators import check_seconds
 
 outbox = outbox_table
@@ -141,7 +129,7 @@ def _record(d: str) -> Any:
         return update  # the attempt row follows as a statement of its own
     # One round trip: the attempt row is written only if the guarded update matched.
     updated = update.cte("updated")
-    recorded = sa.insert(deliveries).from_select(
+    recorded = insert_rows(sa.insert(deliveries),
         [*_ATTEMPT, "finished_at"],
         sa.select(*[param(deliveries.c[n]) for n in _ATTEMPT], db_now())
         .where(sa.exists(sa.select(updated.c.message_id))),
@@ -197,7 +185,7 @@ def _mark_sent(d: str) -> Any:
         outbox.c.message_id, outbox.c.attempts, outbox.c.claimed_at, given.c.owner,
         given.c.reply_code, given.c.reply_text, given.c.provider_message_id,
     ).cte("updated")
-    recorded = sa.insert(deliveries).from_select(_RECORDED, sa.select(
+    recorded = insert_rows(sa.insert(deliveries), _RECORDED, sa.select(
         updated.c.message_id, updated.c.attempts, updated.c.owner, updated.c.claimed_at,
         sa.literal("sent"), updated.c.reply_code, updated.c.reply_text,
         updated.c.provider_message_id, db_now(),
@@ -207,7 +195,7 @@ def _mark_sent(d: str) -> Any:
 
 def _record_held_as_sent(d: str) -> sa.Insert:
     given = json_rows(d, "sent", _SENT_GIVEN).subquery("given")
-    return sa.insert(deliveries).from_select(_RECORDED, sa.select(
+    return insert_rows(sa.insert(deliveries), _RECORDED, sa.select(
         outbox.c.message_id, outbox.c.attempts, given.c.owner, outbox.c.claimed_at,
         sa.literal("sent"), given.c.reply_code, given.c.reply_text, given.c.provider_message_id,
         db_now(),

@@ -15,7 +15,7 @@ from store.errors import InvalidInput
 from store.identity import message_key
 from store.message import OutboxMessage
 from store.models import outbox_table
-from store.statement import Statement
+from store.statement import Statement, insert_rows
 from store.validators import check_seconds
 
 outbox = outbox_table
@@ -57,7 +57,7 @@ def queue(d: str, only_if: sa.ColumnElement[bool] | None = None) -> sa.Insert:
         *[given.c[n] for n in _GIVEN], sa.literal(0), sa.literal(0), now, now, now,
         sa.case((hold.is_(None), sa.null()), else_=db_now(hold)),
     ).where(sa.true() if only_if is None else only_if)
-    return insert_ignoring_conflicts(d, outbox).from_select(
+    return insert_rows(insert_ignoring_conflicts(d, outbox),
         [*_GIVEN, "attempts", "fence", "next_attempt_at", "created_at", "updated_at",
          "hold_until"],
         rows,

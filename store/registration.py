@@ -26,7 +26,7 @@ from store.identity import RunIdentity, params_fingerprint
 from store.lease import Claim, Registration, lease_until
 from store.models import Run, attempts_table, runs_table
 from store.run_reads import get_runs, require_run, run_from_row
-from store.statement import EVERYWHERE, ON_POSTGRES, Statement, param, transition
+from store.statement import EVERYWHERE, ON_POSTGRES, Statement, insert_rows, param, transition
 from store.validators import check_owner, check_seconds
 
 runs = runs_table
@@ -87,7 +87,7 @@ def _claim(d: str) -> sa.Update | sa.Select[Any]:
     opened = _open_attempt_values()
     return sa.select(taken).add_cte(
         _close_attempts(taken.c.run_id).cte("closed"),
-        postgresql.insert(attempts).from_select(
+        insert_rows(postgresql.insert(attempts),
             ["attempt_id", "run_id", "owner", "fence", "started_at"],
             sa.select(opened["attempt_id"], taken.c.run_id, opened["owner"], taken.c.fence,
                       opened["started_at"]),
@@ -130,7 +130,7 @@ def _enter(d: str, given: sa.Subquery) -> Any:
         *(given.c[n] for n in _ENTERED), sa.literal("running"), sa.literal(1),
         param(runs.c.owner), sa.literal(1), lease_until(), now, now,
     ).where(sa.true()).order_by(given.c.run_id)
-    insert = upsert(d, runs).from_select(
+    insert = insert_rows(upsert(d, runs),
         [*_ENTERED, "status", "fence", "owner", "attempts", "lease_expires_at", "created_at",
          "updated_at"],
         rows,
@@ -162,7 +162,7 @@ def _enter_with_attempts(d: str, one: bool) -> Any:
     taken = _enter(d, given).cte("taken")
     return sa.select(taken).add_cte(
         _close_attempts(taken.c.run_id).cte("closed"),
-        postgresql.insert(attempts).from_select(
+        insert_rows(postgresql.insert(attempts),
             ["attempt_id", "run_id", "owner", "fence", "started_at"],
             sa.select(given.c.attempt_id, taken.c.run_id, taken.c.owner, taken.c.fence, db_now())
             .join_from(taken, given, given.c.run_id == taken.c.run_id),

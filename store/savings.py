@@ -10,9 +10,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from store.call_tables import model_calls_table, suppressed_costs_table
 from store.dialect import db_now, json_rows, upsert
-from store.models import model_calls_table, suppressed_costs_table
-from store.statement import EVERYWHERE, Statement, param, transition
+from store.statement import EVERYWHERE, Statement, insert_rows, param, transition
 
 calls = model_calls_table
 saved = suppressed_costs_table
@@ -31,7 +31,7 @@ def _count_saved(d: str) -> Any:
         .where(calls.c.outcome == "answered")
         .group_by(currency)
     )
-    insert = upsert(d, saved).from_select(
+    insert = insert_rows(upsert(d, saved),
         ["job", "day", "currency", "runs", "calls", "tokens", "cost_nanos", "updated_at"], rows)
     proposed = insert.excluded
     return insert.on_conflict_do_update(

@@ -11,7 +11,7 @@ SQLAlchemy's exceptions, with a dropped connection invalidated like SQLAlchemy d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
@@ -64,6 +64,17 @@ def optional(column: sa.Column[Any]) -> sa.ColumnElement[bool]:
 def one_of(column: sa.Column[Any], values: tuple[str, ...]) -> sa.ColumnElement[bool]:
     """``column`` is one of ``values``, written out (a statement binds no list parameter)."""
     return sa.or_(*(column == value for value in values))
+
+
+InsertT = TypeVar("InsertT", bound=sa.Insert)
+
+
+def insert_rows(insert: InsertT, names: Sequence[str], rows: sa.Select[Any]) -> InsertT:
+    """``insert`` fills ``names`` from ``rows``, each selected expression labelled by the column
+    it fills (so the catalogue reads ``0 AS attempts``, not ``anon_1``)."""
+    labelled = [c if getattr(c, "name", None) == n else c.label(n)
+                for n, c in zip(names, rows.selected_columns, strict=True)]
+    return insert.from_select(names, rows.with_only_columns(*labelled))
 
 
 P = ParamSpec("P")
@@ -124,13 +135,18 @@ class Statement:
         self._compiled: dict[str, _Compiled] = {}
         STATEMENTS[name] = self
 
+    def build(self, dialect_name: str) -> ClauseElement:
+        """The statement as built for ``dialect_name``: what runs and what the catalogue shows
+        are compiled from it."""
+        return self._build(dialect_name)
+
     def __repr__(self) -> str:
         return f"Statement({self.name!r})"
 
     def compiled(self, dialect: Dialect) -> _Compiled:
         found = self._compiled.get(dialect.name)
         if found is None:
-            found = self._compiled[dialect.name] = _compile(self._build(dialect.name), dialect)
+            found = self._compiled[dialect.name] = _compile(self.build(dialect.name), dialect)
         return found
 
     def rows(self, conn: Connection, **params: Any) -> list[dict[str, Any]]:

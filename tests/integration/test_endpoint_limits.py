@@ -45,11 +45,10 @@ from store import (
     Limits,
     RunIdentity,
     Slot,
-    SlotDecision,
     SlotUnavailable,
     Usage,
 )
-from store.endpoint_limits import take_slot_txn
+from store.endpoint_limits import SlotDecision, take_slot_txn
 from tests.support.ledger import model_calls, register_and_claim, wait_for_db_clock
 from tests.support.pipeline import Env, outcomes, pipeline_env, probe_job
 

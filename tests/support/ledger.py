@@ -14,7 +14,8 @@ import psycopg
 import sqlalchemy as sa
 
 from store import Claim, Ledger, Registration, RunIdentity
-from store.models import attempts_table, model_calls_table, outbox_table, runs_table
+from store.call_tables import model_calls_table
+from store.models import attempts_table, outbox_table, runs_table
 
 
 def register_and_claim(ledger: Ledger, identity: RunIdentity, params: dict[str, Any] | None = None,

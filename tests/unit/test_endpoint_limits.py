@@ -17,7 +17,8 @@ from flows.prices import PriceList
 from flows.retry_after import pause_hint, reset_seconds
 from flows.run_job.tick import Tick
 from flows.settings import EndpointSettings, RunledgerSettings
-from store import InvalidInput, Limits, Slot, SlotDecision
+from store import InvalidInput, Limits, Slot
+from store.endpoint_limits import SlotDecision
 
 NOW = datetime(2026, 12, 3, 17, tzinfo=UTC)
 

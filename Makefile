@@ -60,9 +60,11 @@ test-fast: setup
 # with 1,000 Runs and 100 kills per ledger, drill 3 with 200 Runs and 10 restarts of a private
 # PostgreSQL, drill 4 with 2,000 messages per ledger, drill 5 with ticks of 1,000 and 10,000
 # subjects, and the host drills (tests/hosts: network namespaces, as root) with all six
-# scenarios (the suite runs them reduced).
+# scenarios (the suite runs them reduced; scenario 4 needs Debian's faketime, installed here when
+# missing); at the end, the wall time of each drill.
 drills: setup
-	RUNLEDGER_FULL=1 $(UV) run pytest -q -s tests/integration/test_fault_points.py \
+	@test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 || apt-get install -y -q faketime
+	RUNLEDGER_FULL=1 $(UV) run pytest -q -s --durations=40 tests/integration/test_fault_points.py \
 		tests/integration/test_commit_cut.py tests/drills tests/hosts tests/acceptance/test_installed_package.py
 
 bench: setup

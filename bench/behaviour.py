@@ -232,7 +232,7 @@ class Case:
         import sqlalchemy as sa
 
         from store import Ledger
-        from store.models import model_calls_table
+        from store.call_tables import model_calls_table
 
         with Ledger.connect(self.bench.ledger_url) as ledger, ledger.engine.connect() as conn:
             return int(conn.execute(

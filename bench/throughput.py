@@ -3,7 +3,8 @@ runledger's tick sharded over a work pool of several worker processes, and a Pre
 flow, on the same rate-limited OpenAI-compatible server on loopback.
 
     uv run python bench/throughput.py [--subjects 400] [--rate 20] [--latencies 0.2 1 5]
-                                      [--workers 3] [--contenders one pool native]
+                                      [--workers 3] [--at-once 64]
+                                      [--contenders one pool native learned silent]
                                       [--database-url URL]
 
 The server (bench/limited_provider.py) answers each call after L seconds, accepts R calls a
@@ -17,6 +18,12 @@ it counts accepted calls, 429s and the peak in flight. For each latency L, in th
   with ``shard_size`` ceil(N / W), on a process work pool served by W ``prefect worker``
   processes: the tick's flow run starts W shard flow runs, which the workers take; the
   endpoint's limits are shared through the ledger;
+- runledger, nothing configured (``learned``): the tick of the first contender with no limit
+  configured and RUNLEDGER_SUBJECT_CONCURRENCY --at-once (64), against the server announcing
+  its limits as OpenAI does on every answer (``x-ratelimit-*``: R a minute): the endpoint
+  sends one call first and adopts the announced rate from its answer (store/endpoint_limits.py);
+- runledger, nothing configured, against a server that announces nothing (``silent``): the
+  rate is learned from the 429s only;
 - Prefect-native: a flow of N tasks ``.map``ped on a ThreadPoolTaskRunner of as many threads,
   each taking ``rate_limit`` of a global concurrency limit of R slots decaying at R a second,
   then making the call with the openai SDK (6 task retries, 1 s apart), in a process of its own.
@@ -28,7 +35,9 @@ processes they start) and of the server (this process's own CPU over the contend
 and runledger's peak RSS in one process. ``--threads 8 256`` runs runledger alone once per
 thread count (RUNLEDGER_SUBJECT_CONCURRENCY), for memory per thread. Prefect: PREFECT_API_URL
 if set, else a temporary local server (bench/pipeline_bench.py's). Ledger: a new SQLite file
-per latency, or --database-url."""
+per latency (and one per nothing-configured contender: what the endpoint learned stays in its
+ledger row), or --database-url (where a nothing-configured contender starts from what the
+runs before it left in the endpoint's row)."""
 
 from __future__ import annotations
 
@@ -56,12 +65,12 @@ ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench.limited_provider import LimitedModelServer  # noqa: E402
+from bench.limited_provider import Announce, LimitedModelServer  # noqa: E402
 
 PERIOD = "2026-12-01"
 # runledger in one worker process; runledger's tick sharded over a work pool of --workers
 # worker processes; the Prefect-native flow.
-CONTENDERS = ("one", "pool", "native")
+CONTENDERS = ("one", "pool", "native", "learned", "silent")
 LIMIT = "bench-provider"
 
 
@@ -105,10 +114,11 @@ def run_process(args: list[str], env: dict[str, str]) -> tuple[str, float, float
 
 
 def measure(contender: str, latency: float, n: int, rate: float, args: list[str],
-            env: dict[str, str], failed_of: Any, rss_of: Any = None) -> Result:
+            env: dict[str, str], failed_of: Any, rss_of: Any = None,
+            announce: Announce | None = None) -> Result:
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     before = children_before.ru_utime + children_before.ru_stime
-    with LimitedModelServer(rate, latency) as server:
+    with LimitedModelServer(rate, latency, announce=announce) as server:
         env = {**env, "BENCH_MODEL_URL": server.base_url,
                "RUNLEDGER_MODEL_BASE_URL": server.base_url}
         server_before = cpu_seconds()
@@ -123,9 +133,12 @@ def measure(contender: str, latency: float, n: int, rate: float, args: list[str]
 
 
 def runledger(n: int, rate: float, latency: float, api: str, database_url: str,
-              threads: int | None) -> Result:
-    """``threads``: RUNLEDGER_SUBJECT_CONCURRENCY (else sized from the endpoint's maximum)."""
-    env = runledger_env(n, rate, latency, api, database_url)
+              threads: int | None, announce: Announce | None = None,
+              configured: bool = True) -> Result:
+    """``threads``: RUNLEDGER_SUBJECT_CONCURRENCY (else sized from the endpoint's maximum);
+    ``configured``: the endpoint's limits set (else none: learned from the server, which
+    ``announce``s its limits or not)."""
+    env = runledger_env(n, rate, latency, api, database_url, configured)
     if threads is not None:
         env["RUNLEDGER_SUBJECT_CONCURRENCY"] = str(threads)
     job = f"throughput-{uuid.uuid4().hex[:8]}"
@@ -138,20 +151,25 @@ def runledger(n: int, rate: float, latency: float, api: str, database_url: str,
         return int(json.loads(out.strip().splitlines()[-1])["vm_hwm_kib"]) / 1024
 
     name = "runledger, 1 process" + ("" if threads is None else f", {threads} threads")
+    if not configured:
+        name = (f"runledger, nothing configured, {threads} at once, "
+                f"{'announced' if announce else 'silent'}")
     return measure(name, latency, n, rate,
                    [sys.executable, "-m", "bench.volume_tick", job, str(n), PERIOD],
-                   env, failed, rss)
+                   env, failed, rss, announce)
 
 
-def runledger_env(n: int, rate: float, latency: float, api: str, database_url: str
-                  ) -> dict[str, str]:
+def runledger_env(n: int, rate: float, latency: float, api: str, database_url: str,
+                  configured: bool = True) -> dict[str, str]:
     """A runledger worker's environment: the default endpoint at R a second and
-    ``ceil(1.5 R L) + 1`` calls in flight (the threads a tick sizes from it)."""
+    ``ceil(1.5 R L) + 1`` calls in flight (the threads a tick sizes from it); not
+    ``configured``: no limit at all."""
     allowed = math.ceil(1.5 * rate * latency) + 1
+    limits = {"RUNLEDGER_MODEL_REQUESTS_PER_MINUTE": str(rate * 60),
+              "RUNLEDGER_MODEL_MAX_CONCURRENT": str(allowed)} if configured else {}
     return {**os.environ, "PREFECT_API_URL": api, "RUNLEDGER_DATABASE_URL": database_url,
-            "RUNLEDGER_MODEL": "openai", "RUNLEDGER_MODEL_NAME": "probe-model",
-            "RUNLEDGER_MODEL_REQUESTS_PER_MINUTE": str(rate * 60),
-            "RUNLEDGER_MODEL_MAX_CONCURRENT": str(allowed), "PREFECT_LOGGING_LEVEL": "WARNING"}
+            "RUNLEDGER_MODEL": "openai", "RUNLEDGER_MODEL_NAME": "probe-model", **limits,
+            "PREFECT_LOGGING_LEVEL": "WARNING"}
 
 
 def runledger_pool(n: int, rate: float, latency: float, api: str, database_url: str,
@@ -291,7 +309,7 @@ def acquisition_cost(api: str, database_url: str, calls: int = 300) -> None:
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.concurrency.sync import rate_limit
 
-    from store import Acquisition, Intent, Ledger, Limits, RunIdentity
+    from store import Intent, Ledger, Limits, RunIdentity, Slot
 
     async def make() -> None:
         async with get_client() as client:
@@ -320,14 +338,10 @@ def acquisition_cost(api: str, database_url: str, calls: int = 300) -> None:
                 claim = next(iter(found.values())).claim
                 assert claim is not None
                 claims.append(claim)
-            taken = Acquisition(job, 100, 60.0)
+            slot = Slot(job, 100, 60.0, bounds_in_flight=True) if limited else None
             started = time.perf_counter()
             for claim in claims:
-                intent = Intent(job, "m", 0, "0" * 64)
-                if limited:
-                    ledger.calls.record_intent_when_allowed(claim, intent, taken)
-                else:
-                    ledger.calls.record_intent(claim, intent)
+                ledger.calls.record_intent(claim, Intent(job, "m", 0, "0" * 64, slot=slot))
             return (time.perf_counter() - started) * 1000 / calls
 
     plain, limited = recorded(False), recorded(True)
@@ -353,8 +367,10 @@ def main() -> None:
                              "CONCURRENCY): the peak RSS at 8 and 256")
     parser.add_argument("--workers", type=int, default=3,
                         help="worker processes of the work-pool contender")
+    parser.add_argument("--at-once", type=int, default=64,
+                        help="subjects at once of the nothing-configured contenders")
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS),
-                        help="which to run (default: all three)")
+                        help="which to run (default: all five)")
     parser.add_argument("--acquisition-cost", action="store_true",
                         help="measure one acquisition's cost, Prefect's and runledger's, only")
     parser.add_argument("--native-worker", nargs=2, type=int, default=None,
@@ -392,6 +408,16 @@ def main() -> None:
             if "native" in args.contenders:
                 reset_limit(api, args.rate)
                 rows.append(native(args.subjects, args.rate, latency, api))
+                print(rows[-1].row(), flush=True)
+            for contender, announce in (("learned", "openai"), ("silent", None)):
+                if contender not in args.contenders:
+                    continue
+                own = args.database_url or f"sqlite:///{folder}/{contender}-{latency:g}.db"
+                with Ledger.connect(own) as ledger:
+                    ledger.migrate()
+                rows.append(runledger(args.subjects, args.rate, latency, api, own,
+                                      args.at_once, cast("Announce | None", announce),
+                                      configured=False))
                 print(rows[-1].row(), flush=True)
     print(f"\nN = {args.subjects}, R = {args.rate:g}/s, floor N/R = "
           f"{args.subjects / args.rate:.1f} s\n")

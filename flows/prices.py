@@ -1,5 +1,6 @@
 """What a model's tokens cost: a price per million input (prompt) and output (completion)
-tokens per model name, in one currency the user names (an ISO 4217 code). Prices come from
+tokens per model name (and, optionally, per million prompt tokens read from the provider's
+cache and written to it), in one currency the user names (an ISO 4217 code). Prices come from
 settings (RUNLEDGER_MODEL_PRICES, RUNLEDGER_MODEL_CURRENCY) or a Prefect block
 (``ModelPrices``, editable in the UI); a model without a price costs "no price", never a guess."""
 
@@ -32,6 +33,12 @@ class ModelPrice(BaseModel):
 
     input: Decimal = Field(ge=0, description="Price per million prompt (input) tokens.")
     output: Decimal = Field(ge=0, description="Price per million completion (output) tokens.")
+    cached_input: Decimal | None = Field(
+        default=None, ge=0, description="Price per million prompt tokens read from the "
+                                        "provider's prompt cache (default: ``input``).")
+    cache_write: Decimal | None = Field(
+        default=None, ge=0, description="Price per million prompt tokens written to the "
+                                        "provider's prompt cache (default: ``input``).")
 
 
 def nanos(amount: Decimal) -> int:
@@ -61,14 +68,22 @@ class PriceList(BaseModel):
         """The price of ``model``, if it has one."""
         return self.prices.get(model)
 
-    def cost_nanos(self, model: str, prompt_tokens: int | None,
-                   completion_tokens: int | None) -> int | None:
+    def cost_nanos(self, model: str, prompt_tokens: int | None, completion_tokens: int | None,
+                   *, cached_tokens: int | None = None,
+                   cache_write_tokens: int | None = None) -> int | None:
         """What the tokens cost in billionths of the currency; None without a price or without
-        reported usage (an unknown cost is never shown as zero)."""
+        reported usage (an unknown cost is never shown as zero). Of the prompt's tokens, those
+        read from the cache cost ``cached_input`` and those written to it ``cache_write``
+        (each ``input`` when the model has no such price); the rest cost ``input``."""
         price = self.price(model)
         if price is None or prompt_tokens is None or completion_tokens is None:
             return None
-        return nanos((prompt_tokens * price.input + completion_tokens * price.output) / MILLION)
+        reads, writes = cached_tokens or 0, cache_write_tokens or 0
+        uncached = max(0, prompt_tokens - reads - writes)
+        read_price = price.input if price.cached_input is None else price.cached_input
+        write_price = price.input if price.cache_write is None else price.cache_write
+        return nanos((uncached * price.input + reads * read_price + writes * write_price
+                      + completion_tokens * price.output) / MILLION)
 
 
 NO_PRICES = PriceList()

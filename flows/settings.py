@@ -29,11 +29,14 @@ class EndpointLimits(BaseModel):
 
 
 class EndpointSettings(EndpointLimits):
-    """A named model endpoint: where its OpenAI-compatible API is, which model, whose key, its
-    limits and its prices."""
+    """A named model endpoint: which kind of API (OpenAI-compatible or Anthropic's) and where,
+    which model, whose key, its limits and its prices."""
 
-    base_url: str = Field(description="Base URL of the OpenAI-compatible API, e.g. "
-                                      "``https://api.openai.com/v1``.")
+    kind: Literal["openai", "anthropic"] = Field(
+        default="openai", description="``openai``: an OpenAI-compatible chat-completions API; "
+                                      "``anthropic``: Anthropic's Messages API.")
+    base_url: str = Field(description="Base URL of the API, e.g. ``https://api.openai.com/v1`` "
+                                      "or ``https://api.anthropic.com``.")
     model_name: str = Field(description="Model name sent to that API, e.g. ``gpt-4o-mini``.")
     api_key_block: str | None = Field(
         default=None, description="Name of a Prefect Secret block holding the API key.")
@@ -64,16 +67,18 @@ class RunledgerSettings(BaseSettings):
                     "daily-credit). Default: yes in a checkout of runledger (an editable "
                     "install), no where runledger is installed from its wheel as a library, so "
                     "that a team's serve, reconcile and status see only its own jobs.")
-    model: Literal["offline", "openai"] = Field(
+    model: Literal["offline", "openai", "anthropic"] = Field(
         default="offline",
         description="``offline``: an extractive summarizer, no network; ``openai``: an "
-                    "OpenAI-compatible chat-completions endpoint (vLLM, Ollama, ...).")
+                    "OpenAI-compatible chat-completions endpoint (vLLM, Ollama, ...); "
+                    "``anthropic``: Anthropic's Messages API.")
     model_base_url: str | None = Field(
-        default=None, description="Base URL of the OpenAI-compatible API, e.g. "
-                                  "``http://localhost:11434/v1`` (needed with ``openai``).")
+        default=None, description="Base URL of the API, e.g. ``http://localhost:11434/v1`` "
+                                  "or ``https://api.anthropic.com`` (needed with ``openai`` "
+                                  "and ``anthropic``).")
     model_name: str | None = Field(
         default=None, description="Model name sent to that API, e.g. ``llama3.2`` (needed "
-                                  "with ``openai``).")
+                                  "with ``openai`` and ``anthropic``).")
     model_api_key: SecretStr | None = Field(
         default=None, description="API key sent as a bearer token; never logged.")
     model_api_key_block: str | None = Field(

@@ -1,6 +1,7 @@
 """What jobs spend, from the ledger's model call records: calls paid (answered, failed, lost:
 every call that left and may have been billed), lost in flight, refused (the provider's error
-reply: not billed), answers reused from a checkpoint, tokens, and cost per currency (a call
+reply: not billed), answers reused from a checkpoint, tokens (of the prompts', those read from
+the provider's prompt cache and written to it), and cost per currency (a call
 without a price counts its tokens and shows "no price"), answers billed beyond the bound their
 call reserved (a provider that did not honour max_tokens); and what the duplicates the ledger
 suppressed would have cost, measured as each duplicate Run's answered calls' stored cost."""
@@ -28,6 +29,8 @@ class Spend:
     in_flight: int = 0
     reused: int = 0
     tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens read from the provider's prompt cache
+    cache_write_tokens: int = 0  # prompt tokens written to it
     cost: Counter[str] = field(default_factory=Counter)  # currency: billionths
     unpriced: int = 0  # paid calls whose usage is known and whose model has no price
     unknown: int = 0  # paid calls whose usage never reached the ledger (lost, failed)
@@ -48,6 +51,8 @@ class Spend:
         self.lost += outcome == "lost"
         self.failed += outcome == "failed"
         self.tokens += (row.get("prompt_tokens") or 0) + (row.get("completion_tokens") or 0)
+        self.cached_tokens += row.get("cached_tokens") or 0
+        self.cache_write_tokens += row.get("cache_write_tokens") or 0
         if row.get("overrun"):
             self.overran += 1
             self.overrun_tokens += row["overrun"]
@@ -80,6 +85,7 @@ class Spend:
         return {"calls_paid": self.paid, "calls_lost": self.lost, "calls_failed": self.failed,
                 "calls_refused": self.refused, "calls_in_flight": self.in_flight,
                 "calls_reused": self.reused, "tokens": self.tokens,
+                "cached_tokens": self.cached_tokens, "cache_write_tokens": self.cache_write_tokens,
                 "cost": {c: str(money(n)) for c, n in sorted(self.cost.items())},
                 "calls_without_price": self.unpriced, "calls_of_unknown_cost": self.unknown,
                 "calls_over_bound": self.overran, "tokens_over_bound": self.overrun_tokens}
@@ -99,6 +105,13 @@ def cost_text(cost: Counter[str] | dict[str, int], unpriced: int = 0, unknown: i
     if unknown:
         parts.append(f"{_calls(unknown)} of unknown cost")
     return " + ".join(parts) or "-"
+
+
+def cache_text(cached: int | None, written: int | None) -> str:
+    """Prompt tokens read from the provider's cache and written to it, for people:
+    ``900 cached, 300 cache write``; empty when neither."""
+    return ", ".join(f"{n} {what}" for n, what in ((cached, "cached"), (written, "cache write"))
+                     if n)
 
 
 def spend_of(calls: list[dict[str, Any]]) -> Spend:

@@ -8,8 +8,12 @@ writers) or ``LedgerUnavailable`` (a dropped connection, a restarting server): b
 ``retryable`` set and wrote nothing, so the caller may try again later; ``LedgerError`` is a
 refusal that retrying will not fix. Every one is a ``RunledgerError``."""
 
-from store.budgets import BudgetExhausted, Charge, Refusal, Window
+from store.announced_limits import Announcement
+from store.approvals import HeldMessage
+from store.budgets import BudgetExhausted, Charge, Window
 from store.call_book import CallBook
+from store.call_plan import InFlight, Intent, Usage
+from store.call_tables import ModelCall
 from store.channels import (
     CHANNELS,
     EMAIL,
@@ -17,16 +21,14 @@ from store.channels import (
     WEBHOOK,
     canonical_json,
     check_block_name,
-    check_object_key,
     normalize_address,
-    object_target,
     revised_target,
     split_object_target,
 )
 from store.completion import CompletedBy, Completion, Effect
 from store.database import create_database_if_missing
 from store.dialect import Storage
-from store.endpoint_limits import Acquisition, Limits, Throttle
+from store.endpoint_limits import Limits, Slot, SlotUnavailable
 from store.errors import (
     DeliveryLeaseLost,
     InvalidInput,
@@ -46,25 +48,15 @@ from store.identity import RunIdentity, document_digest, params_fingerprint
 from store.lease import Claim, Registration
 from store.ledger import Ledger
 from store.message import OutboxMessage
-from store.model_calls import Checkpoint, InFlight, Intent, Usage
-from store.models import (
-    MESSAGE_STATUSES,
-    RUN_STATUSES,
-    Attempt,
-    EndpointLimit,
-    ModelCall,
-    Occurrence,
-    QueuedMessage,
-    Run,
-)
+from store.models import MESSAGE_STATUSES, RUN_STATUSES, Attempt, Occurrence, QueuedMessage, Run
 from store.occurrence_book import OccurrenceBook
 from store.occurrences import RunState, unemitted
-from store.outbox import HeldMessage, MessageClaim, Reply
+from store.outbox import MessageClaim, Reply
 from store.outbox_book import OutboxBook
 from store.period import Period
 from store.retention_book import RetentionBook
-from store.revisions import Revision, latest_completed
-from store.runs import OVER_BUDGET_ERROR, UNFINISHED_KINDS, FinishedRun, UnfinishedRun
+from store.revisions import latest_completed
+from store.run_reads import OVER_BUDGET_ERROR, UNFINISHED_KINDS, FinishedRun, UnfinishedRun
 from store.settings import LedgerSettings
 from store.stats import Activity
 from store.tombstones import MAX_BATCH, Prunable, Pruned
@@ -81,19 +73,17 @@ __all__ = [
     "RUN_STATUSES",
     "UNFINISHED_KINDS",
     "WEBHOOK",
-    "Acquisition",
     "Activity",
+    "Announcement",
     "Attempt",
     "BudgetExhausted",
     "CallBook",
     "Charge",
-    "Checkpoint",
     "Claim",
     "CompletedBy",
     "Completion",
     "DeliveryLeaseLost",
     "Effect",
-    "EndpointLimit",
     "FinishedRun",
     "HeldMessage",
     "InFlight",
@@ -118,11 +108,9 @@ __all__ = [
     "Prunable",
     "Pruned",
     "QueuedMessage",
-    "Refusal",
     "Registration",
     "Reply",
     "RetentionBook",
-    "Revision",
     "RevisionInProgress",
     "RevisionRefused",
     "Run",
@@ -130,20 +118,19 @@ __all__ = [
     "RunIdentity",
     "RunState",
     "RunledgerError",
+    "Slot",
+    "SlotUnavailable",
     "Storage",
-    "Throttle",
     "UnfinishedRun",
     "Usage",
     "Window",
     "canonical_json",
     "check_block_name",
-    "check_object_key",
     "create_database_if_missing",
     "document_digest",
     "fault_point",
     "latest_completed",
     "normalize_address",
-    "object_target",
     "params_fingerprint",
     "revised_target",
     "split_object_target",

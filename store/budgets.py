@@ -16,18 +16,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from store.call_tables import BUDGET_SCOPES, BUDGET_UNITS, BudgetWindow, budget_windows_table
 from store.dialect import db_now, upsert
 from store.errors import InvalidInput, RunledgerError
+from store.fence import RUN_LEASE
 from store.identity import require_aware
-from store.models import (
-    BUDGET_SCOPES,
-    BUDGET_UNITS,
-    BudgetWindow,
-    attempts_table,
-    budget_windows_table,
-    runs_table,
-)
-from store.statement import NOWHERE, Statement, param, transition
+from store.models import attempts_table, runs_table
+from store.statement import NOWHERE, Statement, insert_rows, param, transition
 
 windows = budget_windows_table
 runs = runs_table
@@ -115,7 +110,7 @@ def _reserve(d: str) -> Any:
         param(windows.c.unit), param(windows.c.currency), cap, estimate, sa.literal(0),
         sa.literal(1), sa.literal(0), db_now(),
     ).where(estimate <= cap)
-    insert = upsert(d, windows).from_select(
+    insert = insert_rows(upsert(d, windows),
         ["job", "scope", "window_start", "unit", "currency", "cap", "reserved", "spent", "calls",
          "refused", "updated_at"], rows)
     proposed = insert.excluded
@@ -196,8 +191,7 @@ _RELEASE_RUN = Statement(
     "nothing: reconcile re-drives it, and never gives up on it for budget refusals); only the "
     "current fence holder can.",
     lambda d: sa.update(runs)
-    .where(runs.c.run_id == param(runs.c.run_id), runs.c.fence == param(runs.c.fence),
-           runs.c.owner == param(runs.c.owner), runs.c.status == "running")
+    .where(RUN_LEASE.holder())
     .values(status="pending", owner=sa.null(), lease_expires_at=sa.null(),
             error=param(runs.c.error),
             attempts=sa.case((runs.c.attempts > 0, runs.c.attempts - 1), else_=0),
@@ -232,7 +226,7 @@ def _given(charge: Charge, window: Window) -> dict[str, Any]:
 def reserve(conn: Connection, charge: Charge) -> None:
     """Reserve the estimate in every window of the charge, or in none: the first window without
     room raises ``BudgetExhausted`` with its ``Refusal`` (the caller's transaction rolls back
-    the reservations already made). A step of ``record_intent_txn``."""
+    the reservations already made). A step of a model call's intent (``store.call_plan``)."""
     for window in charge.windows:
         if _RESERVE.first(conn, **_given(charge, window), estimate=charge.estimate) is None:
             raise BudgetExhausted(

@@ -18,7 +18,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.expression import FunctionElement
 
-from store.models import UTCDateTime
+from store.columns import UTCDateTime
 from store.statement import Statement
 
 # SQLAlchemy stores SQLite datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' text; the clock must render
@@ -134,7 +134,7 @@ def json_rows(
     if one:
         value: Any = sa.bindparam(param, type_=sa.JSON)
         return sa.select(*[sa.func.json_extract(value, f"$.{c.key}").label(c.key) for c in columns])
-    each = sa.func.json_each(sa.bindparam(param, type_=sa.JSON)).table_valued("value")
+    each = sa.func.json_each(sa.bindparam(param, type_=sa.JSON)).table_valued("value", name="item")
     return sa.select(
         *[sa.func.json_extract(each.c.value, f"$.{c.key}").label(c.key) for c in columns]
     )

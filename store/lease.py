@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+import sqlalchemy as sa
+
+from store.dialect import db_now
 from store.errors import RunConflict
 from store.models import Run
 
@@ -30,3 +34,7 @@ class Registration:
     claim: Claim | None
     conflict: RunConflict | None = None
 
+
+def lease_until() -> sa.ColumnElement[Any]:
+    """When a lease given now ends: the database clock plus the ``lease`` parameter (seconds)."""
+    return db_now(sa.bindparam("lease", type_=sa.Float()))

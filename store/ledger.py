@@ -2,9 +2,10 @@
 Ledger or of one of its books (``ledger.calls``, ``ledger.outbox``, ``ledger.occurrences``,
 ``ledger.retention``), is one unit of work (one transaction, or one statement in autocommit where
 its transition says so) around one transition or read of the module named after its noun
-(``store.runs``, ``store.revisions``, ``store.stats`` here; ``store.model_calls``,
-``store.budgets``, ``store.outbox``, ``store.occurrences``, ``store.tombstones`` in the books:
-``store.call_book``, ``store.outbox_book``, ``store.occurrence_book``, ``store.retention_book``)."""
+(``store.registration``, ``store.runs``, ``store.run_reads``, ``store.revisions``,
+``store.stats`` here; ``store.model_calls``, ``store.budgets``, ``store.outbox``,
+``store.occurrences``, ``store.tombstones`` in the books: ``store.call_book``,
+``store.outbox_book``, ``store.occurrence_book``, ``store.retention_book``)."""
 
 from __future__ import annotations
 
@@ -38,26 +39,26 @@ from store.message import OutboxMessage
 from store.models import Attempt, Run
 from store.occurrence_book import OccurrenceBook
 from store.outbox_book import OutboxBook
+from store.registration import claim_txn, register_and_claim_txn, register_txn
 from store.retention_book import RetentionBook
 from store.revisions import Revision, list_revisions, request_revision_txn
-from store.runs import (
+from store.run_reads import (
     FinishedRun,
     UnfinishedRun,
-    claim_txn,
-    complete_txn,
-    complete_with_effect_txn,
-    fail_txn,
     get_finished_runs,
     get_runs,
     list_attempts,
     list_attempts_of,
     list_runs,
     list_unfinished_runs,
-    register_and_claim_txn,
-    register_txn,
+    require_run,
+)
+from store.runs import (
+    complete_txn,
+    complete_with_effect_txn,
+    fail_txn,
     renew_many_txn,
     requeue_run_txn,
-    require_run,
     save_input_txn,
     take_over_txn,
 )
@@ -202,8 +203,8 @@ class Ledger:
     def _write(self, point: str, txn: Transition[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Commit ``txn``, then pass its fault ``point``: a crash test can die there, after the
         commit and before the caller hears of it."""
-        done = self.database.write(lambda conn: txn(conn, *args, **kwargs),
-                                   single_statement=self.dialect in txn.one_statement_on)
+        one = txn.is_one_statement(self.dialect, *args, **kwargs)
+        done = self.database.write(lambda conn: txn(conn, *args, **kwargs), single_statement=one)
         faults.fault_point(point)
         return done
 

@@ -25,7 +25,7 @@ from store.dialect import (
 from store.errors import InvalidInput
 from store.identity import RunIdentity
 from store.models import Occurrence, obligations_table, occurrences_table, runs_table
-from store.statement import EVERYWHERE, NOWHERE, Statement, param, transition
+from store.statement import EVERYWHERE, NOWHERE, Statement, insert_rows, param, transition
 from store.validators import check_seconds, error_text
 
 obligations = obligations_table
@@ -69,7 +69,7 @@ class RunState:
 _OWE = Statement(
     "owe_subjects", "Record from which period a job owes each given subject, once: a subject "
     "already recorded keeps its first value.",
-    lambda d: insert_ignoring_conflicts(d, obligations).from_select(
+    lambda d: insert_rows(insert_ignoring_conflicts(d, obligations),
         ["job", "subject", "owed_from", "created_at"],
         sa.select(*json_rows(d, "owed", [obligations.c.job, obligations.c.subject,
                                          obligations.c.owed_from]).subquery("given").c,
@@ -98,7 +98,7 @@ def _no_run(given: sa.Subquery, *statuses: str) -> sa.ColumnElement[bool]:
 def _skip(d: str) -> Any:
     given = _given(d, occurrences.c.skip_reason)
     now = db_now()
-    insert = upsert(d, occurrences).from_select(
+    insert = insert_rows(upsert(d, occurrences),
         [*(c.key for c in _OCCURRENCE), "skip_reason", "skipped_at", "created_at", "updated_at"],
         sa.select(*given.c, now, now, now).where(_no_run(given)),
     )
@@ -128,7 +128,7 @@ _UNSKIP = Statement(
 def _overdue(d: str) -> Any:
     given = _given(d)
     now = db_now()
-    insert = upsert(d, occurrences).from_select(
+    insert = insert_rows(upsert(d, occurrences),
         [*(c.key for c in _OCCURRENCE), "overdue_at", "created_at", "updated_at"],
         sa.select(*given.c, now, now, now).where(_no_run(given, "completed")),
     )
@@ -169,7 +169,7 @@ _GIVE_UP = Statement(
 def _gave_up(d: str) -> Any:
     given = _given(d)
     now = db_now()
-    insert = upsert(d, occurrences).from_select(
+    insert = insert_rows(upsert(d, occurrences),
         [*(c.key for c in _OCCURRENCE), "gave_up_at", "created_at", "updated_at"],
         sa.select(*given.c, now, now, now).where(sa.true()),
     )

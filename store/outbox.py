@@ -1,11 +1,12 @@
-"""The outbox: a completion queues its Run's messages here, and the dispatcher delivers them. A
-message is claimed with a delivery lease and a fence; only the current holder can record the
-outcome of its delivery attempt. Each ``*_txn`` is one transition (the caller owns the
-transaction) over named statements (``store.statement``)."""
+"""The outbox's deliveries: the dispatcher claims due messages with a delivery lease and a
+fence; only the current holder can record the outcome of a delivery attempt; an operator can
+requeue one. A completion queues the messages (``store.outbox_queue``), a person decides held
+ones (``store.approvals``), reads are ``store.outbox_reads``. Each ``*_txn`` is one transition
+(the caller owns the transaction) over named statements (``store.statement``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,33 +16,15 @@ from sqlalchemy.engine import Connection
 
 from store.dialect import (
     db_now,
-    insert_ignoring_conflicts,
     json_rows,
     one_statement_writes,
     skip_locked,
 )
 from store.errors import DeliveryLeaseLost, InvalidInput, InvalidTransition, MessageNotFound
-from store.identity import message_key
-from store.message import OutboxMessage
-from store.models import (
-    CLAIMABLE_WHERE,
-    MAX_OWNER,
-    DeliveryAttempt,
-    QueuedMessage,
-    delivery_attempts_table,
-    outbox_table,
-    runs_table,
-)
-from store.statement import (
-    EVERYWHERE,
-    NOWHERE,
-    ON_POSTGRES,
-    Statement,
-    one_of,
-    optional,
-    param,
-    transition,
-)
+from store.fence import DELIVERY_LEASE
+from store.models import CLAIMABLE_WHERE, QueuedMessage, delivery_attempts_table, outbox_table
+from store.outbox_reads import get_message, message_from_row
+from store.statement import ON_POSTGRES, Statement, insert_rows, one_of, optional, param, transition
 from store.validators import check_seconds
 
 outbox = outbox_table
@@ -49,8 +32,6 @@ deliveries = delivery_attempts_table
 
 DUE_STATUSES = ("pending", "retry", "uncertain")
 REQUEUEABLE = ("retry", "uncertain", "dead")
-# A person's decision on a held message, and the status it leaves the message in.
-DECIDED_STATUS = {"approved": "pending", "rejected": "rejected"}
 
 
 @dataclass(frozen=True)
@@ -74,17 +55,6 @@ class MessageClaim:
 
 
 @dataclass(frozen=True)
-class HeldMessage:
-    """A message waiting for a person's decision, with the Run it belongs to."""
-
-    message: QueuedMessage
-    job: str
-    subject: str
-    period_start: datetime
-    revision: int
-
-
-@dataclass(frozen=True)
 class Reply:
     """What the receiver or provider answered (all optional)."""
 
@@ -94,64 +64,6 @@ class Reply:
 
 
 NO_REPLY = Reply()
-
-
-# --- the queue: a completion's outbox rows (``store.runs.complete_txn`` queues them with the
-# Run it completes, in the same statement on PostgreSQL) ---
-
-
-def message_rows(run_id: str, messages: Iterable[OutboxMessage]) -> list[dict[str, Any]]:
-    """A completion's outbox rows, one per (run, channel, recipient): the first message to a
-    recipient on a channel is kept."""
-    rows: dict[str, dict[str, Any]] = {}
-    for message in messages:
-        if not isinstance(message, OutboxMessage):
-            raise InvalidInput(f"messages must be OutboxMessage objects, got {type(message).__name__}")
-        key = message_key(run_id, message.channel, message.recipient)
-        hold = None if message.hold is None else message.hold.total_seconds()
-        rows.setdefault(key, {
-            "message_id": key, "run_id": run_id, "channel": message.channel,
-            "recipient": message.recipient, "subject": message.subject, "body": message.body,
-            "headers": dict(message.headers), "payload": message.payload,
-            "status": "pending" if hold is None else "held",
-            "hold_seconds": None if hold is None else check_seconds(hold, "hold"),
-        })
-    return list(rows.values())
-
-
-_GIVEN = ("message_id", "run_id", "channel", "recipient", "subject", "body", "headers",
-          "payload", "status")
-_HOLD_SECONDS = sa.Column("hold_seconds", sa.Float())
-
-
-def queue(d: str, only_if: sa.ColumnElement[bool] | None = None) -> sa.Insert:
-    """The Run's outbox rows, from one JSON array parameter; a row already queued is a no-op.
-    A held row is overdue ``hold_seconds`` after now (database clock)."""
-    given = json_rows(d, "messages", [*[outbox.c[n] for n in _GIVEN], _HOLD_SECONDS]
-                      ).subquery("given")
-    now = db_now()
-    hold = given.c.hold_seconds
-    # Always a WHERE: SQLite cannot otherwise tell ON CONFLICT from a join's ON.
-    rows = sa.select(
-        *[given.c[n] for n in _GIVEN], sa.literal(0), sa.literal(0), now, now, now,
-        sa.case((hold.is_(None), sa.null()), else_=db_now(hold)),
-    ).where(sa.true() if only_if is None else only_if)
-    return insert_ignoring_conflicts(d, outbox).from_select(
-        [*_GIVEN, "attempts", "fence", "next_attempt_at", "created_at", "updated_at",
-         "hold_until"],
-        rows,
-    )
-
-
-_QUEUE = Statement(
-    "queue_messages", "The completed Run's outbox rows, one per (run, channel, recipient); a "
-    "row already queued is left as it is.", queue, dialects=("sqlite",))
-
-
-def queue_messages(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Queue a completed Run's outbox rows (``message_rows``) as a statement of its own, where
-    the completion's statement cannot carry them (SQLite)."""
-    _QUEUE.rows(conn, messages=rows)
 
 
 # --- statements: one name and one rule each (store/sql/<dialect>.sql shows what they send) ---
@@ -199,16 +111,6 @@ _CLAIM = Statement(
     "attempt.", _take)
 
 
-def _holder() -> sa.ColumnElement[bool]:
-    """The guard of every outcome: the message is sending under this exact fence and owner."""
-    return sa.and_(
-        outbox.c.message_id == param(outbox.c.message_id),
-        outbox.c.fence == param(outbox.c.fence),
-        outbox.c.lease_owner == param(outbox.c.lease_owner, "owner"),
-        outbox.c.status == "sending",
-    )
-
-
 _ATTEMPT = ("message_id", "attempt", "owner", "started_at", "outcome", "reply_code",
             "reply_text", "provider_message_id")
 
@@ -216,7 +118,7 @@ _ATTEMPT = ("message_id", "attempt", "owner", "started_at", "outcome", "reply_co
 def _record(d: str) -> Any:
     delay = sa.bindparam("delay", type_=sa.Float())
     update = (
-        sa.update(outbox).where(_holder())
+        sa.update(outbox).where(DELIVERY_LEASE.holder())
         .values(status=param(deliveries.c.outcome), lease_owner=sa.null(), lease_expires_at=sa.null(),
                 updated_at=db_now(), last_error=param(outbox.c.last_error),
                 next_attempt_at=sa.case((sa.cast(delay, sa.Float()).is_(None), sa.null()),
@@ -227,7 +129,7 @@ def _record(d: str) -> Any:
         return update  # the attempt row follows as a statement of its own
     # One round trip: the attempt row is written only if the guarded update matched.
     updated = update.cte("updated")
-    recorded = sa.insert(deliveries).from_select(
+    recorded = insert_rows(sa.insert(deliveries),
         [*_ATTEMPT, "finished_at"],
         sa.select(*[param(deliveries.c[n]) for n in _ATTEMPT], db_now())
         .where(sa.exists(sa.select(updated.c.message_id))),
@@ -254,13 +156,10 @@ _RECORDED = ["message_id", "attempt", "owner", "started_at", "outcome", "reply_c
 
 
 def _sent_holder(given: Any) -> sa.ColumnElement[bool]:
-    return sa.and_(
-        outbox.c.message_id == given.c.message_id, outbox.c.fence == given.c.fence,
-        outbox.c.lease_owner == given.c.owner,
-        # Written as an expression so that SQLite looks each given row up by primary key
-        # instead of looping over every 'sending' row through the status index.
-        outbox.c.status.concat("") == "sending",
-    )
+    # The status written as an expression so that SQLite looks each given row up by primary
+    # key instead of looping over every 'sending' row through the status index.
+    return DELIVERY_LEASE.holder(key=given.c.message_id, fence=given.c.fence,
+                                 owner=given.c.owner, status=outbox.c.status.concat(""))
 
 
 def _mark_sent_update(given: Any) -> sa.Update:
@@ -286,7 +185,7 @@ def _mark_sent(d: str) -> Any:
         outbox.c.message_id, outbox.c.attempts, outbox.c.claimed_at, given.c.owner,
         given.c.reply_code, given.c.reply_text, given.c.provider_message_id,
     ).cte("updated")
-    recorded = sa.insert(deliveries).from_select(_RECORDED, sa.select(
+    recorded = insert_rows(sa.insert(deliveries), _RECORDED, sa.select(
         updated.c.message_id, updated.c.attempts, updated.c.owner, updated.c.claimed_at,
         sa.literal("sent"), updated.c.reply_code, updated.c.reply_text,
         updated.c.provider_message_id, db_now(),
@@ -296,7 +195,7 @@ def _mark_sent(d: str) -> Any:
 
 def _record_held_as_sent(d: str) -> sa.Insert:
     given = json_rows(d, "sent", _SENT_GIVEN).subquery("given")
-    return sa.insert(deliveries).from_select(_RECORDED, sa.select(
+    return insert_rows(sa.insert(deliveries), _RECORDED, sa.select(
         outbox.c.message_id, outbox.c.attempts, given.c.owner, outbox.c.claimed_at,
         sa.literal("sent"), given.c.reply_code, given.c.reply_text, given.c.provider_message_id,
         db_now(),
@@ -331,7 +230,7 @@ _SENT_BY = Statement(
 _RELEASE = Statement(
     "release_message", "A claimed message never handed to a transport returns to the status it "
     "was claimed from, due now, and its try is not counted; only its lease holder can.",
-    lambda d: sa.update(outbox).where(_holder()).values(
+    lambda d: sa.update(outbox).where(DELIVERY_LEASE.holder()).values(
         status=param(outbox.c.status), attempts=outbox.c.attempts - 1, lease_owner=sa.null(),
         lease_expires_at=sa.null(), next_attempt_at=db_now(), updated_at=db_now()))
 
@@ -343,85 +242,6 @@ _REQUEUE = Statement(
     .values(status="pending", next_attempt_at=db_now(), updated_at=db_now())
     .returning(*outbox.c))
 
-def _decide(d: str) -> sa.Update:
-    given = json_rows(d, "decided", [outbox.c.message_id])
-    now = db_now()
-    return (
-        sa.update(outbox)
-        .where(outbox.c.message_id.in_(given), outbox.c.status == "held")
-        .values(status=param(outbox.c.status), decision=param(outbox.c.decision),
-                decided_by=param(outbox.c.decided_by), decision_reason=param(outbox.c.decision_reason),
-                decided_at=now, next_attempt_at=now, updated_at=now)
-        .returning(*outbox.c)
-    )
-
-
-_DECIDE = Statement(
-    "decide_held_messages", "A person's decision on held messages: approved ones become "
-    "pending, due now with their key; rejected ones are rejected, never sent; who, when and "
-    "why are recorded; only a held message can be decided.", _decide)
-_STATUSES_OF = Statement(
-    "read_message_statuses", "The status of each of the given outbox messages that exists.",
-    lambda d: sa.select(outbox.c.message_id, outbox.c.status)
-    .where(outbox.c.message_id.in_(json_rows(d, "given", [outbox.c.message_id]))))
-
-DEADLINE = "deadline"  # who decided when nobody did in time
-DEADLINE_REASON = "no decision before the hold's deadline (the job's approval rejects then)"
-
-_REJECT_OVERDUE = Statement(
-    "reject_overdue_holds", "The job's held messages whose deadline passed (database clock) "
-    "are rejected, by the deadline; never sent.",
-    lambda d: sa.update(outbox)
-    .where(outbox.c.status == "held", outbox.c.hold_until <= db_now(),
-           outbox.c.run_id.in_(sa.select(runs_table.c.run_id)
-                               .where(runs_table.c.job == param(runs_table.c.job))))
-    .values(status="rejected", decision="rejected", decided_by=DEADLINE,
-            decision_reason=DEADLINE_REASON, decided_at=db_now(), updated_at=db_now())
-    .returning(*outbox.c))
-
-_LIST_HELD = Statement(
-    "list_held_messages", "Held messages, oldest first, with their Run's job, subject, period "
-    "and revision, optionally of one job and one Run.",
-    lambda d: sa.select(outbox, runs_table.c.job.label("run_job"),
-                        runs_table.c.subject.label("run_subject"),
-                        runs_table.c.period_start.label("run_period_start"),
-                        runs_table.c.revision.label("run_revision"))
-    .join(runs_table, runs_table.c.run_id == outbox.c.run_id)
-    .where(outbox.c.status == "held", optional(runs_table.c.job), optional(outbox.c.run_id))
-    .order_by(outbox.c.created_at, outbox.c.message_id)
-    .limit(sa.bindparam("limit", type_=sa.Integer())))
-
-_GET = Statement(
-    "get_message", "An outbox message by id.",
-    lambda d: sa.select(outbox).where(outbox.c.message_id == param(outbox.c.message_id)))
-_LIST = Statement(
-    "list_messages", "Outbox messages, oldest first, optionally of one status, one Run and one "
-    "channel.",
-    lambda d: sa.select(outbox).where(optional(outbox.c.status), optional(outbox.c.run_id),
-                                      optional(outbox.c.channel))
-    .order_by(outbox.c.created_at, outbox.c.message_id)
-    .limit(sa.bindparam("limit", type_=sa.Integer())))
-_LIST_RECENT = Statement(
-    "list_recent_messages",
-    "The newest outbox messages first, optionally of one status, one Run and one channel.",
-    lambda d: sa.select(outbox).where(optional(outbox.c.status), optional(outbox.c.run_id),
-                                      optional(outbox.c.channel))
-    .order_by(outbox.c.created_at.desc(), outbox.c.message_id.desc())
-    .limit(sa.bindparam("limit", type_=sa.Integer())))
-_LIST_DELIVERIES = Statement(
-    "list_delivery_attempts", "A message's delivery attempts in order.",
-    lambda d: sa.select(deliveries).where(deliveries.c.message_id == param(outbox.c.message_id))
-    .order_by(deliveries.c.attempt))
-_COUNT = Statement(
-    "count_messages", "Outbox messages per status.",
-    lambda d: sa.select(outbox.c.status, sa.func.count().label("messages"))
-    .group_by(outbox.c.status))
-
-
-def _message(row: dict[str, Any]) -> QueuedMessage:
-    return QueuedMessage.model_validate(row)
-
-
 def _delivery_lease_lost(claim: MessageClaim) -> DeliveryLeaseLost:
     return DeliveryLeaseLost(
         f"message {claim.message_id}: delivery fence {claim.fence} of {claim.owner} is no "
@@ -430,7 +250,7 @@ def _delivery_lease_lost(claim: MessageClaim) -> DeliveryLeaseLost:
 
 
 def _holder_params(claim: MessageClaim) -> dict[str, Any]:
-    return {"message_id": claim.message_id, "fence": claim.fence, "owner": claim.owner}
+    return DELIVERY_LEASE.presented(claim.message_id, claim.fence, claim.owner)
 
 
 # --- transitions ----------------------------------------------------------------------------
@@ -558,102 +378,4 @@ def requeue_message_txn(conn: Connection, message_id: str) -> QueuedMessage:
         raise InvalidTransition(
             f"message {message_id} is {current.status}; only {', '.join(REQUEUEABLE)} can be requeued"
         )
-    return _message(row)
-
-
-@transition(one_statement_on=NOWHERE)
-def decide_messages_txn(
-    conn: Connection, message_ids: Sequence[str], decision: str, by: str, reason: str | None,
-) -> list[QueuedMessage]:
-    """A person's decision on held messages, all or none: approved ones become pending (due
-    now, same key), rejected ones are never sent; the decision, who, when and why are recorded
-    on each. A message that is unknown or not held refuses the whole decision."""
-    if decision not in DECIDED_STATUS:
-        raise InvalidInput(f"decision must be one of {', '.join(DECIDED_STATUS)}, got {decision!r}")
-    if not isinstance(by, str) or not by.strip() or len(by) > MAX_OWNER:
-        raise InvalidInput(f"who decides must be a name of 1 to {MAX_OWNER} characters, such as "
-                           f"an operator's login, got {by!r}")
-    if decision == "rejected" and (reason is None or not reason.strip()):
-        raise InvalidInput("a rejection needs a reason (--reason TEXT): it is recorded with it")
-    wanted = list(dict.fromkeys(message_ids))
-    if not wanted:
-        raise InvalidInput("no message to decide: give message ids, a run, or a job and period")
-    given = [{"message_id": m} for m in wanted]
-    found = {r["message_id"]: r["status"] for r in _STATUSES_OF.rows(conn, given=given)}
-    missing = [m for m in wanted if m not in found]
-    if missing:
-        raise MessageNotFound(f"no outbox message with id {missing[0]!r}; nothing was decided")
-    _refuse_unheld(found)
-    rows = _DECIDE.rows(conn, decided=given, status=DECIDED_STATUS[decision], decision=decision,
-                        decided_by=by.strip(), decision_reason=reason)
-    if len(rows) != len(wanted):  # decided by someone else meanwhile: roll the whole one back
-        decided = {r["message_id"] for r in rows}
-        _refuse_unheld({r["message_id"]: r["status"] for r in _STATUSES_OF.rows(conn, given=given)
-                        if r["message_id"] not in decided})
-    return sorted((_message(r) for r in rows), key=lambda m: (m.created_at, m.message_id))
-
-
-@transition(one_statement_on=EVERYWHERE)
-def reject_overdue_holds_txn(conn: Connection, job: str) -> list[QueuedMessage]:
-    """The job's held messages past their deadline are rejected by the deadline (recorded as
-    decided by ``deadline``), never sent: for a job whose approval rejects an unanswered hold."""
-    return [_message(r) for r in _REJECT_OVERDUE.rows(conn, job=job)]
-
-
-def _refuse_unheld(statuses: dict[str, str]) -> None:
-    for message_id, status in statuses.items():
-        if status != "held":
-            raise InvalidTransition(
-                f"message {message_id} is {status}, not held: only a held message can be approved "
-                "or rejected; nothing was decided")
-
-
-# --- reads ----------------------------------------------------------------------------------
-
-
-def get_message(conn: Connection, message_id: str) -> QueuedMessage | None:
-    """The outbox message with this id, if any."""
-    row = _GET.first(conn, message_id=message_id)
-    return _message(row) if row else None
-
-
-def list_messages(
-    conn: Connection, *, status: str | None = None, run_id: str | None = None,
-    channel: str | None = None, limit: int = 100,
-) -> list[QueuedMessage]:
-    """Outbox messages, oldest first."""
-    return [_message(r) for r in _LIST.rows(conn, status=status, run_id=run_id, channel=channel,
-                                            limit=limit)]
-
-
-def list_recent_messages(
-    conn: Connection, *, status: str | None = None, run_id: str | None = None,
-    channel: str | None = None, limit: int = 100,
-) -> list[QueuedMessage]:
-    """The newest ``limit`` outbox messages, newest first (what a person looks at)."""
-    return [_message(r) for r in _LIST_RECENT.rows(conn, status=status, run_id=run_id,
-                                                   channel=channel, limit=limit)]
-
-
-def list_held_messages(
-    conn: Connection, *, job: str | None = None, period_start: datetime | None = None,
-    run_id: str | None = None, limit: int = 1000,
-) -> list[HeldMessage]:
-    """Messages waiting for a person, oldest first, with their Runs' identity (of one job, one
-    period start and one Run when given)."""
-    rows = _LIST_HELD.rows(conn, job=job, run_id=run_id, limit=limit)
-    found = [HeldMessage(_message({c.key: r[c.key] for c in outbox.c}), r["run_job"],
-                         r["run_subject"], r["run_period_start"], r["run_revision"])
-             for r in rows]
-    return [h for h in found if period_start is None or h.period_start == period_start]
-
-
-def list_delivery_attempts(conn: Connection, message_id: str) -> list[DeliveryAttempt]:
-    """A message's delivery attempts, first try first."""
-    return [DeliveryAttempt.model_validate(r)
-            for r in _LIST_DELIVERIES.rows(conn, message_id=message_id)]
-
-
-def count_messages(conn: Connection) -> dict[str, int]:
-    """Messages per status (for summaries and the CLI)."""
-    return {r["status"]: r["messages"] for r in _COUNT.rows(conn)}
+    return message_from_row(row)

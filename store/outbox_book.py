@@ -1,5 +1,6 @@
 """The ledger's outbox (``Ledger.outbox``): each method is one unit of work around one transition
-or read of ``store.outbox``, a transition followed by its fault point."""
+or read of ``store.outbox``, ``store.approvals`` or ``store.outbox_reads``, a transition followed
+by its fault point."""
 
 from __future__ import annotations
 
@@ -7,28 +8,32 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from store import faults
+from store.approvals import (
+    HeldMessage,
+    decide_messages_txn,
+    list_held_messages,
+    reject_overdue_holds_txn,
+)
 from store.ids import resolve_message_id
 from store.models import DeliveryAttempt, QueuedMessage
 from store.outbox import (
     NO_REPLY,
-    HeldMessage,
     MessageClaim,
     Reply,
     claim_messages_txn,
-    count_messages,
-    decide_messages_txn,
-    get_message,
-    list_delivery_attempts,
-    list_held_messages,
-    list_messages,
-    list_recent_messages,
     mark_dead_txn,
     mark_sent_txn,
     mark_uncertain_txn,
-    reject_overdue_holds_txn,
     release_message_txn,
     requeue_message_txn,
     schedule_retry_txn,
+)
+from store.outbox_reads import (
+    count_messages,
+    get_message,
+    list_delivery_attempts,
+    list_messages,
+    list_recent_messages,
 )
 from store.units_of_work import UnitsOfWork
 from store.validators import lease_seconds

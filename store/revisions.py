@@ -14,8 +14,8 @@ from store.dialect import db_now, insert_ignoring_conflicts
 from store.errors import RevisionInProgress, RevisionRefused, RunNotFound
 from store.identity import RunIdentity, params_fingerprint
 from store.models import Run, runs_table
-from store.runs import IDENTITY_COLUMNS, require_run, run_from_row
-from store.statement import NOWHERE, Statement, param, transition
+from store.run_reads import IDENTITY_COLUMNS, require_run, run_from_row
+from store.statement import NOWHERE, Statement, insert_rows, param, transition
 
 runs = runs_table
 
@@ -67,7 +67,7 @@ def _request_revision(d: str) -> sa.Insert:
         param(runs.c.requested_by), param(runs.c.params_fingerprint), param(runs.c.params), raw,
         sa.literal("pending"), sa.literal(0), sa.literal(0), db_now(), db_now(),
     ).where(source.c.run_id == param(runs.c.run_id, "source_run_id"), finished)
-    return insert_ignoring_conflicts(d, runs).from_select(
+    return insert_rows(insert_ignoring_conflicts(d, runs),
         ["run_id", "job", "subject", "period_start", "version", "revision", "revises_run_id",
          "revision_reason", "resend", "requested_by", "params_fingerprint", "params", "raw_input",
          "status", "fence", "attempts", "created_at", "updated_at"], rows,

@@ -11,7 +11,7 @@ SQLAlchemy's exceptions, with a dropped connection invalidated like SQLAlchemy d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
@@ -66,6 +66,17 @@ def one_of(column: sa.Column[Any], values: tuple[str, ...]) -> sa.ColumnElement[
     return sa.or_(*(column == value for value in values))
 
 
+InsertT = TypeVar("InsertT", bound=sa.Insert)
+
+
+def insert_rows(insert: InsertT, names: Sequence[str], rows: sa.Select[Any]) -> InsertT:
+    """``insert`` fills ``names`` from ``rows``, each selected expression labelled by the column
+    it fills (so the catalogue reads ``0 AS attempts``, not ``anon_1``)."""
+    labelled = [c if getattr(c, "name", None) == n else c.label(n)
+                for n, c in zip(names, rows.selected_columns, strict=True)]
+    return insert.from_select(names, rows.with_only_columns(*labelled))
+
+
 P = ParamSpec("P")
 R = TypeVar("R")
 STATEMENTS: dict[str, Statement] = {}  # every named statement, in the order defined
@@ -78,24 +89,32 @@ NOWHERE: frozenset[str] = frozenset()
 
 class Transition(Generic[P, R]):
     """A state transition: a function of an open connection that never commits (the caller
-    owns the transaction), and the dialects where it is one statement (``one_statement_on``)."""
+    owns the transaction), and the dialects where it is one statement (``one_statement_on``);
+    a transition whose statements depend on its arguments says when it is one (``when``)."""
 
     def __init__(self, function: Callable[Concatenate[Connection, P], R],
-                 one_statement_on: frozenset[str]) -> None:
+                 one_statement_on: frozenset[str],
+                 when: Callable[..., bool] | None = None) -> None:
         self.function = function
         self.one_statement_on = one_statement_on
+        self.when = when
         self.__name__ = function.__name__
         self.__doc__ = function.__doc__
 
     def __call__(self, conn: Connection, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.function(conn, *args, **kwargs)
 
+    def is_one_statement(self, dialect: str, *args: P.args, **kwargs: P.kwargs) -> bool:
+        """Whether this call of the transition sends one statement on ``dialect``."""
+        return dialect in self.one_statement_on and (self.when is None or self.when(*args, **kwargs))
 
-def transition(*, one_statement_on: frozenset[str]
+
+def transition(*, one_statement_on: frozenset[str], when: Callable[..., bool] | None = None
                ) -> Callable[[Callable[Concatenate[Connection, P], R]], Transition[P, R]]:
-    """Declare a function a transition, one statement in autocommit on ``one_statement_on``."""
+    """Declare a function a transition, one statement in autocommit on ``one_statement_on``
+    (for the calls ``when`` holds for, its arguments given, if given)."""
     def declare(function: Callable[Concatenate[Connection, P], R]) -> Transition[P, R]:
-        return Transition(function, one_statement_on)
+        return Transition(function, one_statement_on, when)
 
     return declare
 
@@ -116,13 +135,18 @@ class Statement:
         self._compiled: dict[str, _Compiled] = {}
         STATEMENTS[name] = self
 
+    def build(self, dialect_name: str) -> ClauseElement:
+        """The statement as built for ``dialect_name``: what runs and what the catalogue shows
+        are compiled from it."""
+        return self._build(dialect_name)
+
     def __repr__(self) -> str:
         return f"Statement({self.name!r})"
 
     def compiled(self, dialect: Dialect) -> _Compiled:
         found = self._compiled.get(dialect.name)
         if found is None:
-            found = self._compiled[dialect.name] = _compile(self._build(dialect.name), dialect)
+            found = self._compiled[dialect.name] = _compile(self.build(dialect.name), dialect)
         return found
 
     def rows(self, conn: Connection, **params: Any) -> list[dict[str, Any]]:

@@ -24,13 +24,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from store.call_tables import model_calls_table
 from store.dialect import db_now, json_rows, stored_size
 from store.errors import InvalidInput
 from store.identity import document_digest, require_aware
 from store.models import (
     attempts_table,
     delivery_attempts_table,
-    model_calls_table,
     occurrences_table,
     outbox_table,
     runs_table,

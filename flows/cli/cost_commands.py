@@ -1,7 +1,8 @@
 """`runledger costs`: what each job spent on its model from a day on (calls paid, lost in
 flight, reused from a checkpoint, tokens, money per currency; revisions apart) and what the
 duplicates the ledger suppressed would have cost: each duplicate Run's answered calls'
-stored cost, measured when the tick suppressed it; a line per job whose provider billed
+stored cost, measured when the tick suppressed it; a line per job whose prompts were read
+from (or written to) the provider's prompt cache, and one per job whose provider billed
 answers beyond the bound their calls reserved (reads only)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from flows.cli.app import LOOK, app
 from flows.cli.output import console, ledger_session, print_json
 from flows.cli.stats_commands import checked_window, window_start
 from flows.cli.tables import FOLD, Col, print_table
-from flows.spend import JobCosts, cost_text, job_costs
+from flows.spend import JobCosts, cache_text, cost_text, job_costs
 from flows.stats import daily_stats
 
 COLUMNS = [Col("job", fold=FOLD), Col("calls paid"), Col("lost", drop=2), Col("reused", drop=2),
@@ -47,7 +48,8 @@ def costs(
     cost had they run again (each one's answered calls as stored: the money the ledger
     saved, measured). A job some of whose answers were billed beyond the bound their calls
     reserved (a provider that did not honour max_tokens) gets a line saying how many and by
-    how many tokens. Reads only."""
+    how many tokens; a job whose prompts were read from (or written to) the provider's prompt
+    cache, a line saying how many tokens (priced apart). Reads only."""
     start = checked_window(job, since)
     with ledger_session() as ledger:
         start = window_start(ledger, start)
@@ -63,8 +65,21 @@ def costs(
         console().print(f"nothing recorded since {start.date().isoformat()} (UTC)")
         return
     print_table(console(), COLUMNS, [_row(c) for c in found])
-    for line in overrun_lines(found):
+    for line in [*cache_lines(found), *overrun_lines(found)]:
         console().print(line)
+
+
+def cache_lines(found: list[JobCosts]) -> list[str]:
+    """One line per job whose prompts were partly read from (or written to) the provider's
+    prompt cache: those tokens are priced apart (the model's cached_input and cache_write)."""
+    lines = []
+    for c in found:
+        cache = cache_text(c.spent.cached_tokens + c.revisions.cached_tokens,
+                           c.spent.cache_write_tokens + c.revisions.cache_write_tokens)
+        if cache:
+            lines.append(f"{c.job}: of its prompt tokens, {cache} (the provider's prompt cache, "
+                         "priced apart)")
+    return lines
 
 
 def overrun_lines(found: list[JobCosts]) -> list[str]:

@@ -21,7 +21,7 @@ from flows.cli.tables import EMAIL, FOLD, Col, decision_text, print_table, short
 from flows.jobs.schedule import NOT_DUE_FLAG
 from flows.prices import format_money
 from flows.run_job.outcomes import outcome_name
-from flows.spend import spend_of
+from flows.spend import Spend, cache_text, spend_of
 from store import (
     RUN_STATUSES,
     Attempt,
@@ -130,12 +130,12 @@ def runs_show(
     spend = spend_of([c.model_dump() for c in calls])
     print_table(out, CALL_COLUMNS, [
         [str(c.fence), str(c.position), c.model, utc(c.started_at), c.outcome or "(in flight)",
-         _count(c.prompt_tokens), _count(c.completion_tokens),
+         _prompt_tokens(c), _count(c.completion_tokens),
          "-" if c.latency_ms is None else f"{c.latency_ms} ms",
          _call_cost(c),
          str(c.reuses), c.error or ""] for c in calls],
         title=f"model calls: {spend.paid} paid, {spend.lost} lost, {spend.reused} reused, "
-              f"{spend.tokens} tokens, {spend.money()}")
+              f"{spend.tokens} tokens{_cache(spend)}, {spend.money()}")
     print_table(out, RUN_OUTBOX_COLUMNS, [
         [short_id(m.message_id), m.channel, m.recipient, m.status, str(m.attempts),
          m.last_error or "", decision_text(m.decision, m.decided_by, m.decided_at,
@@ -160,6 +160,17 @@ def _call_cost(call: ModelCall) -> str:
     if call.cost_nanos is None and call.prompt_tokens is None and call.completion_tokens is None:
         return "in flight" if call.outcome is None else "unknown"
     return format_money(call.cost_nanos, call.currency)
+
+
+def _prompt_tokens(call: ModelCall) -> str:
+    """A call's prompt tokens, with those read from the provider's cache and written to it."""
+    cache = cache_text(call.cached_tokens, call.cache_write_tokens)
+    return _count(call.prompt_tokens) + (f" ({cache})" if cache else "")
+
+
+def _cache(spend: Spend) -> str:
+    cache = cache_text(spend.cached_tokens, spend.cache_write_tokens)
+    return f" ({cache})" if cache else ""
 
 
 def _count(value: int | None) -> str:

@@ -6,7 +6,7 @@ from flows.errors import PermanentError, TransientError, ValidationFailed
 from flows.jobs.approval import Approval
 from flows.jobs.budget import Budget
 from flows.jobs.job import Candidate, Job, MissedRunPolicy
-from flows.model import Generation, Model
+from flows.model import Generation, Message, Model
 from flows.targets import Target
 from store import InvalidInput, OutboxMessage, Period, normalize_address
 
@@ -17,6 +17,7 @@ __all__ = [
     "Generation",
     "InvalidInput",
     "Job",
+    "Message",
     "MissedRunPolicy",
     "Model",
     "OutboxMessage",

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flows.jobs import (
@@ -37,8 +37,23 @@ SUBSCRIBERS = "subscribers.txt"
 URLS = "urls.txt"
 INSTRUCTIONS = (
     "You brief a product team on its competitors. Summarize the documents below in at most "
-    "five sentences of plain, factual text. Do not invent facts."
+    "five sentences of plain, factual text, and list each product or plan a competitor "
+    "launched, by name, with one factual sentence about it. Do not invent facts."
 )
+
+
+class Launch(BaseModel):
+    """A product or plan a competitor launched."""
+
+    name: str = Field(description="The product's or plan's name.")
+    what: str = Field(description="One factual sentence about it.")
+
+
+class Briefing(BaseModel):
+    """What the model answers: the summary, and the launches it names."""
+
+    summary: str = Field(description="At most five sentences of plain, factual text.")
+    launches: list[Launch] = Field(description="Each launch the documents name.")
 
 
 class CompetitorSummarySettings(BaseSettings):
@@ -141,10 +156,13 @@ def collect(workspace: str, period: Period) -> dict[str, Any]:
 
 
 def transform(raw: dict[str, Any], model: Model) -> Candidate:
+    """One call, answered as a ``Briefing`` (structured output): its summary is the text."""
     prompt = "\n\n".join(f"## {d['name']}\n\n{d['text'].strip()}" for d in raw["documents"])
-    answer = model.generate(prompt, system=INSTRUCTIONS)
-    return Candidate(answer.text, answer.model, {
+    answer = model.generate(prompt, system=INSTRUCTIONS, output=Briefing)
+    briefing = Briefing.model_validate(answer.parsed)
+    return Candidate(briefing.summary, answer.model, {
         "workspace": raw["workspace"], "documents": [d["name"] for d in raw["documents"]],
+        "launches": [launch.model_dump() for launch in briefing.launches],
     })
 
 
@@ -163,13 +181,17 @@ def messages(workspace: str, period: Period, output: dict[str, Any]) -> list[Out
     summary as a Markdown report written once."""
     settings = _settings()
     subject = f"Competitor summary for {workspace}, {period.label}"
-    body = f"{output['text']}\n\nSources: {', '.join(output['documents'])}\n"
+    # Summaries completed before launches were asked for have none.
+    launches = output.get("launches") or []
+    listed = "".join(f"- {launch['name']}: {launch['what']}\n" for launch in launches)
+    body = (f"{output['text']}\n\n" + (f"Launches:\n{listed}\n" if listed else "")
+            + f"Sources: {', '.join(output['documents'])}\n")
     made = [OutboxMessage(recipient, subject, body) for recipient in subscribers(workspace)]
     if settings.webhook:
         made.append(OutboxMessage.webhook(settings.webhook, {
             "job": "competitor-summary", "workspace": workspace, "period": period.label,
             "text": subject + "\n\n" + output["text"], "summary": output["text"],
-            "documents": output["documents"],
+            "launches": launches, "documents": output["documents"],
         }, subject=subject))
     if settings.bucket:
         report = f"# {subject}\n\n{body}"

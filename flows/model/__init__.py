@@ -1,11 +1,16 @@
-"""Models a job's transform can call: an offline extractive summarizer (the default) and an
-OpenAI-compatible chat-completions client, and the recording wrapper a transform receives."""
+"""Models a job's transform can call: an offline extractive summarizer (the default), an
+OpenAI-compatible chat-completions client and an Anthropic Messages API client, and the
+recording wrapper a transform receives (messages, parameters and structured output:
+``Message``, ``Request``, ``Model.generate``)."""
 
-from flows.model.bound import CallBound, InputBound, call_bound
+from flows.model.anthropic import AnthropicModel
+from flows.model.bound import CallBound, InputBound, call_bound, request_bound
 from flows.model.endpoint import DEFAULT, Endpoint, ModelEndpoint, UnknownEndpoint, endpoint_named
 from flows.model.errors import (
     EndpointRefusing,
+    InvalidModelRequest,
     ModelMisconfigured,
+    ModelRefused,
     ModelRejected,
     ModelUnavailable,
 )
@@ -14,11 +19,13 @@ from flows.model.limiter import EndpointLimiter
 from flows.model.offline import OfflineModel
 from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.model.price_block import ModelPrices
-from flows.model.protocol import Generation, Model
-from flows.model.recorded import CallCount, RecordedModel, prompt_digest
+from flows.model.protocol import Generation, Model, ModelClient
+from flows.model.recorded import CallCount, RecordedModel, prompt_digest, request_digest
+from flows.model.request import Message, Parameters, Request
 
 __all__ = [
     "DEFAULT",
+    "AnthropicModel",
     "CallBound",
     "CallCount",
     "Endpoint",
@@ -26,19 +33,27 @@ __all__ = [
     "EndpointRefusing",
     "Generation",
     "InputBound",
+    "InvalidModelRequest",
+    "Message",
     "Model",
+    "ModelClient",
     "ModelEndpoint",
     "ModelMisconfigured",
     "ModelPrices",
+    "ModelRefused",
     "ModelRejected",
     "ModelUnavailable",
     "OfflineModel",
     "OpenAICompatibleModel",
+    "Parameters",
     "RecordedModel",
+    "Request",
     "UnknownEndpoint",
     "call_bound",
     "endpoint_named",
     "model_from_settings",
     "prices_from_settings",
     "prompt_digest",
+    "request_bound",
+    "request_digest",
 ]

@@ -13,6 +13,7 @@ said once in the log."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import tiktoken
 
+from flows.model.request import Message, Request
 from flows.prices import PriceList
 
 MESSAGE_OVERHEAD = 8  # tokens a chat format adds around each message (role, separators)
@@ -78,7 +80,10 @@ class InputBound:
 
     def tokens(self, model: str, prompt: str, system: str | None) -> int:
         """The most tokens ``model`` can count for this prompt and system text."""
-        texts = [system, prompt] if system else [prompt]
+        return self.of_texts(model, [system, prompt] if system else [prompt])
+
+    def of_texts(self, model: str, texts: list[str]) -> int:
+        """The most tokens ``model`` can count for these texts, each a message."""
         encoding = self.encoding(model)
         if encoding is None:
             return byte_bound(texts)
@@ -127,5 +132,19 @@ INPUT_BOUND = InputBound()  # the process's: each encoding is loaded once
 
 def call_bound(model: str, prompt: str, system: str | None, max_tokens: int,
                inputs: InputBound = INPUT_BOUND) -> CallBound:
-    """The bound of a call of ``model`` asking for at most ``max_tokens``."""
-    return CallBound(inputs.tokens(model, prompt, system), max_tokens)
+    """The bound of a plain call of ``model`` (a prompt after an optional system text) asking
+    for at most ``max_tokens``."""
+    messages = ((Message("system", system),) if system else ()) + (Message("user", prompt),)
+    return request_bound(model, Request(messages), max_tokens, inputs)
+
+
+def request_bound(model: str, request: Request, max_tokens: int,
+                  inputs: InputBound = INPUT_BOUND) -> CallBound:
+    """The bound of ``request`` to ``model``: its messages and output schema (which the
+    provider adds to the prompt) bounded, plus the request's ``max_tokens`` or else the
+    endpoint's ``max_tokens``."""
+    texts = [m.content for m in request.messages]
+    schema = request.schema()
+    if schema is not None:
+        texts.append(json.dumps(schema))
+    return CallBound(inputs.of_texts(model, texts), request.parameters.max_tokens or max_tokens)

@@ -9,17 +9,19 @@ from dataclasses import dataclass
 
 from prefect.blocks.core import Block
 from prefect.client.orchestration import get_client
+from pydantic import ValidationError
 
+from flows.model.client import misconfigured
 from flows.model.errors import ModelMisconfigured
 from flows.model.factory import (
     api_key_in_block,
+    client_of,
     load_block,
     model_from_settings,
     prices_from_settings,
     prices_in_block,
 )
-from flows.model.openai_compatible import OpenAICompatibleModel
-from flows.model.protocol import Model
+from flows.model.protocol import ModelClient
 from flows.prices import PriceList
 from flows.settings import EndpointSettings, RunledgerSettings
 from store import InvalidInput, Limits
@@ -28,14 +30,14 @@ DEFAULT = "default"
 
 
 class ModelEndpoint(Block, EndpointSettings):
-    """A model endpoint that jobs share: its OpenAI-compatible API, model, key, limits and
-    prices."""
+    """A model endpoint that jobs share: its kind of API (OpenAI-compatible or Anthropic's),
+    URL, model, key, limits and prices."""
 
     _block_type_name = "runledger model endpoint"
     _block_type_slug = "runledger-model-endpoint"
     _description = ("A model endpoint runledger jobs share (Job(endpoint=\"<block name>\")): "
-                    "base URL, model name, the Secret block of its API key, the most tokens "
-                    "an answer may use, the requests and "
+                    "its kind (openai or anthropic), base URL, model name, the Secret block "
+                    "of its API key, the most tokens an answer may use, the requests and "
                     "tokens per minute and calls in flight its provider allows every worker "
                     "together, and the prices block of its model.")
 
@@ -78,16 +80,15 @@ class Endpoint:
             return self.given.max_tokens
         return self.settings.model_max_tokens
 
-    def model(self) -> Model:
+    def model(self) -> ModelClient:
         """A new client of this endpoint's model (the caller closes it)."""
         if self.given is None:
             return model_from_settings(self.settings)
         named_by = f"endpoint {self.name}'s api_key_block"
         key = (api_key_in_block(self.given.api_key_block, named_by)
                if self.given.api_key_block else None)
-        return OpenAICompatibleModel(self.given.base_url, self.given.model_name, key,
-                                     timeout_seconds=self.timeout_seconds,
-                                     max_tokens=self.max_tokens)
+        return client_of(self.given.kind, self.given.base_url, self.given.model_name, key,
+                         timeout_seconds=self.timeout_seconds, max_tokens=self.max_tokens)
 
     def prices(self) -> PriceList:
         """The prices of its model: its prices block, else the RUNLEDGER_MODEL_PRICES ones."""
@@ -98,11 +99,13 @@ class Endpoint:
 
 def endpoint_named(name: str, settings: RunledgerSettings) -> Endpoint:
     """The endpoint called ``name``: ``default``, an entry of RUNLEDGER_ENDPOINTS or a saved
-    block; ``UnknownEndpoint`` (listing the known ones) otherwise. Reads, never writes."""
+    block; ``UnknownEndpoint`` (listing the known ones) otherwise. A configuration its client
+    would refuse (no http(s) URL, no model name, an unknown kind) is ``ModelMisconfigured``,
+    before anything is written. Reads, never writes."""
     if name == DEFAULT:
-        return Endpoint(DEFAULT, settings, None)
+        return _checked(Endpoint(DEFAULT, settings, None))
     if name in settings.endpoints:
-        return Endpoint(name, settings, settings.endpoints[name])
+        return _checked(Endpoint(name, settings, settings.endpoints[name]))
     try:
         block = load_block(ModelEndpoint, name)
     except ValueError:
@@ -113,8 +116,30 @@ def endpoint_named(name: str, settings: RunledgerSettings) -> Endpoint:
         ) from None
     if not isinstance(block, ModelEndpoint):
         raise ModelMisconfigured(f"block {name!r} is not a \"runledger model endpoint\" block")
-    return Endpoint(name, settings, EndpointSettings.model_validate(
-        block.model_dump(include=set(EndpointSettings.model_fields))))
+    try:
+        given = EndpointSettings.model_validate(
+            block.model_dump(include=set(EndpointSettings.model_fields)))
+    except ValidationError as exc:
+        raise ModelMisconfigured(f"block {name!r} is not a valid model endpoint: "
+                                 f"{exc.errors()[0]['msg']}") from None
+    return _checked(Endpoint(name, settings, given))
+
+
+def _checked(endpoint: Endpoint) -> Endpoint:
+    """``endpoint``, once its configuration reads as one its client takes."""
+    given, settings = endpoint.given, endpoint.settings
+    if given is not None:
+        problem = misconfigured(given.kind, given.base_url, given.model_name,
+                                (f"endpoint {endpoint.name}'s base_url",
+                                 f"endpoint {endpoint.name}'s model_name"))
+    elif settings.model != "offline":
+        problem = misconfigured(settings.model, settings.model_base_url, settings.model_name,
+                                ("RUNLEDGER_MODEL_BASE_URL", "RUNLEDGER_MODEL_NAME"))
+    else:
+        problem = None
+    if problem is not None:
+        raise ModelMisconfigured(problem)
+    return endpoint
 
 
 def _saved_blocks() -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flows.errors import PermanentError, TransientError
+from store import InvalidInput
 
 
 class ModelUnavailable(TransientError):
@@ -26,6 +27,18 @@ class ModelRejected(PermanentError):
     """The model refused the request or answered nonsense (4xx, malformed reply)."""
 
     status: int | None = None  # as ModelUnavailable's; None for a malformed reply
+
+
+class ModelRefused(ModelRejected):
+    """The model answered with a refusal (OpenAI's ``message.refusal``, Anthropic's
+    ``stop_reason: refusal``): the call was paid and recorded as answered, and retrying the
+    same request would be refused again, so the Run fails."""
+
+
+class InvalidModelRequest(InvalidInput):
+    """A transform asked the model for something it cannot send (no prompt, an unknown role,
+    an output that is not a pydantic model, max_tokens out of range): refused before anything
+    was recorded or paid."""
 
 
 class ModelMisconfigured(PermanentError):

@@ -1,4 +1,5 @@
-"""Choose the model from settings: RUNLEDGER_MODEL=offline (default) or openai."""
+"""Choose the model from settings: RUNLEDGER_MODEL=offline (default), openai or anthropic; and
+the client of an endpoint's kind."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from typing import Any, TypeVar, cast
 from prefect.blocks.core import Block
 from pydantic import SecretStr
 
+from flows.model.anthropic import AnthropicModel
+from flows.model.client import EXAMPLE_URLS, Kind
 from flows.model.errors import ModelMisconfigured
 from flows.model.offline import OfflineModel
 from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.model.price_block import ModelPrices
-from flows.model.protocol import Model
+from flows.model.protocol import ModelClient
 from flows.prices import PriceList
 from flows.settings import RunledgerSettings
 
@@ -47,21 +50,32 @@ def api_key_in_block(name: str, named_by: str) -> SecretStr:
     return SecretStr(str(block.get()))
 
 
-def model_from_settings(settings: RunledgerSettings | None = None) -> Model:
-    """The model the settings select; an incomplete openai configuration is a clear error."""
+def model_from_settings(settings: RunledgerSettings | None = None) -> ModelClient:
+    """The model the settings select; an incomplete openai or anthropic configuration is a
+    clear error."""
     settings = settings or RunledgerSettings()
     if settings.model == "offline":
         return OfflineModel(delay_seconds=settings.offline_model_delay_seconds,
                             max_tokens=settings.model_max_tokens)
     if not settings.model_base_url or not settings.model_name:
         raise ModelMisconfigured(
-            "RUNLEDGER_MODEL=openai needs RUNLEDGER_MODEL_BASE_URL (e.g. http://localhost:11434/v1) "
+            f"RUNLEDGER_MODEL={settings.model} needs RUNLEDGER_MODEL_BASE_URL "
+            f"(e.g. {EXAMPLE_URLS[settings.model]}) "
             "and RUNLEDGER_MODEL_NAME"
         )
-    return OpenAICompatibleModel(
-        settings.model_base_url, settings.model_name, api_key(settings),
-        timeout_seconds=settings.model_timeout_seconds, max_tokens=settings.model_max_tokens,
-    )
+    return client_of(settings.model, settings.model_base_url, settings.model_name,
+                     api_key(settings), timeout_seconds=settings.model_timeout_seconds,
+                     max_tokens=settings.model_max_tokens)
+
+
+def client_of(kind: Kind, base_url: str, name: str, key: SecretStr | None, *,
+              timeout_seconds: float, max_tokens: int) -> ModelClient:
+    """A new client of an endpoint's ``kind`` of API (the caller closes it)."""
+    if kind == "anthropic":
+        return AnthropicModel(base_url, name, key, timeout_seconds=timeout_seconds,
+                              max_tokens=max_tokens)
+    return OpenAICompatibleModel(base_url, name, key, timeout_seconds=timeout_seconds,
+                                 max_tokens=max_tokens)
 
 
 def prices_from_settings(settings: RunledgerSettings | None = None) -> PriceList:

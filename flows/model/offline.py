@@ -3,16 +3,21 @@
 It keeps the few sentences whose words are most frequent in the text, in their original order.
 Deterministic, so the same input always gives the same summary. It reports its usage in words
 (whitespace-separated, the system text included in the prompt's), where a provider counts
-tokens: a model without a price, whose usage still shows what it read and wrote."""
+tokens: a model without a price, whose usage still shows what it read and wrote. Asked for
+structured output, it answers a specimen of the output model filled with the summary."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
 from collections import Counter
 
+from flows.model.asking import Unrecorded
 from flows.model.protocol import Generation
+from flows.model.request import Request
+from flows.model.specimen import specimen
 
 NAME = "offline-extractive-v1"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -56,9 +61,9 @@ def words(text: str | None) -> int:
     return len(text.split()) if text else 0
 
 
-class OfflineModel:
-    """A Model that summarizes the prompt by extraction, in at most ``max_tokens`` words;
-    ``delay_seconds`` simulates latency."""
+class OfflineModel(Unrecorded):
+    """A model client that summarizes the user messages by extraction, in at most
+    ``max_tokens`` words (the request's, else its own); ``delay_seconds`` simulates latency."""
 
     name = NAME
     endpoint = "offline"
@@ -69,12 +74,17 @@ class OfflineModel:
         self.delay_seconds = delay_seconds
         self.max_tokens = max_tokens
 
-    def generate(self, prompt: str, *, system: str | None = None) -> Generation:
+    def complete(self, request: Request) -> Generation:
         if self.delay_seconds:
             time.sleep(self.delay_seconds)
+        prompt = "\n\n".join(m.content for m in request.turns if m.role == "user")
+        limit = request.parameters.max_tokens or self.max_tokens
         # At most max_tokens words, as a provider stops at max_tokens tokens.
-        text = " ".join(summarize(prompt, self.max_sentences).split(" ")[:self.max_tokens])
-        return Generation(text, self.name, words(system) + words(prompt), words(text))
+        text = " ".join(summarize(prompt, self.max_sentences).split(" ")[:limit])
+        if request.output is not None:
+            text = json.dumps(specimen(request.output, text))
+        read = sum(words(m.content) for m in request.messages if m.role != "assistant")
+        return Generation(text, self.name, read, words(text))
 
     def close(self) -> None:
         return None

@@ -5,18 +5,25 @@ The SDK never retries (``max_retries=0``): each failure is classified so that th
 decides, and every request that leaves is one model call the ledger recorded. A 429 (or a 503
 with a pause hint: Retry-After, x-ratelimit-reset-*) is ``rate_limited``: the endpoint's
 limiter pauses every worker and tries the call again; other transient failures go to the
-stage's retries. The API key is sent, never logged."""
+stage's retries. The answer is not validated here: the recorded model validates structured
+output, so that a replayed checkpoint is validated the same way. The API key is sent, never
+logged."""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, cast
 
 import openai
+from openai.lib._parsing import type_to_response_format_param
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from pydantic import SecretStr
 
-from flows.model.errors import ModelMisconfigured, ModelRejected, ModelUnavailable
+from flows.model.announced import Announced, announced_limits
+from flows.model.client import ProviderClient
+from flows.model.errors import ModelRejected, ModelUnavailable
 from flows.model.protocol import Generation
+from flows.model.request import Request
 from flows.retry_after import pause_hint
 
 TRANSIENT_STATUSES = frozenset({408, 429})  # besides 5xx: the server asks to try again later
@@ -31,8 +38,15 @@ def _snippet(error: openai.APIStatusError) -> str:
     return text[:MAX_ERROR_BODY] + ("..." if len(text) > MAX_ERROR_BODY else "")
 
 
-class OpenAICompatibleModel:
-    """A Model answering through ``POST {base_url}/chat/completions``."""
+class OpenAICompatibleModel(ProviderClient):
+    """A model client answering through ``POST {base_url}/chat/completions``: the request's
+    messages and parameters as sent (``max_tokens`` and ``temperature`` the endpoint's unless
+    the request sets them), structured output as OpenAI's strict JSON schema
+    (``response_format``), the model's refusal as ``Generation.refusal``, the cached prompt
+    tokens (``usage.prompt_tokens_details.cached_tokens``) and the rate limits the answer's
+    headers announce."""
+
+    kind = "openai"
 
     def __init__(
         self,
@@ -44,19 +58,8 @@ class OpenAICompatibleModel:
         temperature: float | None = None,
         max_tokens: int = 1024,
     ) -> None:
-        if not base_url or not base_url.startswith(("http://", "https://")):
-            raise ModelMisconfigured(
-                f"RUNLEDGER_MODEL_BASE_URL must be an http(s) URL such as "
-                f"http://localhost:11434/v1, got {base_url!r}"
-            )
-        if not name:
-            raise ModelMisconfigured("RUNLEDGER_MODEL_NAME must name the model, e.g. llama3.2")
-        self.name = name
-        self.base_url = base_url.rstrip("/")
-        self.endpoint = self.base_url
+        super().__init__(base_url, name, timeout_seconds=timeout_seconds, max_tokens=max_tokens)
         self.temperature = temperature
-        self.max_tokens = max_tokens
-        self.timeout_seconds = timeout_seconds
         key = api_key.get_secret_value() if api_key is not None else ""
         self._headers: dict[str, Any] = {} if key else {"Authorization": openai.Omit()}
         self._client = openai.OpenAI(
@@ -64,20 +67,21 @@ class OpenAICompatibleModel:
             timeout=openai.Timeout(timeout_seconds, connect=min(10.0, timeout_seconds)),
         )
 
-    def __repr__(self) -> str:
-        return f"OpenAICompatibleModel(base_url={self.base_url!r}, name={self.name!r})"
-
-    def generate(self, prompt: str, *, system: str | None = None) -> Generation:
-        messages: list[ChatCompletionMessageParam] = (
-            [{"role": "system", "content": system}] if system else [])
-        messages.append({"role": "user", "content": prompt})
-        options: dict[str, Any] = {}
+    def complete(self, request: Request) -> Generation:
+        messages: list[ChatCompletionMessageParam] = [
+            cast("ChatCompletionMessageParam", {"role": m.role, "content": m.content})
+            for m in request.messages]
+        options: dict[str, Any] = {"max_tokens": self.max_tokens}
         if self.temperature is not None:
             options["temperature"] = self.temperature
+        options.update(request.parameters.given())  # the request's own win over the endpoint's
+        if request.output is not None:
+            # The SDK's own conversion (what ``parse`` sends): strict JSON schema of the model.
+            options["response_format"] = type_to_response_format_param(request.output)
         try:
-            completion = self._client.chat.completions.create(
-                model=self.name, messages=messages, max_tokens=self.max_tokens,
-                extra_headers=self._headers, **options)
+            raw = self._client.chat.completions.with_raw_response.create(
+                model=self.name, messages=messages, extra_headers=self._headers, **options)
+            completion = raw.parse()
         except openai.APITimeoutError as exc:
             raise ModelUnavailable(
                 f"model {self.name} at {self.base_url} did not answer within "
@@ -96,7 +100,7 @@ class OpenAICompatibleModel:
                 f"model {self.name} sent a reply without choices[0].message.content: "
                 f"{type(exc).__name__}: {str(exc)[:MAX_ERROR_BODY]}"
             ) from exc
-        return self._answer(completion)
+        return self._answer(completion, announced_limits(raw.headers, datetime.now(UTC)))
 
     def _refusal(self, error: openai.APIStatusError) -> ModelUnavailable | ModelRejected:
         """The provider answered with an error status: a refusal, transient or permanent."""
@@ -114,19 +118,24 @@ class OpenAICompatibleModel:
         refused.status = status
         return refused
 
-    def _answer(self, completion: ChatCompletion) -> Generation:
+    def _answer(self, completion: ChatCompletion, announced: Announced | None) -> Generation:
         choice = completion.choices[0] if completion.choices else None
         text = choice.message.content if choice is not None else None
-        if not isinstance(text, str):
+        refusal = choice.message.refusal if choice is not None else None
+        if not isinstance(text, str) and not isinstance(refusal, str):
             raise ModelRejected(
                 f"model {self.name} sent a reply without choices[0].message.content "
                 f"({'no choices' if choice is None else 'content ' + type(text).__name__})"
             )
         usage = completion.usage
+        details = usage.prompt_tokens_details if usage is not None else None
         return Generation(
-            text.strip(), str(completion.model or self.name),
+            (text or "").strip(), str(completion.model or self.name),
             usage.prompt_tokens if usage is not None else None,
             usage.completion_tokens if usage is not None else None,
+            cached_tokens=details.cached_tokens if details is not None else None,
+            refusal=refusal if isinstance(refusal, str) else None,
+            announced=announced,
         )
 
     def close(self) -> None:

@@ -1,19 +1,24 @@
 """The model a job's transform receives for one Run: every call is recorded in the ledger before
 it leaves (fenced by the Attempt's lease), its answer checkpointed when it arrives, and a
 repeated transform replays the recorded answers of the calls it repeats (by their position in
-the transform and their prompt's digest) instead of paying for them again."""
+the transform and their request's digest) instead of paying for them again."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from flows.model.bound import INPUT_BOUND, CallBound, InputBound, call_bound
-from flows.model.errors import EndpointRefusing, ModelRejected, ModelUnavailable
+from pydantic import BaseModel
+
+from flows.errors import ValidationFailed
+from flows.model.asking import answer_of, parameters_of, plain_prompt, request_of
+from flows.model.bound import INPUT_BOUND, CallBound, InputBound, request_bound
+from flows.model.errors import EndpointRefusing, ModelRefused, ModelRejected, ModelUnavailable
 from flows.model.limiter import EndpointLimiter
-from flows.model.protocol import Generation, Model
+from flows.model.protocol import Generation, ModelClient
+from flows.model.request import Message, Request
 from flows.prices import PriceList
 from store import (
     AFTER_MODEL_ANSWER,
@@ -41,8 +46,18 @@ Overran = Callable[[str, CallBound, Usage], None]
 
 
 def prompt_digest(model: str, prompt: str, system: str | None) -> str:
-    """sha256 of what decides a call's answer: the model, the system text and the prompt."""
+    """sha256 of what decides a plain call's answer: the model, the system text and the prompt."""
     return document_digest({"model": model, "system": system, "prompt": prompt}, "prompt")
+
+
+def request_digest(model: str, request: Request) -> str:
+    """sha256 of everything that decides a call's answer (``Request.shape``: messages,
+    parameters, output schema, model); a plain prompt and system text keep ``prompt_digest``,
+    so that answers checkpointed before requests had more replay as before."""
+    plain = plain_prompt(request)
+    if plain is not None:
+        return prompt_digest(model, *plain)
+    return document_digest(request.shape(model), "request")
 
 
 @dataclass
@@ -50,7 +65,7 @@ class CallCount:
     """What one Attempt's transform did with the model, across the retries of its stage (one
     subject's stages run in one thread at a time): calls that left, and answers replayed."""
 
-    value: int = 0
+    made: int = 0  # calls recorded and sent (not replayed)
     reused: int = 0
     tokens: int = 0
     cost_nanos: int = 0
@@ -73,8 +88,8 @@ class RecordedModel:
     its budget charge and its endpoint's tokens take before it leaves; an answer billed beyond
     it is recorded with its overrun and told to ``overran``."""
 
-    def __init__(self, inner: Model, calls: CallBook, claim: Claim, prices: PriceList,
-                 count: CallCount, *, budgeting: Budgeting | None = None,
+    def __init__(self, inner: ModelClient, book: CallBook, claim: Claim, prices: PriceList,
+                 spent: CallCount, *, budgeting: Budgeting | None = None,
                  limiter: EndpointLimiter | None = None,
                  refused_for_seconds: float = 300.0, overran: Overran | None = None,
                  inputs: InputBound = INPUT_BOUND) -> None:
@@ -84,10 +99,10 @@ class RecordedModel:
         self.endpoint = inner.endpoint if limiter is None else limiter.name
         self.limiter = limiter
         self.refused_for_seconds = refused_for_seconds
-        self.calls = calls
+        self.book = book
         self.claim = claim
         self.prices = prices
-        self.count = count
+        self.spent = spent
         self.budgeting = budgeting
         self.overran = overran
         self.inputs = inputs
@@ -96,15 +111,37 @@ class RecordedModel:
         self._replaying = claim.fence > 1
         self._lost_marked = False
 
-    def generate(self, prompt: str, *, system: str | None = None) -> Generation:
+    def generate(self, prompt: str | None = None, *, system: str | None = None,
+                 messages: Sequence[Message] | None = None, output: type[BaseModel] | None = None,
+                 temperature: float | None = None, max_tokens: int | None = None,
+                 top_p: float | None = None, seed: int | None = None,
+                 stop: str | Sequence[str] | None = None) -> Generation:
+        """Answer as ``Model.generate`` does: a request that cannot be sent is refused before
+        anything is recorded; the answer, new or replayed, is checked by ``answer_of``."""
+        request = request_of(prompt, system=system, messages=messages, output=output,
+                             parameters=parameters_of(temperature, max_tokens, top_p, seed, stop),
+                             max_tokens=self.inner.max_tokens)
         position = self.position
         self.position += 1
-        digest = prompt_digest(self.inner.name, prompt, system)
+        digest = request_digest(self.inner.name, request)
         if self._replaying:
             replayed = self._replay(position, digest)
             if replayed is not None:
-                return replayed
-        bound = call_bound(self.inner.name, prompt, system, self.inner.max_tokens, self.inputs)
+                return self._checked(request, replayed)
+        return self._checked(request, self._call(request, position, digest))
+
+    def _checked(self, request: Request, answer: Generation) -> Generation:
+        """``answer_of``; an answer it rejects (a refusal, structured output that does not
+        validate) stays in the ledger as evidence, never to be replayed."""
+        try:
+            return answer_of(request, answer)
+        except (ModelRefused, ValidationFailed):
+            self.book.reject_answers(self.claim)
+            raise
+
+    def _call(self, request: Request, position: int, digest: str) -> Generation:
+        """Record the call, send it and checkpoint its answer (a refusal is an answer)."""
+        bound = request_bound(self.inner.name, request, self.inner.max_tokens, self.inputs)
         charge = None if self.budgeting is None else self.budgeting.charge(self.inner.name, bound)
         refused_since: float | None = None
         while True:
@@ -112,12 +149,12 @@ class RecordedModel:
                                                digest, charge), bound)
             started = time.monotonic()
             try:
-                answer = self.inner.generate(prompt, system=system)
+                answer = self.inner.complete(request)
                 break
             except (ModelUnavailable, ModelRejected) as exc:
                 outcome = "refused" if exc.status is not None else "failed"
-                self.calls.record_failure(call, outcome, str(exc),
-                                          Usage(latency_ms=_since(started)))
+                self.book.record_failure(call, outcome, str(exc),
+                                         Usage(latency_ms=_since(started)))
                 record["outcome"] = outcome
                 if self.limiter is None or not isinstance(exc, ModelUnavailable) \
                         or not exc.rate_limited:
@@ -130,51 +167,53 @@ class RecordedModel:
                         f"{self.refused_for_seconds:g} s (RUNLEDGER_MODEL_REFUSED_FOR_SECONDS); "
                         f"last: {exc}") from exc
             except Exception as exc:
-                self.calls.record_failure(call, "failed", f"{type(exc).__name__}: {exc}",
-                                          Usage(latency_ms=_since(started)))
+                self.book.record_failure(call, "failed", f"{type(exc).__name__}: {exc}",
+                                         Usage(latency_ms=_since(started)))
                 record["outcome"] = "failed"
                 raise
         fault_point(AFTER_MODEL_ANSWER)  # paid for, and nothing of it stored yet
+        cached = {"cached_tokens": answer.cached_tokens,
+                  "cache_write_tokens": answer.cache_write_tokens}
         cost = self.prices.cost_nanos(answer.model, answer.prompt_tokens,
-                                      answer.completion_tokens)
+                                      answer.completion_tokens, **cached)
         if cost is None:
             cost = self.prices.cost_nanos(self.inner.name, answer.prompt_tokens,
-                                          answer.completion_tokens)
+                                          answer.completion_tokens, **cached)
         usage = Usage(answer.prompt_tokens, answer.completion_tokens, _since(started), cost,
                       self.prices.currency if cost is not None else None,
-                      bound.overrun(answer.prompt_tokens, answer.completion_tokens))
-        self.calls.record_answer(call, _document(answer), usage)
+                      bound.overrun(answer.prompt_tokens, answer.completion_tokens), **cached)
+        self.book.record_answer(call, _document(answer), usage)
         record.update(outcome="answered", **usage.params())
         if self.limiter is not None:
-            self.limiter.answered(call, usage)
+            self.limiter.answered(call, usage, answer.announced)
         if usage.overrun and self.overran is not None:
             self.overran(call.call_id, bound, usage)
-        self.count.tokens += usage.tokens
+        self.spent.tokens += usage.tokens
         if cost is None:
-            self.count.unpriced += 1
+            self.spent.unpriced += 1
         else:
-            self.count.cost_nanos += cost
+            self.spent.cost_nanos += cost
         return answer
 
     def _record(self, intent: Intent, bound: CallBound) -> tuple[InFlight, dict[str, Any]]:
         """Record the call in flight (once its endpoint's limits allow it) and count it; its
-        entry in the count's records (its outcome and usage once known)."""
-        call = (self.calls.record_intent(self.claim, intent) if self.limiter is None
+        entry in the spend's records (its outcome and usage once known)."""
+        call = (self.book.record_intent(self.claim, intent) if self.limiter is None
                 else self.limiter.record(self.claim, intent, bound.tokens))
-        self.count.value += 1
-        self.count.call_ids.append(call.call_id)
+        self.spent.made += 1
+        self.spent.call_ids.append(call.call_id)
         record: dict[str, Any] = {"outcome": None}
-        self.count.records.append(record)
+        self.spent.records.append(record)
         return call, record
 
     def _replay(self, position: int, digest: str) -> Generation | None:
         if not self._lost_marked:
-            self.calls.mark_lost(self.claim.run_id)
+            self.book.mark_lost(self.claim.run_id)
             self._lost_marked = True
-        checkpoint = self.calls.replay(self.claim, position, digest)
+        checkpoint = self.book.replay(self.claim, position, digest)
         if checkpoint is None:
             return None
-        self.count.reused += 1
+        self.spent.reused += 1
         return _generation(checkpoint.answer)
 
     def close(self) -> None:
@@ -186,8 +225,12 @@ def _since(started: float) -> int:
 
 
 def _document(answer: Generation) -> dict[str, object]:
-    return {"text": answer.text, "model": answer.model, "prompt_tokens": answer.prompt_tokens,
-            "completion_tokens": answer.completion_tokens}
+    found: dict[str, object] = {
+        "text": answer.text, "model": answer.model, "prompt_tokens": answer.prompt_tokens,
+        "completion_tokens": answer.completion_tokens}
+    if answer.refusal is not None:  # only then, so that answers keep their old documents
+        found["refusal"] = answer.refusal
+    return found
 
 
 def _generation(document: dict[str, object]) -> Generation:
@@ -195,5 +238,7 @@ def _generation(document: dict[str, object]) -> Generation:
         value = document.get(key)
         return value if isinstance(value, int) else None
 
+    refusal = document.get("refusal")
     return Generation(str(document["text"]), str(document["model"]), tokens("prompt_tokens"),
-                      tokens("completion_tokens"))
+                      tokens("completion_tokens"),
+                      refusal=refusal if isinstance(refusal, str) else None)

@@ -152,8 +152,8 @@ class SubjectOutcome:
         ``currency``; None when no call had a price)."""
         spent = self.spend or CallCount()
         calls = self.attempt_spend()
-        priced = bool(self.currency) and spent.value > spent.unpriced
-        return {"model_calls": spent.value, "calls_paid": calls.paid,
+        priced = bool(self.currency) and spent.made > spent.unpriced
+        return {"model_calls": spent.made, "calls_paid": calls.paid,
                 "calls_refused": calls.refused, "calls_reused": spent.reused,
                 "tokens": spent.tokens,
                 "cost": str(money(spent.cost_nanos)) if priced else None,
@@ -162,7 +162,7 @@ class SubjectOutcome:
     def cost_text(self) -> str:
         """This attempt's model cost for people: ``-`` without calls."""
         spent = self.spend
-        if spent is None or not (spent.value or spent.reused):
+        if spent is None or not (spent.made or spent.reused):
             return "-"
         cost = {self.currency: spent.cost_nanos} if self.currency and spent.cost_nanos else {}
         return cost_text(cost, spent.unpriced)

@@ -214,7 +214,7 @@ def _unstarted(subject: str, identity: RunIdentity, flow_run: FlowRun) -> Subjec
 def _attempt_count(records: list[dict[str, Any]]) -> CallCount:
     """What one attempt's transform did with the model, from its call records."""
     spent = spend_of(records)
-    return CallCount(value=spent.paid + spent.in_flight, reused=spent.reused,
+    return CallCount(made=spent.paid + spent.in_flight, reused=spent.reused,
                      tokens=spent.tokens, cost_nanos=sum(spent.cost.values()),
                      unpriced=spent.unpriced + spent.unknown,
                      call_ids=[r["call_id"] for r in records], records=records)

@@ -140,7 +140,7 @@ def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: st
     except BudgetExhausted as exc:
         return _over_budget(tick, claim, subject, exc, hold)
     except Exception as exc:
-        return _spent(_fail(tick, claim, subject, exc, hold.calls.value), tick, hold)
+        return _spent(_fail(tick, claim, subject, exc, hold.calls.made), tick, hold)
     finally:
         keeper.release(claim)
     return replace(_spent(SubjectOutcome(subject, run.run_id, "new", persisted.run.attempts,

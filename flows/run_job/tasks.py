@@ -109,7 +109,7 @@ def persist_output(subject: str, held: Held, candidate: Candidate) -> State[Any]
     try:
         done = tick.ledger.complete(
             claim, output, messages, tick.effect(),
-            CompletedBy(held.calls.value, tick.flow_run_id, str(current_task_run.id)),
+            CompletedBy(held.calls.made, tick.flow_run_id, str(current_task_run.id)),
         )
     except LeaseLost as exc:
         return lease_lost_state(exc, "candidate discarded: ")

@@ -11,7 +11,7 @@ from typing import Any
 
 from flows.jobs import Job
 from flows.jobs.budget import Estimator
-from flows.model import CallCount, EndpointLimiter, Model
+from flows.model import CallCount, EndpointLimiter, ModelClient
 from flows.prices import PriceList
 from flows.run_job.lease_keeper import LeaseKeeper
 from flows.run_job.outcomes import EventBacklog, SubjectOutcome, emit_outcome
@@ -42,7 +42,7 @@ class Tick:
     job: Job
     period: Period
     ledger: Ledger
-    model: Model
+    model: ModelClient
     prices: PriceList
     estimator: Estimator | None  # the job's budget, if it has one
     settings: RunledgerSettings

@@ -6,7 +6,9 @@ from alembic import context
 from sqlalchemy import text
 from sqlmodel import SQLModel
 
-import store.models  # noqa: F401  (registers the tables on SQLModel.metadata)
+# Importing the table modules registers their tables on SQLModel.metadata.
+import store.call_tables
+import store.models  # noqa: F401
 
 MIGRATION_LOCK = 7_340_001  # pg_advisory_xact_lock key: one migrator at a time across hosts
 

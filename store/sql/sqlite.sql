@@ -10,185 +10,200 @@ BEGIN IMMEDIATE;
 -- Reserve a call's estimate in a job's budget window (creating the window with the given cap),
 -- only if what is spent, what is reserved and the estimate together stay within the cap; the cap
 -- given replaces the stored one (a raised cap applies at once).
--- parameters: job, scope, window_start, unit, currency, cap, estimate, param_1, param_2, param_3, estimate, cap, calls_1
-INSERT INTO budget_windows (job, scope, window_start, unit, currency, cap, reserved, spent, calls, refused, updated_at) SELECT ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, ? AS anon_5, ? AS anon_6, ? AS anon_7, ? AS anon_8, ? AS anon_9, ? AS anon_10, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1 
-WHERE ? <= ? ON CONFLICT (job, scope, window_start) DO UPDATE SET unit = excluded.unit, currency = excluded.currency, cap = excluded.cap, reserved = (budget_windows.reserved + excluded.reserved), calls = (budget_windows.calls + ?), exhausted_at = NULL, updated_at = excluded.updated_at WHERE budget_windows.spent + budget_windows.reserved + excluded.reserved <= excluded.cap RETURNING reserved;
+-- parameters: job, scope, window_start, unit, currency, cap, estimate
+INSERT INTO budget_windows (job, scope, window_start, unit, currency, cap, reserved, spent, calls, refused, updated_at) SELECT :job AS job, :scope AS scope, :window_start AS window_start, :unit AS unit, :currency AS currency, :cap AS cap, :estimate AS reserved, 0 AS spent, 1 AS calls, 0 AS refused, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS updated_at 
+WHERE :estimate <= :cap ON CONFLICT (job, scope, window_start) DO UPDATE SET unit = excluded.unit, currency = excluded.currency, cap = excluded.cap, reserved = (budget_windows.reserved + excluded.reserved), calls = (budget_windows.calls + 1), exhausted_at = NULL, updated_at = excluded.updated_at WHERE budget_windows.spent + budget_windows.reserved + excluded.reserved <= excluded.cap RETURNING reserved;
 
 -- name: refuse_budget
 -- Count a call the window had no room for (creating the window if it has none yet).
--- parameters: job, scope, window_start, unit, currency, cap, reserved, spent, calls, refused, refused_1
-INSERT INTO budget_windows (job, scope, window_start, unit, currency, cap, reserved, spent, calls, refused, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT (job, scope, window_start) DO UPDATE SET refused = (budget_windows.refused + ?), updated_at = excluded.updated_at RETURNING spent, reserved;
+-- parameters: job, scope, window_start, unit, currency, cap
+INSERT INTO budget_windows (job, scope, window_start, unit, currency, cap, reserved, spent, calls, refused, updated_at) VALUES (:job, :scope, :window_start, :unit, :currency, :cap, 0, 0, 0, 1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT (job, scope, window_start) DO UPDATE SET refused = (budget_windows.refused + 1), updated_at = excluded.updated_at RETURNING spent, reserved;
 
 -- name: exhaust_budget
 -- Record when the window was first found without room, unless it is recorded already (a
 -- reservation that succeeds again clears it): one statement decides who says, once, that the
 -- budget is exhausted.
 -- parameters: job, scope, window_start
-UPDATE budget_windows SET exhausted_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE budget_windows.job = ? AND budget_windows.scope = ? AND budget_windows.window_start = ? AND budget_windows.exhausted_at IS NULL RETURNING exhausted_at;
+UPDATE budget_windows SET exhausted_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE budget_windows.job = :job AND budget_windows.scope = :scope AND budget_windows.window_start = :window_start AND budget_windows.exhausted_at IS NULL RETURNING exhausted_at;
 
 -- name: settle_budget
 -- Replace a call's reservation in a window by its real cost (0 to release it: a call that failed
 -- or was refused; its estimate for a call lost in flight).
--- parameters: estimate, estimate, param_1, cost, job, scope, window_start
-UPDATE budget_windows SET reserved=CASE WHEN (budget_windows.reserved > ?) THEN budget_windows.reserved - ? ELSE ? END, spent=(budget_windows.spent + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE budget_windows.job = ? AND budget_windows.scope = ? AND budget_windows.window_start = ?;
+-- parameters: estimate, cost, job, scope, window_start
+UPDATE budget_windows SET reserved=CASE WHEN (budget_windows.reserved > :estimate) THEN budget_windows.reserved - :estimate ELSE 0 END, spent=(budget_windows.spent + :cost), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE budget_windows.job = :job AND budget_windows.scope = :scope AND budget_windows.window_start = :window_start;
 
 -- name: list_budget_windows
 -- A job's budget windows from a moment on, oldest first.
 -- parameters: job, since
 SELECT budget_windows.job, budget_windows.scope, budget_windows.window_start, budget_windows.unit, budget_windows.currency, budget_windows.cap, budget_windows.reserved, budget_windows.spent, budget_windows.calls, budget_windows.refused, budget_windows.exhausted_at, budget_windows.updated_at 
 FROM budget_windows 
-WHERE budget_windows.job = ? AND budget_windows.window_start >= ? ORDER BY budget_windows.window_start, budget_windows.scope;
+WHERE budget_windows.job = :job AND budget_windows.window_start >= :since ORDER BY budget_windows.window_start, budget_windows.scope;
 
 -- name: release_over_budget
 -- A Run whose next model call the budget refused goes back to pending with the refusal as its
 -- error, and the attempt it took is given back (it did nothing: reconcile re-drives it, and never
 -- gives up on it for budget refusals); only the current fence holder can.
--- parameters: status, attempts_1, attempts_2, param_1, error, run_id, fence, owner, status_1
-UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, attempts=CASE WHEN (runs.attempts > ?) THEN runs.attempts - ? ELSE ? END, error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING attempts;
+-- parameters: error, run_id, fence, owner
+UPDATE runs SET status='pending', owner=NULL, lease_expires_at=NULL, attempts=CASE WHEN (runs.attempts > 0) THEN runs.attempts - 1 ELSE 0 END, error=:error, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING attempts;
 
 -- name: end_over_budget_attempt
 -- The Attempt the budget refused ends released, with the refusal.
--- parameters: outcome, error, model_calls, attempt_id
-UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=?, model_calls=? WHERE attempts.attempt_id = ?;
+-- parameters: error, attempt_id
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome='released', error=:error, model_calls=0 WHERE attempts.attempt_id = :attempt_id;
 
 -- name: configure_endpoint_limit
 -- Create an endpoint's limits (buckets full) or replace its configured ones; the adaptive rate
 -- starts over only when the configured rate changes.
--- parameters: name, requests_per_minute, tokens_per_minute, max_concurrent, requests_per_minute, requests_per_minute, param_1, requests_per_minute, param_2, param_3, param_4, tokens_per_minute, param_5, tokens_per_minute, param_6, param_7, param_8, refusals, granted, calls, refused
-INSERT INTO endpoint_limits (name, requests_per_minute, tokens_per_minute, max_concurrent, rate, request_level, token_level, refilled_at, refusals, granted, calls, refused, updated_at) VALUES (?, CAST(? AS FLOAT), CAST(? AS BIGINT), ?, CAST(? AS FLOAT), CASE WHEN (CAST(? AS FLOAT) IS NULL) THEN ? ELSE max((CAST(? AS FLOAT) / (? + 0.0)) * ?, ?) END, CASE WHEN (CAST(? AS BIGINT) IS NULL) THEN ? ELSE max((CAST(? AS BIGINT) / (? + 0.0)) * ?, ?) END, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT (name) DO UPDATE SET requests_per_minute = excluded.requests_per_minute, tokens_per_minute = excluded.tokens_per_minute, max_concurrent = excluded.max_concurrent, rate = CASE WHEN (endpoint_limits.requests_per_minute IS excluded.requests_per_minute) THEN endpoint_limits.rate ELSE excluded.rate END, updated_at = excluded.updated_at;
+-- parameters: name, requests_per_minute, tokens_per_minute, max_concurrent
+INSERT INTO endpoint_limits (name, requests_per_minute, tokens_per_minute, max_concurrent, rate, request_level, token_level, refilled_at, refusals, granted, calls, refused, updated_at) VALUES (:name, CAST(:requests_per_minute AS FLOAT), CAST(:tokens_per_minute AS BIGINT), :max_concurrent, CAST(:requests_per_minute AS FLOAT), CASE WHEN (CAST(:requests_per_minute AS FLOAT) IS NULL) THEN 0.0 ELSE max((CAST(:requests_per_minute AS FLOAT) / (60.0 + 0.0)) * 1.0, 1.0) END, CASE WHEN (CAST(:tokens_per_minute AS BIGINT) IS NULL) THEN 0.0 ELSE max((CAST(:tokens_per_minute AS BIGINT) / (60.0 + 0.0)) * 1.0, 1.0) END, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), 0, 0, 0, 0, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT (name) DO UPDATE SET requests_per_minute = excluded.requests_per_minute, tokens_per_minute = excluded.tokens_per_minute, max_concurrent = excluded.max_concurrent, rate = CASE WHEN (endpoint_limits.requests_per_minute IS excluded.requests_per_minute) THEN endpoint_limits.rate ELSE excluded.rate END, updated_at = excluded.updated_at;
 
 -- name: acquire_endpoint_slot
 -- Refill the endpoint's buckets by the database time elapsed and take one request and the call's
--- tokens, only if the endpoint is not paused, both buckets hold them and fewer calls than its
--- maximum are in flight; the levels are returned either way (how long to wait).
--- parameters: param_1, rate_1, param_2, param_3, param_4, param_5, in_flight_seconds, param_1, rate_1, param_2, param_3, param_4, param_5, param_6, param_7, tokens_per_minute_1, param_8, param_9, param_10, param_11, tokens, tokens_per_minute_2, param_12, param_13, param_14, param_7, tokens_per_minute_1, param_8, param_9, param_10, param_11, in_flight_seconds, param_1, rate_1, param_2, param_3, param_4, param_5, param_6, param_7, tokens_per_minute_1, param_8, param_9, param_10, param_11, tokens, tokens_per_minute_2, param_12, param_13, param_14, tokens, in_flight_seconds, param_1, rate_1, param_2, param_3, param_4, param_5, param_6, param_7, tokens_per_minute_1, param_8, param_9, param_10, param_11, tokens, tokens_per_minute_2, param_12, in_flight_seconds, param_1, rate_1, param_2, param_3, param_4, param_5, param_6, param_7, tokens_per_minute_1, param_8, param_9, param_10, param_11, tokens, tokens_per_minute_2, param_12, param_13, param_14, name
-UPDATE endpoint_limits SET request_level=(CASE WHEN (endpoint_limits.rate IS NULL) THEN ? ELSE min(max((endpoint_limits.rate / (? + 0.0)) * ?, ?), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.rate) / (? + 0.0)) END - CASE WHEN ((endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (endpoint_limits.max_concurrent IS NULL OR (SELECT count(*) AS count_1 
+-- tokens, only if the endpoint is not paused, both buckets hold them, fewer calls than its maximum
+-- are in flight and no probe is awaited (knowing no rate, one call waits for its answer); the
+-- levels are returned either way (how long to wait).
+-- parameters: in_flight_seconds, tokens, name
+UPDATE endpoint_limits SET request_level=(CASE WHEN (endpoint_limits.rate IS NULL) THEN 0.0 ELSE min(max((endpoint_limits.rate / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * endpoint_limits.rate) / (60.0 + 0.0)) END - CASE WHEN ((endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (endpoint_limits.max_concurrent IS NULL OR (SELECT count(*) AS count_1 
 FROM model_calls 
-WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -?)) || '000')) < endpoint_limits.max_concurrent) AND (endpoint_limits.rate IS NULL OR CASE WHEN (endpoint_limits.rate IS NULL) THEN ? ELSE min(max((endpoint_limits.rate / (? + 0.0)) * ?, ?), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.rate) / (? + 0.0)) END >= ?) AND (endpoint_limits.tokens_per_minute IS NULL OR CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN ? ELSE min(max((endpoint_limits.tokens_per_minute / (? + 0.0)) * ?, ?), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.tokens_per_minute) / (? + 0.0)) END >= min(CAST(? AS FLOAT), (endpoint_limits.tokens_per_minute / (? + 0.0)) * ?))) THEN ? ELSE ? END), token_level=(CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN ? ELSE min(max((endpoint_limits.tokens_per_minute / (? + 0.0)) * ?, ?), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.tokens_per_minute) / (? + 0.0)) END - CASE WHEN ((endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (endpoint_limits.max_concurrent IS NULL OR (SELECT count(*) AS count_1 
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -:in_flight_seconds)) || '000')) < endpoint_limits.max_concurrent) AND (endpoint_limits.rate IS NULL OR CASE WHEN (endpoint_limits.rate IS NULL) THEN 0.0 ELSE min(max((endpoint_limits.rate / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * endpoint_limits.rate) / (60.0 + 0.0)) END >= 1.0) AND (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL OR CASE WHEN (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL) THEN 0.0 ELSE min(max((CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END) / (60.0 + 0.0)) END >= min(CAST(:tokens AS FLOAT), (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0)) AND NOT (endpoint_limits.requests_per_minute IS NULL AND endpoint_limits.tokens_per_minute IS NULL AND endpoint_limits.max_concurrent IS NULL AND endpoint_limits.rate IS NULL AND endpoint_limits.answered_at IS NULL AND endpoint_limits.probe_at IS NOT NULL AND ((julianday('now') - julianday(endpoint_limits.probe_at)) * 86400.0) < :in_flight_seconds AND (((julianday('now') - julianday(endpoint_limits.probe_at)) * 86400.0) < 1.0 OR (SELECT count(*) AS count_1 
 FROM model_calls 
-WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -?)) || '000')) < endpoint_limits.max_concurrent) AND (endpoint_limits.rate IS NULL OR CASE WHEN (endpoint_limits.rate IS NULL) THEN ? ELSE min(max((endpoint_limits.rate / (? + 0.0)) * ?, ?), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.rate) / (? + 0.0)) END >= ?) AND (endpoint_limits.tokens_per_minute IS NULL OR CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN ? ELSE min(max((endpoint_limits.tokens_per_minute / (? + 0.0)) * ?, ?), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.tokens_per_minute) / (? + 0.0)) END >= min(CAST(? AS FLOAT), (endpoint_limits.tokens_per_minute / (? + 0.0)) * ?))) THEN ? ELSE ? END * ?), refilled_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), granted=((endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (endpoint_limits.max_concurrent IS NULL OR (SELECT count(*) AS count_1 
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -:in_flight_seconds)) || '000')) > 0))) THEN 1 ELSE 0 END), token_level=(CASE WHEN (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL) THEN 0.0 ELSE min(max((CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END) / (60.0 + 0.0)) END - CASE WHEN ((endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (endpoint_limits.max_concurrent IS NULL OR (SELECT count(*) AS count_1 
 FROM model_calls 
-WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -?)) || '000')) < endpoint_limits.max_concurrent) AND (endpoint_limits.rate IS NULL OR CASE WHEN (endpoint_limits.rate IS NULL) THEN ? ELSE min(max((endpoint_limits.rate / (? + 0.0)) * ?, ?), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.rate) / (? + 0.0)) END >= ?) AND (endpoint_limits.tokens_per_minute IS NULL OR CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN ? ELSE min(max((endpoint_limits.tokens_per_minute / (? + 0.0)) * ?, ?), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.tokens_per_minute) / (? + 0.0)) END >= min(CAST(? AS FLOAT), (endpoint_limits.tokens_per_minute / (? + 0.0)) * ?))), calls=(endpoint_limits.calls + CASE WHEN ((endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (endpoint_limits.max_concurrent IS NULL OR (SELECT count(*) AS count_1 
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -:in_flight_seconds)) || '000')) < endpoint_limits.max_concurrent) AND (endpoint_limits.rate IS NULL OR CASE WHEN (endpoint_limits.rate IS NULL) THEN 0.0 ELSE min(max((endpoint_limits.rate / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * endpoint_limits.rate) / (60.0 + 0.0)) END >= 1.0) AND (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL OR CASE WHEN (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL) THEN 0.0 ELSE min(max((CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END) / (60.0 + 0.0)) END >= min(CAST(:tokens AS FLOAT), (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0)) AND NOT (endpoint_limits.requests_per_minute IS NULL AND endpoint_limits.tokens_per_minute IS NULL AND endpoint_limits.max_concurrent IS NULL AND endpoint_limits.rate IS NULL AND endpoint_limits.answered_at IS NULL AND endpoint_limits.probe_at IS NOT NULL AND ((julianday('now') - julianday(endpoint_limits.probe_at)) * 86400.0) < :in_flight_seconds AND (((julianday('now') - julianday(endpoint_limits.probe_at)) * 86400.0) < 1.0 OR (SELECT count(*) AS count_1 
 FROM model_calls 
-WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -?)) || '000')) < endpoint_limits.max_concurrent) AND (endpoint_limits.rate IS NULL OR CASE WHEN (endpoint_limits.rate IS NULL) THEN ? ELSE min(max((endpoint_limits.rate / (? + 0.0)) * ?, ?), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.rate) / (? + 0.0)) END >= ?) AND (endpoint_limits.tokens_per_minute IS NULL OR CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN ? ELSE min(max((endpoint_limits.tokens_per_minute / (? + 0.0)) * ?, ?), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), ?) * endpoint_limits.tokens_per_minute) / (? + 0.0)) END >= min(CAST(? AS FLOAT), (endpoint_limits.tokens_per_minute / (? + 0.0)) * ?))) THEN ? ELSE ? END), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE endpoint_limits.name = ? RETURNING granted, refilled_at, paused_until, rate, request_level, tokens_per_minute, token_level;
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -:in_flight_seconds)) || '000')) > 0))) THEN 1 ELSE 0 END * :tokens), refilled_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), granted=((endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (endpoint_limits.max_concurrent IS NULL OR (SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -:in_flight_seconds)) || '000')) < endpoint_limits.max_concurrent) AND (endpoint_limits.rate IS NULL OR CASE WHEN (endpoint_limits.rate IS NULL) THEN 0.0 ELSE min(max((endpoint_limits.rate / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * endpoint_limits.rate) / (60.0 + 0.0)) END >= 1.0) AND (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL OR CASE WHEN (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL) THEN 0.0 ELSE min(max((CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END) / (60.0 + 0.0)) END >= min(CAST(:tokens AS FLOAT), (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0)) AND NOT (endpoint_limits.requests_per_minute IS NULL AND endpoint_limits.tokens_per_minute IS NULL AND endpoint_limits.max_concurrent IS NULL AND endpoint_limits.rate IS NULL AND endpoint_limits.answered_at IS NULL AND endpoint_limits.probe_at IS NOT NULL AND ((julianday('now') - julianday(endpoint_limits.probe_at)) * 86400.0) < :in_flight_seconds AND (((julianday('now') - julianday(endpoint_limits.probe_at)) * 86400.0) < 1.0 OR (SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -:in_flight_seconds)) || '000')) > 0))), calls=(endpoint_limits.calls + CASE WHEN ((endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (endpoint_limits.max_concurrent IS NULL OR (SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -:in_flight_seconds)) || '000')) < endpoint_limits.max_concurrent) AND (endpoint_limits.rate IS NULL OR CASE WHEN (endpoint_limits.rate IS NULL) THEN 0.0 ELSE min(max((endpoint_limits.rate / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * endpoint_limits.rate) / (60.0 + 0.0)) END >= 1.0) AND (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL OR CASE WHEN (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL) THEN 0.0 ELSE min(max((CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END) / (60.0 + 0.0)) END >= min(CAST(:tokens AS FLOAT), (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0)) AND NOT (endpoint_limits.requests_per_minute IS NULL AND endpoint_limits.tokens_per_minute IS NULL AND endpoint_limits.max_concurrent IS NULL AND endpoint_limits.rate IS NULL AND endpoint_limits.answered_at IS NULL AND endpoint_limits.probe_at IS NOT NULL AND ((julianday('now') - julianday(endpoint_limits.probe_at)) * 86400.0) < :in_flight_seconds AND (((julianday('now') - julianday(endpoint_limits.probe_at)) * 86400.0) < 1.0 OR (SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -:in_flight_seconds)) || '000')) > 0))) THEN 1 ELSE 0 END), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), probe_at=CASE WHEN ((endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (endpoint_limits.max_concurrent IS NULL OR (SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -:in_flight_seconds)) || '000')) < endpoint_limits.max_concurrent) AND (endpoint_limits.rate IS NULL OR CASE WHEN (endpoint_limits.rate IS NULL) THEN 0.0 ELSE min(max((endpoint_limits.rate / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.request_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * endpoint_limits.rate) / (60.0 + 0.0)) END >= 1.0) AND (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL OR CASE WHEN (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL) THEN 0.0 ELSE min(max((CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0, 1.0), endpoint_limits.token_level + (max(((julianday('now') - julianday(endpoint_limits.refilled_at)) * 86400.0), 0.0) * CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END) / (60.0 + 0.0)) END >= min(CAST(:tokens AS FLOAT), (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0)) AND NOT (endpoint_limits.requests_per_minute IS NULL AND endpoint_limits.tokens_per_minute IS NULL AND endpoint_limits.max_concurrent IS NULL AND endpoint_limits.rate IS NULL AND endpoint_limits.answered_at IS NULL AND endpoint_limits.probe_at IS NOT NULL AND ((julianday('now') - julianday(endpoint_limits.probe_at)) * 86400.0) < :in_flight_seconds AND (((julianday('now') - julianday(endpoint_limits.probe_at)) * 86400.0) < 1.0 OR (SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.endpoint = endpoint_limits.name AND model_calls.outcome IS NULL AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -:in_flight_seconds)) || '000')) > 0)) AND endpoint_limits.requests_per_minute IS NULL AND endpoint_limits.tokens_per_minute IS NULL AND endpoint_limits.max_concurrent IS NULL AND endpoint_limits.rate IS NULL AND endpoint_limits.answered_at IS NULL) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE endpoint_limits.probe_at END WHERE endpoint_limits.name = :name RETURNING granted, refilled_at, paused_until, rate, request_level, tokens_per_minute, announced_tokens_per_minute, token_level;
 
 -- name: refuse_endpoint
 -- The provider refused a call: pause the endpoint for every worker until the time it named (else a
 -- backoff doubling per refusal), both capped, never shortening a pause; cut the rate by 30% once
 -- per pause (learning one from the calls just made when none is known); give back the call's
 -- tokens.
--- parameters: name, db_now_1, param_1, coalesce_1, param_2, request_level, param_3, tokens, pause_seconds, refusals_1, param_4, refusals_2, param_5, refusals_3, param_6, refusals_4, param_7, refusals_5, param_8, param_9, max_pause_seconds, refusals_6, refused_1, name
+-- parameters: name, tokens, pause_seconds, max_pause_seconds
 UPDATE endpoint_limits SET rate=CASE WHEN (endpoint_limits.paused_until IS NULL OR endpoint_limits.paused_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) THEN max(coalesce(endpoint_limits.rate, CAST((SELECT count(*) AS count_1 
 FROM model_calls 
-WHERE model_calls.endpoint = ? AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000')) AS FLOAT) * ?) * ?, ?) ELSE endpoint_limits.rate END, request_level=?, token_level=CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN ? ELSE endpoint_limits.token_level + ? END, paused_until=max(coalesce(endpoint_limits.paused_until, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')), (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', min(coalesce(CAST(? AS FLOAT), CASE WHEN (endpoint_limits.refusals = ?) THEN ? WHEN (endpoint_limits.refusals = ?) THEN ? WHEN (endpoint_limits.refusals = ?) THEN ? WHEN (endpoint_limits.refusals = ?) THEN ? WHEN (endpoint_limits.refusals = ?) THEN ? ELSE ? END), ?))) || '000')), refusals=(endpoint_limits.refusals + ?), refused=(endpoint_limits.refused + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE endpoint_limits.name = ? RETURNING paused_until, rate;
-
--- name: settle_endpoint_call
--- An answered call settles the tokens it took to what it used and raises the endpoint's rate by
--- its share of a second's step, up to the configured rate.
--- parameters: coalesce_1, coalesce_1, param_1, estimate, used, refusals, name
-UPDATE endpoint_limits SET rate=CASE WHEN (endpoint_limits.requests_per_minute IS NOT NULL AND endpoint_limits.rate + (coalesce(endpoint_limits.requests_per_minute, endpoint_limits.rate) * ?) / (endpoint_limits.rate + 0.0) > endpoint_limits.requests_per_minute) THEN endpoint_limits.requests_per_minute ELSE endpoint_limits.rate + (coalesce(endpoint_limits.requests_per_minute, endpoint_limits.rate) * ?) / (endpoint_limits.rate + 0.0) END, token_level=CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN ? ELSE (endpoint_limits.token_level + ?) - ? END, refusals=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE endpoint_limits.name = ?;
+WHERE model_calls.endpoint = :name AND model_calls.started_at > (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', -10.0)) || '000')) AS FLOAT) * 6.0) * 0.7, 6.0) ELSE endpoint_limits.rate END, request_level=0.0, token_level=CASE WHEN (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL) THEN 0.0 ELSE endpoint_limits.token_level + :tokens END, paused_until=max(coalesce(endpoint_limits.paused_until, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')), (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', min(coalesce(CAST(:pause_seconds AS FLOAT), CASE WHEN (endpoint_limits.refusals = 0) THEN 1.0 WHEN (endpoint_limits.refusals = 1) THEN 2.0 WHEN (endpoint_limits.refusals = 2) THEN 4.0 WHEN (endpoint_limits.refusals = 3) THEN 8.0 WHEN (endpoint_limits.refusals = 4) THEN 16.0 ELSE 32.0 END), :max_pause_seconds))) || '000')), refusals=(endpoint_limits.refusals + 1), refused=(endpoint_limits.refused + 1), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE endpoint_limits.name = :name RETURNING paused_until, rate;
 
 -- name: read_endpoint_limit
 -- An endpoint's limits and their state.
 -- parameters: name
-SELECT endpoint_limits.name, endpoint_limits.requests_per_minute, endpoint_limits.tokens_per_minute, endpoint_limits.max_concurrent, endpoint_limits.rate, endpoint_limits.request_level, endpoint_limits.token_level, endpoint_limits.refilled_at, endpoint_limits.paused_until, endpoint_limits.refusals, endpoint_limits.granted, endpoint_limits.calls, endpoint_limits.refused, endpoint_limits.updated_at 
+SELECT endpoint_limits.name, endpoint_limits.requests_per_minute, endpoint_limits.tokens_per_minute, endpoint_limits.max_concurrent, endpoint_limits.rate, endpoint_limits.request_level, endpoint_limits.token_level, endpoint_limits.refilled_at, endpoint_limits.paused_until, endpoint_limits.refusals, endpoint_limits.granted, endpoint_limits.calls, endpoint_limits.refused, endpoint_limits.updated_at, endpoint_limits.announced_requests_per_minute, endpoint_limits.announced_tokens_per_minute, endpoint_limits.answered_at, endpoint_limits.probe_at 
 FROM endpoint_limits 
-WHERE endpoint_limits.name = ?;
+WHERE endpoint_limits.name = :name;
+
+-- name: settle_endpoint_call
+-- An answered call settles the tokens it took to what it used, records the limits it announced,
+-- and raises the endpoint's rate by its share of a second's step, up to the lower of the
+-- configured and the announced rate (a rate not yet known adopts it at once); a nearly spent quota
+-- pauses the endpoint, never shortening a pause.
+-- parameters: announced_rpm, requests_remaining, announced_tpm, tokens_remaining, estimate, used, pause_seconds, name
+UPDATE endpoint_limits SET rate=CASE WHEN (endpoint_limits.rate IS NULL) THEN CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END WHEN (CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END IS NOT NULL AND endpoint_limits.rate + (coalesce(CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END, endpoint_limits.rate) * 1.7999999999999998) / (endpoint_limits.rate + 0.0) > CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END) THEN CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END ELSE endpoint_limits.rate + (coalesce(CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END, endpoint_limits.rate) * 1.7999999999999998) / (endpoint_limits.rate + 0.0) END, request_level=CASE WHEN (endpoint_limits.rate IS NULL AND CASE WHEN (endpoint_limits.rate IS NULL) THEN CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END WHEN (CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END IS NOT NULL AND endpoint_limits.rate + (coalesce(CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END, endpoint_limits.rate) * 1.7999999999999998) / (endpoint_limits.rate + 0.0) > CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END) THEN CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END ELSE endpoint_limits.rate + (coalesce(CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END, endpoint_limits.rate) * 1.7999999999999998) / (endpoint_limits.rate + 0.0) END IS NOT NULL) THEN min(max((CASE WHEN (endpoint_limits.rate IS NULL) THEN CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END WHEN (CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END IS NOT NULL AND endpoint_limits.rate + (coalesce(CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END, endpoint_limits.rate) * 1.7999999999999998) / (endpoint_limits.rate + 0.0) > CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END) THEN CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END ELSE endpoint_limits.rate + (coalesce(CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END, endpoint_limits.rate) * 1.7999999999999998) / (endpoint_limits.rate + 0.0) END / (60.0 + 0.0)) * 1.0, 1.0), coalesce(CAST(:requests_remaining AS FLOAT), max((CASE WHEN (endpoint_limits.rate IS NULL) THEN CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END WHEN (CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END IS NOT NULL AND endpoint_limits.rate + (coalesce(CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END, endpoint_limits.rate) * 1.7999999999999998) / (endpoint_limits.rate + 0.0) > CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END) THEN CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END ELSE endpoint_limits.rate + (coalesce(CASE WHEN (endpoint_limits.requests_per_minute IS NULL) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) IS NULL) THEN endpoint_limits.requests_per_minute WHEN (coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) < endpoint_limits.requests_per_minute) THEN coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute) ELSE endpoint_limits.requests_per_minute END, endpoint_limits.rate) * 1.7999999999999998) / (endpoint_limits.rate + 0.0) END / (60.0 + 0.0)) * 1.0, 1.0))) ELSE endpoint_limits.request_level END, token_level=CASE WHEN (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) WHEN (coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) < endpoint_limits.tokens_per_minute) THEN coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) ELSE endpoint_limits.tokens_per_minute END IS NULL) THEN 0.0 WHEN (CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN endpoint_limits.announced_tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (endpoint_limits.announced_tokens_per_minute < endpoint_limits.tokens_per_minute) THEN endpoint_limits.announced_tokens_per_minute ELSE endpoint_limits.tokens_per_minute END IS NULL) THEN min(max((CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) WHEN (coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) < endpoint_limits.tokens_per_minute) THEN coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0, 1.0), coalesce(CAST(:tokens_remaining AS FLOAT), max((CASE WHEN (endpoint_limits.tokens_per_minute IS NULL) THEN coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) WHEN (coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) IS NULL) THEN endpoint_limits.tokens_per_minute WHEN (coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) < endpoint_limits.tokens_per_minute) THEN coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute) ELSE endpoint_limits.tokens_per_minute END / (60.0 + 0.0)) * 1.0, 1.0))) ELSE (endpoint_limits.token_level + :estimate) - :used END, paused_until=CASE WHEN (CAST(:pause_seconds AS FLOAT) IS NULL) THEN endpoint_limits.paused_until ELSE max(coalesce(endpoint_limits.paused_until, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')), (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', CAST(:pause_seconds AS FLOAT))) || '000')) END, refusals=0, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), announced_requests_per_minute=coalesce(CAST(:announced_rpm AS FLOAT), endpoint_limits.announced_requests_per_minute), announced_tokens_per_minute=coalesce(CAST(:announced_tpm AS BIGINT), endpoint_limits.announced_tokens_per_minute), answered_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE endpoint_limits.name = :name;
 
 -- name: record_call_intent
 -- Record a model call before it leaves, in flight (no outcome), only while its Attempt holds the
 -- Run's lease (fence, owner, database clock).
--- parameters: call_id, run_id, attempt_id, fence, endpoint, model, position, prompt_digest, estimate, budget_period, budget_day, run_id, fence, owner, status_1
-INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, model, position, prompt_digest, started_at, estimate, budget_period, budget_day) SELECT ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, runs.job, ? AS anon_5, ? AS anon_6, ? AS anon_7, ? AS anon_8, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, ? AS anon_9, ? AS anon_10, ? AS anon_11 
+-- parameters: call_id, run_id, attempt_id, fence, endpoint, model, position, prompt_digest, estimate, budget_period, budget_day, owner
+INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, model, position, prompt_digest, started_at, estimate, budget_period, budget_day) SELECT :call_id AS call_id, :run_id AS run_id, :attempt_id AS attempt_id, :fence AS fence, runs.job, :endpoint AS endpoint, :model AS model, :position AS position, :prompt_digest AS prompt_digest, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS started_at, :estimate AS estimate, :budget_period AS budget_period, :budget_day AS budget_day 
 FROM runs 
-WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING call_id;
+WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING call_id;
 
 -- name: record_call_answer
 -- Record a call answered with its usage and checkpoint its answer, only while its Attempt holds
 -- the Run's lease; otherwise the call is lost (another attempt may be paying for it again) and
 -- only its usage is recorded.
--- parameters: run_id, owner, status_1, param_1, param_2, prompt_tokens, completion_tokens, latency_ms, cost_nanos, currency, overrun, run_id, owner, status_1, answer, call_id, outcome_1
+-- parameters: run_id, owner, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, answer, call_id
 UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = ? AND runs.fence = model_calls.fence AND runs.owner = ? AND runs.status = ?))) THEN ? ELSE ? END, prompt_tokens=?, completion_tokens=?, latency_ms=?, cost_nanos=?, currency=?, overrun=?, answer=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
+WHERE runs.run_id = :run_id AND runs.fence = model_calls.fence AND runs.owner = :owner AND runs.status = 'running'))) THEN 'answered' ELSE 'lost' END, prompt_tokens=:prompt_tokens, completion_tokens=:completion_tokens, cached_tokens=:cached_tokens, cache_write_tokens=:cache_write_tokens, latency_ms=:latency_ms, cost_nanos=:cost_nanos, currency=:currency, overrun=:overrun, answer=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = ? AND runs.fence = model_calls.fence AND runs.owner = ? AND runs.status = ?))) THEN ? ELSE NULL END WHERE model_calls.call_id = ? AND (model_calls.outcome IS NULL OR model_calls.outcome = ? AND model_calls.latency_ms IS NULL) RETURNING outcome;
+WHERE runs.run_id = :run_id AND runs.fence = model_calls.fence AND runs.owner = :owner AND runs.status = 'running'))) THEN :answer ELSE NULL END WHERE model_calls.call_id = :call_id AND (model_calls.outcome IS NULL OR model_calls.outcome = 'lost' AND model_calls.latency_ms IS NULL) RETURNING outcome;
 
 -- name: record_call_failure
 -- Record a call refused by the provider (an error reply: not billed) or failed (no usable answer:
 -- timeout, connection lost, malformed reply), with its error; a call already marked lost learns
 -- what became of it.
--- parameters: outcome, error, prompt_tokens, completion_tokens, latency_ms, cost_nanos, currency, overrun, call_id, outcome_1
-UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=?, prompt_tokens=?, completion_tokens=?, latency_ms=?, cost_nanos=?, currency=?, overrun=? WHERE model_calls.call_id = ? AND (model_calls.outcome IS NULL OR model_calls.outcome = ? AND model_calls.latency_ms IS NULL) RETURNING outcome;
+-- parameters: outcome, error, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, call_id
+UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=:outcome, error=:error, prompt_tokens=:prompt_tokens, completion_tokens=:completion_tokens, cached_tokens=:cached_tokens, cache_write_tokens=:cache_write_tokens, latency_ms=:latency_ms, cost_nanos=:cost_nanos, currency=:currency, overrun=:overrun WHERE model_calls.call_id = :call_id AND (model_calls.outcome IS NULL OR model_calls.outcome = 'lost' AND model_calls.latency_ms IS NULL) RETURNING outcome;
 
 -- name: mark_calls_lost
 -- A Run's calls in flight whose Attempt no longer holds a lease (its fence moved on: taken over
 -- after a crash or an expired lease; or the Run was finished or released without them) are lost:
 -- counted as paid.
--- parameters: outcome, run_id, status_1
-UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=? WHERE model_calls.run_id = ? AND model_calls.outcome IS NULL AND NOT (EXISTS (SELECT runs.run_id 
+-- parameters: run_id
+UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome='lost' WHERE model_calls.run_id = :run_id AND model_calls.outcome IS NULL AND NOT (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = model_calls.run_id AND runs.fence = model_calls.fence AND runs.status = ?)) RETURNING call_id, job, estimate, budget_period, budget_day;
-
--- name: replay_call
--- The checkpointed answer of a position of the Run's transform whose prompt has the same digest
--- (not one validation rejected), counted as reused; only for the Attempt holding the Run's lease.
--- parameters: reuses_1, run_id, position, prompt_digest, outcome_1, param_1, param_2, run_id, fence, owner, status_1
-UPDATE model_calls SET reuses=(model_calls.reuses + ?) WHERE model_calls.call_id = (SELECT model_calls.call_id 
-FROM model_calls 
-WHERE model_calls.run_id = ? AND model_calls.position = ? AND model_calls.prompt_digest = ? AND model_calls.outcome = ? AND model_calls.answer IS NOT NULL AND model_calls.rejected_at IS NULL ORDER BY model_calls.started_at DESC, model_calls.call_id
- LIMIT ? OFFSET ?) AND (EXISTS (SELECT runs.run_id 
-FROM runs 
-WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ?)) RETURNING call_id, answer;
-
--- name: reject_answers
--- Validation rejected the Run's candidate: its checkpointed answers are kept as evidence and never
--- replayed; only the holder of the Run's lease can.
--- parameters: run_id, outcome_1, run_id, fence, owner, status_1
-UPDATE model_calls SET rejected_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE model_calls.run_id = ? AND model_calls.outcome = ? AND model_calls.rejected_at IS NULL AND (EXISTS (SELECT runs.run_id 
-FROM runs 
-WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ?)) RETURNING call_id;
+WHERE runs.run_id = model_calls.run_id AND runs.fence = model_calls.fence AND runs.status = 'running')) RETURNING call_id, job, estimate, budget_period, budget_day;
 
 -- name: list_model_calls
 -- A Run's model calls, in the order they were made, without answers.
 -- parameters: run_id
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
 FROM model_calls 
-WHERE model_calls.run_id = ? ORDER BY model_calls.started_at, model_calls.fence, model_calls.position;
+WHERE model_calls.run_id = :run_id ORDER BY model_calls.started_at, model_calls.fence, model_calls.position;
 
 -- name: list_model_calls_of_runs
 -- The model calls of the Runs whose ids are given, without answers: one statement for a whole
 -- tick.
--- parameters: json_extract_1, ids
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+-- parameters: ids
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
 FROM model_calls 
-WHERE model_calls.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) ORDER BY model_calls.run_id, model_calls.started_at, model_calls.position;
+WHERE model_calls.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
+FROM json_each(:ids) AS item) ORDER BY model_calls.run_id, model_calls.started_at, model_calls.position;
 
 -- name: read_model_calls_since
 -- The model calls started from a moment on (optionally of one job), with their Run's revision:
 -- what stats and costs add up, no answers.
--- parameters: since, job, job
-SELECT model_calls.run_id, model_calls.job, model_calls.model, model_calls.started_at, model_calls.outcome, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cost_nanos, model_calls.currency, model_calls.reuses, model_calls.rejected_at, model_calls.overrun, runs.revision 
+-- parameters: since, job
+SELECT model_calls.run_id, model_calls.job, model_calls.model, model_calls.started_at, model_calls.outcome, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.cost_nanos, model_calls.currency, model_calls.reuses, model_calls.rejected_at, model_calls.overrun, runs.revision 
 FROM model_calls JOIN runs ON runs.run_id = model_calls.run_id 
-WHERE model_calls.started_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR model_calls.job = CAST(? AS VARCHAR(200)));
+WHERE model_calls.started_at >= :since AND (CAST(:job AS VARCHAR(200)) IS NULL OR model_calls.job = CAST(:job AS VARCHAR(200)));
+
+-- name: replay_call
+-- The checkpointed answer of a position of the Run's transform whose prompt has the same digest
+-- (not one validation rejected), counted as reused; only for the Attempt holding the Run's lease.
+-- parameters: run_id, position, prompt_digest, fence, owner
+UPDATE model_calls SET reuses=(model_calls.reuses + 1) WHERE model_calls.call_id = (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = :run_id AND model_calls.position = :position AND model_calls.prompt_digest = :prompt_digest AND model_calls.outcome = 'answered' AND model_calls.answer IS NOT NULL AND model_calls.rejected_at IS NULL ORDER BY model_calls.started_at DESC, model_calls.call_id
+ LIMIT 1 OFFSET 0) AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running')) RETURNING call_id, answer;
+
+-- name: reject_answers
+-- Validation rejected the Run's candidate: its checkpointed answers are kept as evidence and never
+-- replayed; only the holder of the Run's lease can.
+-- parameters: run_id, fence, owner
+UPDATE model_calls SET rejected_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE model_calls.run_id = :run_id AND model_calls.outcome = 'answered' AND model_calls.rejected_at IS NULL AND (EXISTS (SELECT runs.run_id 
+FROM runs 
+WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running')) RETURNING call_id;
 
 -- name: count_saved
 -- Add what the duplicates one tick suppressed would have cost to the job's counts for the UTC day:
 -- each duplicate Run's answered calls' tokens and money, per currency (the answers a rerun would
 -- pay for again; a lost or failed call of an earlier attempt is not repeated by one).
--- parameters: job, day, coalesce_3, coalesce_4, coalesce_5, coalesce_7, json_extract_1, ids, outcome_1
-INSERT INTO suppressed_costs (job, day, currency, runs, calls, tokens, cost_nanos, updated_at) SELECT ? AS anon_1, ? AS anon_2, coalesce(model_calls.currency, '') AS coalesce_1, count(DISTINCT model_calls.run_id) AS count_1, count(*) AS count_2, coalesce(sum(coalesce(model_calls.prompt_tokens, ?) + coalesce(model_calls.completion_tokens, ?)), ?) AS coalesce_2, coalesce(sum(model_calls.cost_nanos), ?) AS coalesce_6, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1 
-FROM model_calls JOIN (SELECT json_extract(anon_3.value, ?) AS run_id 
-FROM json_each(?) AS anon_3) AS given ON model_calls.run_id = given.run_id 
-WHERE model_calls.outcome = ? GROUP BY coalesce(model_calls.currency, '') ON CONFLICT (job, day, currency) DO UPDATE SET runs = (suppressed_costs.runs + excluded.runs), calls = (suppressed_costs.calls + excluded.calls), tokens = (suppressed_costs.tokens + excluded.tokens), cost_nanos = (suppressed_costs.cost_nanos + excluded.cost_nanos), updated_at = excluded.updated_at;
+-- parameters: job, day, ids
+INSERT INTO suppressed_costs (job, day, currency, runs, calls, tokens, cost_nanos, updated_at) SELECT :job AS job, :day AS day, coalesce(model_calls.currency, '') AS currency, count(DISTINCT model_calls.run_id) AS runs, count(*) AS calls, coalesce(sum(coalesce(model_calls.prompt_tokens, 0) + coalesce(model_calls.completion_tokens, 0)), 0) AS tokens, coalesce(sum(model_calls.cost_nanos), 0) AS cost_nanos, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS updated_at 
+FROM model_calls JOIN (SELECT json_extract(item.value, '$.run_id') AS run_id 
+FROM json_each(:ids) AS item) AS given ON model_calls.run_id = given.run_id 
+WHERE model_calls.outcome = 'answered' GROUP BY coalesce(model_calls.currency, '') ON CONFLICT (job, day, currency) DO UPDATE SET runs = (suppressed_costs.runs + excluded.runs), calls = (suppressed_costs.calls + excluded.calls), tokens = (suppressed_costs.tokens + excluded.tokens), cost_nanos = (suppressed_costs.cost_nanos + excluded.cost_nanos), updated_at = excluded.updated_at;
 
 -- name: read_saved_since
 -- What suppressed duplicates would have cost, from a UTC day on (optionally of one job).
--- parameters: day, job, job
+-- parameters: day, job
 SELECT suppressed_costs.job, suppressed_costs.day, suppressed_costs.currency, suppressed_costs.runs, suppressed_costs.calls, suppressed_costs.tokens, suppressed_costs.cost_nanos 
 FROM suppressed_costs 
-WHERE suppressed_costs.day >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR suppressed_costs.job = CAST(? AS VARCHAR(200)));
+WHERE suppressed_costs.day >= :day AND (CAST(:job AS VARCHAR(200)) IS NULL OR suppressed_costs.job = CAST(:job AS VARCHAR(200)));
 
 -- name: read_clock
 -- The database clock, which every lease and due time is judged by.
@@ -196,27 +211,27 @@ SELECT (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS now;
 
 -- name: find_run_ids
 -- The first Run ids in the range a prefix spans, and how many there are.
--- parameters: low, high, param_1, param_2
+-- parameters: low, high
 SELECT runs.run_id AS id, count(*) OVER () AS matches 
 FROM runs 
-WHERE runs.run_id BETWEEN ? AND ? ORDER BY runs.run_id
- LIMIT ? OFFSET ?;
+WHERE runs.run_id BETWEEN :low AND :high ORDER BY runs.run_id
+ LIMIT 5 OFFSET 0;
 
 -- name: find_message_ids
 -- The first outbox message ids in the range a prefix spans, and how many there are.
--- parameters: low, high, param_1, param_2
+-- parameters: low, high
 SELECT outbox.message_id AS id, count(*) OVER () AS matches 
 FROM outbox 
-WHERE outbox.message_id BETWEEN ? AND ? ORDER BY outbox.message_id
- LIMIT ? OFFSET ?;
+WHERE outbox.message_id BETWEEN :low AND :high ORDER BY outbox.message_id
+ LIMIT 5 OFFSET 0;
 
 -- name: owe_subjects
 -- Record from which period a job owes each given subject, once: a subject already recorded keeps
 -- its first value.
--- parameters: json_extract_1, json_extract_2, json_extract_3, owed
-INSERT INTO obligations (job, subject, owed_from, created_at) SELECT given.job, given.subject, given.owed_from, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1 
-FROM (SELECT json_extract(anon_1.value, ?) AS job, json_extract(anon_1.value, ?) AS subject, json_extract(anon_1.value, ?) AS owed_from 
-FROM json_each(?) AS anon_1) AS given 
+-- parameters: owed
+INSERT INTO obligations (job, subject, owed_from, created_at) SELECT given.job, given.subject, given.owed_from, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS created_at 
+FROM (SELECT json_extract(item.value, '$.job') AS job, json_extract(item.value, '$.subject') AS subject, json_extract(item.value, '$.owed_from') AS owed_from 
+FROM json_each(:owed) AS item) AS given 
 WHERE 1 = 1 ON CONFLICT DO NOTHING;
 
 -- name: read_obligations
@@ -224,15 +239,15 @@ WHERE 1 = 1 ON CONFLICT DO NOTHING;
 -- parameters: job
 SELECT obligations.subject, obligations.owed_from 
 FROM obligations 
-WHERE obligations.job = ? ORDER BY obligations.subject;
+WHERE obligations.job = :job ORDER BY obligations.subject;
 
 -- name: skip_occurrences
 -- Record each given occurrence as skipped by the missed-run policy, with its reason, unless a Run
 -- of it exists (started occurrences are re-driven, never skipped) or it is skipped already.
--- parameters: json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, occurrences
-INSERT INTO occurrences (run_id, job, subject, period_start, version, skip_reason, skipped_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.skip_reason, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2 
-FROM (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS job, json_extract(anon_1.value, ?) AS subject, json_extract(anon_1.value, ?) AS period_start, json_extract(anon_1.value, ?) AS version, json_extract(anon_1.value, ?) AS skip_reason 
-FROM json_each(?) AS anon_1) AS given 
+-- parameters: occurrences
+INSERT INTO occurrences (run_id, job, subject, period_start, version, skip_reason, skipped_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.skip_reason, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS skipped_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS created_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS updated_at 
+FROM (SELECT json_extract(item.value, '$.run_id') AS run_id, json_extract(item.value, '$.job') AS job, json_extract(item.value, '$.subject') AS subject, json_extract(item.value, '$.period_start') AS period_start, json_extract(item.value, '$.version') AS version, json_extract(item.value, '$.skip_reason') AS skip_reason 
+FROM json_each(:occurrences) AS item) AS given 
 WHERE NOT (EXISTS (SELECT runs.run_id 
 FROM runs 
 WHERE runs.run_id = given.run_id)) ON CONFLICT (run_id) DO UPDATE SET skipped_at = excluded.skipped_at, skip_reason = excluded.skip_reason, updated_at = excluded.updated_at, skip_emitted_at = NULL WHERE occurrences.skipped_at IS NULL RETURNING run_id;
@@ -240,362 +255,362 @@ WHERE runs.run_id = given.run_id)) ON CONFLICT (run_id) DO UPDATE SET skipped_at
 -- name: unskip_occurrences
 -- An operator runs skipped occurrences on purpose: their skip is cleared (the reason stays until
 -- it runs).
--- parameters: json_extract_1, ids
-UPDATE occurrences SET skipped_at=NULL, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE occurrences.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) AND occurrences.skipped_at IS NOT NULL RETURNING run_id;
+-- parameters: ids
+UPDATE occurrences SET skipped_at=NULL, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE occurrences.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
+FROM json_each(:ids) AS item) AND occurrences.skipped_at IS NOT NULL RETURNING run_id;
 
 -- name: mark_overdue
 -- Report each given occurrence overdue once: not if its Run completed, it was skipped by policy or
 -- it was reported already.
--- parameters: json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, occurrences, status_1
-INSERT INTO occurrences (run_id, job, subject, period_start, version, overdue_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2 
-FROM (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS job, json_extract(anon_1.value, ?) AS subject, json_extract(anon_1.value, ?) AS period_start, json_extract(anon_1.value, ?) AS version 
-FROM json_each(?) AS anon_1) AS given 
+-- parameters: occurrences
+INSERT INTO occurrences (run_id, job, subject, period_start, version, overdue_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS overdue_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS created_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS updated_at 
+FROM (SELECT json_extract(item.value, '$.run_id') AS run_id, json_extract(item.value, '$.job') AS job, json_extract(item.value, '$.subject') AS subject, json_extract(item.value, '$.period_start') AS period_start, json_extract(item.value, '$.version') AS version 
+FROM json_each(:occurrences) AS item) AS given 
 WHERE NOT (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = given.run_id AND runs.status = ?)) ON CONFLICT (run_id) DO UPDATE SET overdue_at = excluded.overdue_at, updated_at = excluded.updated_at WHERE occurrences.overdue_at IS NULL AND occurrences.skipped_at IS NULL RETURNING run_id;
+WHERE runs.run_id = given.run_id AND runs.status = 'completed')) ON CONFLICT (run_id) DO UPDATE SET overdue_at = excluded.overdue_at, updated_at = excluded.updated_at WHERE occurrences.overdue_at IS NULL AND occurrences.skipped_at IS NULL RETURNING run_id;
 
 -- name: mark_recovered
 -- An overdue occurrence of the job whose Run has since completed is reported recovered, once.
--- parameters: job, status_1
-UPDATE occurrences SET recovered_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE occurrences.job = ? AND occurrences.overdue_at IS NOT NULL AND occurrences.recovered_at IS NULL AND (EXISTS (SELECT runs.run_id 
+-- parameters: job
+UPDATE occurrences SET recovered_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE occurrences.job = :job AND occurrences.overdue_at IS NOT NULL AND occurrences.recovered_at IS NULL AND (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = occurrences.run_id AND runs.status = ?)) RETURNING run_id, job, subject, period_start, version, skipped_at, skip_reason, overdue_at, recovered_at, created_at, updated_at, gave_up_at, skip_emitted_at, overdue_emitted_at, recovered_emitted_at, gave_up_emitted_at, emitting_until;
+WHERE runs.run_id = occurrences.run_id AND runs.status = 'completed')) RETURNING run_id, job, subject, period_start, version, skipped_at, skip_reason, overdue_at, recovered_at, created_at, updated_at, gave_up_at, skip_emitted_at, overdue_emitted_at, recovered_emitted_at, gave_up_emitted_at, emitting_until;
 
 -- name: give_up_run
 -- A stranded Run (pending, or running on an expired lease) that used up its attempts fails for
 -- good, naming its last error; a live or finished Run is left alone.
--- parameters: status, error, run_id, max_attempts, status_1, status_2
-UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.attempts >= ? AND (runs.status = ? OR runs.status = ? AND runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING job, subject, period_start, version;
+-- parameters: error, run_id, max_attempts
+UPDATE runs SET status='failed', owner=NULL, lease_expires_at=NULL, error=:error, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = :run_id AND runs.attempts >= :max_attempts AND (runs.status = 'pending' OR runs.status = 'running' AND runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING job, subject, period_start, version;
 
 -- name: record_give_up
 -- A Run given up is recorded on its occurrence (a new give-up after an operator's requeue is a new
 -- decision, its event not emitted yet).
--- parameters: json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, occurrences
-INSERT INTO occurrences (run_id, job, subject, period_start, version, gave_up_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2 
-FROM (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS job, json_extract(anon_1.value, ?) AS subject, json_extract(anon_1.value, ?) AS period_start, json_extract(anon_1.value, ?) AS version 
-FROM json_each(?) AS anon_1) AS given 
+-- parameters: occurrences
+INSERT INTO occurrences (run_id, job, subject, period_start, version, gave_up_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS gave_up_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS created_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS updated_at 
+FROM (SELECT json_extract(item.value, '$.run_id') AS run_id, json_extract(item.value, '$.job') AS job, json_extract(item.value, '$.subject') AS subject, json_extract(item.value, '$.period_start') AS period_start, json_extract(item.value, '$.version') AS version 
+FROM json_each(:occurrences) AS item) AS given 
 WHERE 1 = 1 ON CONFLICT (run_id) DO UPDATE SET updated_at = excluded.updated_at, gave_up_at = excluded.gave_up_at, gave_up_emitted_at = NULL;
 
 -- name: claim_decision_events
 -- Lease the job's occurrences that have a decision whose event is not known to be emitted, unless
 -- another pass holds them on a live lease (database clock).
 -- parameters: lease, job
-UPDATE occurrences SET emitting_until=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') WHERE occurrences.job = ? AND (occurrences.skipped_at IS NOT NULL AND occurrences.skip_emitted_at IS NULL OR occurrences.overdue_at IS NOT NULL AND occurrences.overdue_emitted_at IS NULL OR occurrences.recovered_at IS NOT NULL AND occurrences.recovered_emitted_at IS NULL OR occurrences.gave_up_at IS NOT NULL AND occurrences.gave_up_emitted_at IS NULL) AND (occurrences.emitting_until IS NULL OR occurrences.emitting_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING run_id, job, subject, period_start, version, skipped_at, skip_reason, overdue_at, recovered_at, created_at, updated_at, gave_up_at, skip_emitted_at, overdue_emitted_at, recovered_emitted_at, gave_up_emitted_at, emitting_until;
+UPDATE occurrences SET emitting_until=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') WHERE occurrences.job = :job AND (occurrences.skipped_at IS NOT NULL AND occurrences.skip_emitted_at IS NULL OR occurrences.overdue_at IS NOT NULL AND occurrences.overdue_emitted_at IS NULL OR occurrences.recovered_at IS NOT NULL AND occurrences.recovered_emitted_at IS NULL OR occurrences.gave_up_at IS NOT NULL AND occurrences.gave_up_emitted_at IS NULL) AND (occurrences.emitting_until IS NULL OR occurrences.emitting_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING run_id, job, subject, period_start, version, skipped_at, skip_reason, overdue_at, recovered_at, created_at, updated_at, gave_up_at, skip_emitted_at, overdue_emitted_at, recovered_emitted_at, gave_up_emitted_at, emitting_until;
 
 -- name: mark_decision_events_emitted
 -- The given decisions' events were handed to the Prefect server: each is recorded emitted (if it
 -- is still the decision made then), and the lease is given back.
--- parameters: json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, emitted
-UPDATE occurrences SET skip_emitted_at=CASE WHEN (occurrences.skipped_at = given.skipped_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.skip_emitted_at END, overdue_emitted_at=CASE WHEN (occurrences.overdue_at = given.overdue_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.overdue_emitted_at END, recovered_emitted_at=CASE WHEN (occurrences.recovered_at = given.recovered_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.recovered_emitted_at END, gave_up_emitted_at=CASE WHEN (occurrences.gave_up_at = given.gave_up_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.gave_up_emitted_at END, emitting_until=NULL FROM (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS skipped_at, json_extract(anon_1.value, ?) AS overdue_at, json_extract(anon_1.value, ?) AS recovered_at, json_extract(anon_1.value, ?) AS gave_up_at 
-FROM json_each(?) AS anon_1) AS given WHERE occurrences.run_id = given.run_id;
+-- parameters: emitted
+UPDATE occurrences SET skip_emitted_at=CASE WHEN (occurrences.skipped_at = given.skipped_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.skip_emitted_at END, overdue_emitted_at=CASE WHEN (occurrences.overdue_at = given.overdue_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.overdue_emitted_at END, recovered_emitted_at=CASE WHEN (occurrences.recovered_at = given.recovered_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.recovered_emitted_at END, gave_up_emitted_at=CASE WHEN (occurrences.gave_up_at = given.gave_up_at) THEN (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') ELSE occurrences.gave_up_emitted_at END, emitting_until=NULL FROM (SELECT json_extract(item.value, '$.run_id') AS run_id, json_extract(item.value, '$.skipped_at') AS skipped_at, json_extract(item.value, '$.overdue_at') AS overdue_at, json_extract(item.value, '$.recovered_at') AS recovered_at, json_extract(item.value, '$.gave_up_at') AS gave_up_at 
+FROM json_each(:emitted) AS item) AS given WHERE occurrences.run_id = given.run_id;
 
 -- name: read_run_states
 -- Where each Run of a job stands from a period on (no documents), with whether its lease expired
 -- by the database clock; revision 0 only, what the job owes (a revision is an operator's, resumed
 -- by its own revise flow run).
--- parameters: job, since, revision_1
+-- parameters: job, since
 SELECT runs.run_id, runs.subject, runs.period_start, runs.version, runs.status, runs.attempts, runs.model_calls, runs.updated_at, runs.error, coalesce(runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), 0) AS lease_expired 
 FROM runs 
-WHERE runs.job = ? AND runs.period_start >= ? AND runs.revision = ? ORDER BY runs.period_start, runs.subject;
+WHERE runs.job = :job AND runs.period_start >= :since AND runs.revision = 0 ORDER BY runs.period_start, runs.subject;
 
 -- name: read_occurrences
 -- The decisions and alerts about a job's occurrences from a period on.
 -- parameters: job, since
 SELECT occurrences.run_id, occurrences.job, occurrences.subject, occurrences.period_start, occurrences.version, occurrences.skipped_at, occurrences.skip_reason, occurrences.overdue_at, occurrences.recovered_at, occurrences.created_at, occurrences.updated_at, occurrences.gave_up_at, occurrences.skip_emitted_at, occurrences.overdue_emitted_at, occurrences.recovered_emitted_at, occurrences.gave_up_emitted_at, occurrences.emitting_until 
 FROM occurrences 
-WHERE occurrences.job = ? AND occurrences.period_start >= ? ORDER BY occurrences.period_start, occurrences.subject;
+WHERE occurrences.job = :job AND occurrences.period_start >= :since ORDER BY occurrences.period_start, occurrences.subject;
 
 -- name: queue_messages
 -- The completed Run's outbox rows, one per (run, channel, recipient); a row already queued is left
 -- as it is.
--- parameters: param_1, param_2, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, json_extract_7, json_extract_8, json_extract_9, json_extract_10, messages
-INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, next_attempt_at, created_at, updated_at, hold_until) SELECT given.message_id, given.run_id, given.channel, given.recipient, given.subject, given.body, given.headers, given.payload, given.status, ? AS anon_1, ? AS anon_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__2, CASE WHEN (given.hold_seconds IS NULL) THEN NULL ELSE (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', given.hold_seconds)) || '000') END AS anon_3 
-FROM (SELECT json_extract(anon_4.value, ?) AS message_id, json_extract(anon_4.value, ?) AS run_id, json_extract(anon_4.value, ?) AS channel, json_extract(anon_4.value, ?) AS recipient, json_extract(anon_4.value, ?) AS subject, json_extract(anon_4.value, ?) AS body, json_extract(anon_4.value, ?) AS headers, json_extract(anon_4.value, ?) AS payload, json_extract(anon_4.value, ?) AS status, json_extract(anon_4.value, ?) AS hold_seconds 
-FROM json_each(?) AS anon_4) AS given 
+-- parameters: messages
+INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, next_attempt_at, created_at, updated_at, hold_until) SELECT given.message_id, given.run_id, given.channel, given.recipient, given.subject, given.body, given.headers, given.payload, given.status, 0 AS attempts, 0 AS fence, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS next_attempt_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS created_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS updated_at, CASE WHEN (given.hold_seconds IS NULL) THEN NULL ELSE (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', given.hold_seconds)) || '000') END AS hold_until 
+FROM (SELECT json_extract(item.value, '$.message_id') AS message_id, json_extract(item.value, '$.run_id') AS run_id, json_extract(item.value, '$.channel') AS channel, json_extract(item.value, '$.recipient') AS recipient, json_extract(item.value, '$.subject') AS subject, json_extract(item.value, '$.body') AS body, json_extract(item.value, '$.headers') AS headers, json_extract(item.value, '$.payload') AS payload, json_extract(item.value, '$.status') AS status, json_extract(item.value, '$.hold_seconds') AS hold_seconds 
+FROM json_each(:messages) AS item) AS given 
 WHERE 1 = 1 ON CONFLICT DO NOTHING;
 
 -- name: due_messages
 -- The due messages (or ones whose delivery lease expired) in claim order, optionally of one
 -- channel.
--- parameters: status_1, channel, channel, limit, param_1
+-- parameters: channel, limit
 SELECT outbox.message_id, outbox.status 
 FROM outbox 
-WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_attempt_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AND (outbox.status != ? OR outbox.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (CAST(? AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(? AS VARCHAR(32))) ORDER BY outbox.next_attempt_at, outbox.message_id
- LIMIT ? OFFSET ?;
+WHERE status IN ('pending', 'retry', 'uncertain', 'sending') AND outbox.next_attempt_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AND (outbox.status != 'sending' OR outbox.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) AND (CAST(:channel AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(:channel AS VARCHAR(32))) ORDER BY outbox.next_attempt_at, outbox.message_id
+ LIMIT :limit OFFSET 0;
 
 -- name: claim_messages
 -- Lease the due messages, skipping rows another dispatcher has locked (PostgreSQL: due and taken
 -- in one statement); each claim bumps the fence and counts the attempt.
--- parameters: status, attempts_1, fence_1, owner, lease, json_extract_1, due
-UPDATE outbox SET status=?, attempts=(outbox.attempts + ?), fence=(outbox.fence + ?), lease_owner=?, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), claimed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id IN (SELECT json_extract(anon_1.value, ?) AS message_id 
-FROM json_each(?) AS anon_1) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
+-- parameters: owner, lease, due
+UPDATE outbox SET status='sending', attempts=(outbox.attempts + 1), fence=(outbox.fence + 1), lease_owner=:owner, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000'), claimed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id IN (SELECT json_extract(item.value, '$.message_id') AS message_id 
+FROM json_each(:due) AS item) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
 
 -- name: record_delivery_outcome
 -- sending -> retry, uncertain or dead, with the error and when it is due again (database clock, or
 -- never); only the current delivery-lease holder can (PostgreSQL: with its delivery attempt row in
 -- the same statement).
--- parameters: outcome, delay, delay, last_error, message_id, fence, owner, status_1
-UPDATE outbox SET status=?, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=CASE WHEN (CAST(? AS FLOAT) IS NULL) THEN NULL ELSE (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') END, last_error=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND outbox.fence = ? AND outbox.lease_owner = ? AND outbox.status = ? RETURNING message_id;
+-- parameters: outcome, delay, last_error, message_id, fence, owner
+UPDATE outbox SET status=:outcome, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=CASE WHEN (CAST(:delay AS FLOAT) IS NULL) THEN NULL ELSE (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :delay)) || '000') END, last_error=:last_error, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = :message_id AND outbox.fence = :fence AND outbox.lease_owner = :owner AND outbox.status = 'sending' RETURNING message_id;
 
 -- name: record_delivery_attempt
 -- One delivery attempt row per try, unique per (message, attempt).
 -- parameters: message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id
-INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, finished_at, outcome, reply_code, reply_text, provider_message_id) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), ?, ?, ?, ?);
+INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, finished_at, outcome, reply_code, reply_text, provider_message_id) VALUES (:message_id, :attempt, :owner, :started_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), :outcome, :reply_code, :reply_text, :provider_message_id);
 
 -- name: record_sent_attempts
 -- The delivery attempt rows of the given messages still held under their fence and owner, before
 -- they are marked sent.
--- parameters: param_1, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, sent, status_1, param_2
-INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id, finished_at) SELECT outbox.message_id, outbox.attempts, given.owner, outbox.claimed_at, ? AS anon_1, given.reply_code, given.reply_text, given.provider_message_id, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1 
-FROM outbox, (SELECT json_extract(anon_2.value, ?) AS message_id, json_extract(anon_2.value, ?) AS fence, json_extract(anon_2.value, ?) AS owner, json_extract(anon_2.value, ?) AS reply_code, json_extract(anon_2.value, ?) AS reply_text, json_extract(anon_2.value, ?) AS provider_message_id 
-FROM json_each(?) AS anon_2) AS given 
-WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || ?) = ?;
+-- parameters: sent
+INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, outcome, reply_code, reply_text, provider_message_id, finished_at) SELECT outbox.message_id, outbox.attempts AS attempt, given.owner, outbox.claimed_at AS started_at, 'sent' AS outcome, given.reply_code, given.reply_text, given.provider_message_id, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS finished_at 
+FROM outbox, (SELECT json_extract(item.value, '$.message_id') AS message_id, json_extract(item.value, '$.fence') AS fence, json_extract(item.value, '$.owner') AS owner, json_extract(item.value, '$.reply_code') AS reply_code, json_extract(item.value, '$.reply_text') AS reply_text, json_extract(item.value, '$.provider_message_id') AS provider_message_id 
+FROM json_each(:sent) AS item) AS given 
+WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || '') = 'sending';
 
 -- name: mark_sent
 -- sending -> sent for the given messages, each only by its current delivery-lease holder
 -- (PostgreSQL: with their delivery attempt rows in the same statement).
--- parameters: status, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, sent, status_1, param_1
-UPDATE outbox SET status=?, lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=NULL, last_error=NULL, provider_message_id=given.provider_message_id, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), sent_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') FROM (SELECT json_extract(anon_1.value, ?) AS message_id, json_extract(anon_1.value, ?) AS fence, json_extract(anon_1.value, ?) AS owner, json_extract(anon_1.value, ?) AS reply_code, json_extract(anon_1.value, ?) AS reply_text, json_extract(anon_1.value, ?) AS provider_message_id 
-FROM json_each(?) AS anon_1) AS given WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || ?) = ? RETURNING message_id;
+-- parameters: sent
+UPDATE outbox SET status='sent', lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=NULL, last_error=NULL, provider_message_id=given.provider_message_id, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), sent_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') FROM (SELECT json_extract(item.value, '$.message_id') AS message_id, json_extract(item.value, '$.fence') AS fence, json_extract(item.value, '$.owner') AS owner, json_extract(item.value, '$.reply_code') AS reply_code, json_extract(item.value, '$.reply_text') AS reply_text, json_extract(item.value, '$.provider_message_id') AS provider_message_id 
+FROM json_each(:sent) AS item) AS given WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.lease_owner = given.owner AND (outbox.status || '') = 'sending' RETURNING message_id;
 
 -- name: read_sent_by_claim
 -- Which of the given messages are sent already by the given claim (its fence, and its attempt
 -- recorded sent by its owner): a mark retried after its commit succeeded.
--- parameters: json_extract_1, json_extract_2, json_extract_3, json_extract_4, sent, status_1, outcome_1
+-- parameters: sent
 SELECT outbox.message_id 
-FROM outbox, (SELECT json_extract(anon_1.value, ?) AS message_id, json_extract(anon_1.value, ?) AS fence, json_extract(anon_1.value, ?) AS owner, json_extract(anon_1.value, ?) AS attempt 
-FROM json_each(?) AS anon_1) AS given 
-WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.status = ? AND (EXISTS (SELECT delivery_attempts.id 
+FROM outbox, (SELECT json_extract(item.value, '$.message_id') AS message_id, json_extract(item.value, '$.fence') AS fence, json_extract(item.value, '$.owner') AS owner, json_extract(item.value, '$.attempt') AS attempt 
+FROM json_each(:sent) AS item) AS given 
+WHERE outbox.message_id = given.message_id AND outbox.fence = given.fence AND outbox.status = 'sent' AND (EXISTS (SELECT delivery_attempts.id 
 FROM delivery_attempts 
-WHERE delivery_attempts.message_id = given.message_id AND delivery_attempts.attempt = given.attempt AND delivery_attempts.owner = given.owner AND delivery_attempts.outcome = ?));
+WHERE delivery_attempts.message_id = given.message_id AND delivery_attempts.attempt = given.attempt AND delivery_attempts.owner = given.owner AND delivery_attempts.outcome = 'sent'));
 
 -- name: release_message
 -- A claimed message never handed to a transport returns to the status it was claimed from, due
 -- now, and its try is not counted; only its lease holder can.
--- parameters: status, attempts_1, message_id, fence, owner, status_1
-UPDATE outbox SET status=?, attempts=(outbox.attempts - ?), lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND outbox.fence = ? AND outbox.lease_owner = ? AND outbox.status = ?;
+-- parameters: status, message_id, fence, owner
+UPDATE outbox SET status=:status, attempts=(outbox.attempts - 1), lease_owner=NULL, lease_expires_at=NULL, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = :message_id AND outbox.fence = :fence AND outbox.lease_owner = :owner AND outbox.status = 'sending';
 
 -- name: requeue_message
 -- Operator action: a retry, uncertain or dead message is due now, with the same key; no other
 -- status can be requeued.
--- parameters: status, message_id, status_1, status_2, status_3
-UPDATE outbox SET status=?, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = ? AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ?) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
-
--- name: decide_held_messages
--- A person's decision on held messages: approved ones become pending, due now with their key;
--- rejected ones are rejected, never sent; who, when and why are recorded; only a held message can
--- be decided.
--- parameters: status, decision, decided_by, decision_reason, json_extract_1, decided, status_1
-UPDATE outbox SET status=?, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision=?, decided_by=?, decided_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision_reason=? WHERE outbox.message_id IN (SELECT json_extract(anon_1.value, ?) AS message_id 
-FROM json_each(?) AS anon_1) AND outbox.status = ? RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
-
--- name: read_message_statuses
--- The status of each of the given outbox messages that exists.
--- parameters: json_extract_1, given
-SELECT outbox.message_id, outbox.status 
-FROM outbox 
-WHERE outbox.message_id IN (SELECT json_extract(anon_1.value, ?) AS message_id 
-FROM json_each(?) AS anon_1);
-
--- name: reject_overdue_holds
--- The job's held messages whose deadline passed (database clock) are rejected, by the deadline;
--- never sent.
--- parameters: status, decision, decided_by, decision_reason, status_1, job
-UPDATE outbox SET status=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision=?, decided_by=?, decided_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision_reason=? WHERE outbox.status = ? AND outbox.hold_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AND outbox.run_id IN (SELECT runs.run_id 
-FROM runs 
-WHERE runs.job = ?) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
-
--- name: list_held_messages
--- Held messages, oldest first, with their Run's job, subject, period and revision, optionally of
--- one job and one Run.
--- parameters: status_1, job, job, run_id, run_id, limit, param_1
-SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason, runs.job AS run_job, runs.subject AS run_subject, runs.period_start AS run_period_start, runs.revision AS run_revision 
-FROM outbox JOIN runs ON runs.run_id = outbox.run_id 
-WHERE outbox.status = ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id
- LIMIT ? OFFSET ?;
+-- parameters: message_id
+UPDATE outbox SET status='pending', next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE outbox.message_id = :message_id AND (outbox.status = 'retry' OR outbox.status = 'uncertain' OR outbox.status = 'dead') RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
 
 -- name: get_message
 -- An outbox message by id.
 -- parameters: message_id
 SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason 
 FROM outbox 
-WHERE outbox.message_id = ?;
+WHERE outbox.message_id = :message_id;
 
 -- name: list_messages
 -- Outbox messages, oldest first, optionally of one status, one Run and one channel.
--- parameters: status, status, run_id, run_id, channel, channel, limit, param_1
+-- parameters: status, run_id, channel, limit
 SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason 
 FROM outbox 
-WHERE (CAST(? AS VARCHAR(16)) IS NULL OR outbox.status = CAST(? AS VARCHAR(16))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) AND (CAST(? AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(? AS VARCHAR(32))) ORDER BY outbox.created_at, outbox.message_id
- LIMIT ? OFFSET ?;
+WHERE (CAST(:status AS VARCHAR(16)) IS NULL OR outbox.status = CAST(:status AS VARCHAR(16))) AND (CAST(:run_id AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(:run_id AS VARCHAR(64))) AND (CAST(:channel AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(:channel AS VARCHAR(32))) ORDER BY outbox.created_at, outbox.message_id
+ LIMIT :limit OFFSET 0;
 
 -- name: list_recent_messages
 -- The newest outbox messages first, optionally of one status, one Run and one channel.
--- parameters: status, status, run_id, run_id, channel, channel, limit, param_1
+-- parameters: status, run_id, channel, limit
 SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason 
 FROM outbox 
-WHERE (CAST(? AS VARCHAR(16)) IS NULL OR outbox.status = CAST(? AS VARCHAR(16))) AND (CAST(? AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(? AS VARCHAR(64))) AND (CAST(? AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(? AS VARCHAR(32))) ORDER BY outbox.created_at DESC, outbox.message_id DESC
- LIMIT ? OFFSET ?;
+WHERE (CAST(:status AS VARCHAR(16)) IS NULL OR outbox.status = CAST(:status AS VARCHAR(16))) AND (CAST(:run_id AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(:run_id AS VARCHAR(64))) AND (CAST(:channel AS VARCHAR(32)) IS NULL OR outbox.channel = CAST(:channel AS VARCHAR(32))) ORDER BY outbox.created_at DESC, outbox.message_id DESC
+ LIMIT :limit OFFSET 0;
 
 -- name: list_delivery_attempts
 -- A message's delivery attempts in order.
 -- parameters: message_id
 SELECT delivery_attempts.id, delivery_attempts.message_id, delivery_attempts.attempt, delivery_attempts.owner, delivery_attempts.started_at, delivery_attempts.finished_at, delivery_attempts.outcome, delivery_attempts.reply_code, delivery_attempts.reply_text, delivery_attempts.provider_message_id 
 FROM delivery_attempts 
-WHERE delivery_attempts.message_id = ? ORDER BY delivery_attempts.attempt;
+WHERE delivery_attempts.message_id = :message_id ORDER BY delivery_attempts.attempt;
 
 -- name: count_messages
 -- Outbox messages per status.
 SELECT outbox.status, count(*) AS messages 
 FROM outbox GROUP BY outbox.status;
 
+-- name: decide_held_messages
+-- A person's decision on held messages: approved ones become pending, due now with their key;
+-- rejected ones are rejected, never sent; who, when and why are recorded; only a held message can
+-- be decided.
+-- parameters: status, decision, decided_by, decision_reason, decided
+UPDATE outbox SET status=:status, next_attempt_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision=:decision, decided_by=:decided_by, decided_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision_reason=:decision_reason WHERE outbox.message_id IN (SELECT json_extract(item.value, '$.message_id') AS message_id 
+FROM json_each(:decided) AS item) AND outbox.status = 'held' RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
+
+-- name: read_message_statuses
+-- The status of each of the given outbox messages that exists.
+-- parameters: given
+SELECT outbox.message_id, outbox.status 
+FROM outbox 
+WHERE outbox.message_id IN (SELECT json_extract(item.value, '$.message_id') AS message_id 
+FROM json_each(:given) AS item);
+
+-- name: reject_overdue_holds
+-- The job's held messages whose deadline passed (database clock) are rejected, by the deadline;
+-- never sent.
+-- parameters: job
+UPDATE outbox SET status='rejected', updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision='rejected', decided_by='deadline', decided_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), decision_reason='no decision before the hold''s deadline (the job''s approval rejects then)' WHERE outbox.status = 'held' AND outbox.hold_until <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AND outbox.run_id IN (SELECT runs.run_id 
+FROM runs 
+WHERE runs.job = :job) RETURNING message_id, run_id, channel, recipient, subject, body, headers, payload, status, attempts, fence, lease_owner, lease_expires_at, claimed_at, next_attempt_at, last_error, provider_message_id, created_at, updated_at, sent_at, hold_until, decision, decided_by, decided_at, decision_reason;
+
+-- name: list_held_messages
+-- Held messages, oldest first, with their Run's job, subject, period and revision, optionally of
+-- one job and one Run.
+-- parameters: job, run_id, limit
+SELECT outbox.message_id, outbox.run_id, outbox.channel, outbox.recipient, outbox.subject, outbox.body, outbox.headers, outbox.payload, outbox.status, outbox.attempts, outbox.fence, outbox.lease_owner, outbox.lease_expires_at, outbox.claimed_at, outbox.next_attempt_at, outbox.last_error, outbox.provider_message_id, outbox.created_at, outbox.updated_at, outbox.sent_at, outbox.hold_until, outbox.decision, outbox.decided_by, outbox.decided_at, outbox.decision_reason, runs.job AS run_job, runs.subject AS run_subject, runs.period_start AS run_period_start, runs.revision AS run_revision 
+FROM outbox JOIN runs ON runs.run_id = outbox.run_id 
+WHERE outbox.status = 'held' AND (CAST(:job AS VARCHAR(200)) IS NULL OR runs.job = CAST(:job AS VARCHAR(200))) AND (CAST(:run_id AS VARCHAR(64)) IS NULL OR outbox.run_id = CAST(:run_id AS VARCHAR(64))) ORDER BY outbox.created_at, outbox.message_id
+ LIMIT :limit OFFSET 0;
+
 -- name: get_run
 -- A Run by id.
 -- parameters: run_id
 SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs 
-WHERE runs.run_id = ?;
-
--- name: register_run
--- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
--- are compared by the caller).
--- parameters: run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts
-INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: claim_run
--- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
--- the fence, count the attempt (PostgreSQL: and end the previous holder's Attempt and open this
--- one's in the same statement).
--- parameters: status, fence_1, owner, lease, attempts_1, run_id, status_1, status_2, owner
-UPDATE runs SET status=?, fence=(runs.fence + ?), owner=?, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), attempts=(runs.attempts + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = ?) RETURNING run_id, fence, lease_expires_at;
-
--- name: close_attempts
--- A new claim ends the previous holder's open Attempt: its lease expired or was taken over.
--- parameters: outcome, run_id
-UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=? WHERE attempts.run_id = ? AND attempts.finished_at IS NULL;
-
--- name: open_attempt
--- One Attempt row per successful claim, unique per (run, fence).
--- parameters: attempt_id, run_id, owner, fence
-INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'));
-
--- name: enter_run
--- Register and claim one Run, given as one JSON object, in one upsert: a new Run is inserted
--- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
--- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
--- parameters: param_1, param_2, owner, param_3, lease, runs, json_extract_1, runs, json_extract_2, runs, json_extract_3, runs, json_extract_4, runs, json_extract_5, runs, json_extract_6, runs, json_extract_7, runs, json_extract_8, param_4, fence_1, attempts_1, status_1, status_2
-INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
-FROM (SELECT json_extract(?, ?) AS run_id, json_extract(?, ?) AS job, json_extract(?, ?) AS subject, json_extract(?, ?) AS period_start, json_extract(?, ?) AS version, json_extract(?, ?) AS params_fingerprint, json_extract(?, ?) AS params, json_extract(?, ?) AS attempt_id) AS given 
-WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: enter_runs
--- Register and claim a tick's Runs, given as one JSON array, in one upsert: a new Run is inserted
--- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
--- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
--- parameters: param_1, param_2, owner, param_3, lease, json_extract_1, json_extract_2, json_extract_3, json_extract_4, json_extract_5, json_extract_6, json_extract_7, json_extract_8, runs, param_4, fence_1, attempts_1, status_1, status_2
-INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, ? AS anon_1, ? AS anon_2, ? AS anon_3, ? AS anon_4, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now__1 
-FROM (SELECT json_extract(anon_5.value, ?) AS run_id, json_extract(anon_5.value, ?) AS job, json_extract(anon_5.value, ?) AS subject, json_extract(anon_5.value, ?) AS period_start, json_extract(anon_5.value, ?) AS version, json_extract(anon_5.value, ?) AS params_fingerprint, json_extract(anon_5.value, ?) AS params, json_extract(anon_5.value, ?) AS attempt_id 
-FROM json_each(?) AS anon_5) AS given 
-WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = ?, fence = (runs.fence + ?), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + ?), updated_at = excluded.updated_at WHERE (runs.status = ? OR runs.status = ?) AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: renew_leases
--- Extend the lease of every given Run still held under its fence and owner, from the database
--- clock; a Run whose fence moved on is left out.
--- parameters: lease, json_extract_1, json_extract_2, json_extract_3, claims, status_1
-UPDATE runs SET lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ?)) || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE (runs.run_id, runs.fence, runs.owner) IN (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS fence, json_extract(anon_1.value, ?) AS owner 
-FROM json_each(?) AS anon_1) AND runs.status = ? RETURNING run_id, lease_expires_at;
-
--- name: save_input
--- Store the raw input once (the first writer's value stays) and return the stored one; only the
--- current fence holder can.
--- parameters: raw_input, run_id, fence, owner, status_1
-UPDATE runs SET raw_input=coalesce(runs.raw_input, ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING raw_input;
-
--- name: complete_run
--- Accept the output, clear the lease, add the Attempt's model calls and record the flow run and
--- task run that completed it; only the current fence holder can (PostgreSQL: with the outbox rows
--- and the Attempt's end in the same statement, written only if the Run was accepted).
--- parameters: status, output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner, status_1
-UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, output=?, error=NULL, completed_attempt_id=?, completed_flow_run_id=?, completed_task_run_id=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), completed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: finish_attempt
--- End the Attempt with its outcome (completed, released, failed), error and model calls.
--- parameters: outcome, error, model_calls, attempt_id
-UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=?, model_calls=? WHERE attempts.attempt_id = ?;
-
--- name: release_or_fail_run
--- Record the error, add the Attempt's model calls and clear the lease, the Run going back to
--- pending (retryable) or to failed; only the current fence holder can.
--- parameters: status, error, model_calls, run_id, fence, owner, status_1
-UPDATE runs SET status=?, owner=NULL, lease_expires_at=NULL, error=?, model_calls=(runs.model_calls + ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.fence = ? AND runs.owner = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: requeue_run
--- Operator action: a failed Run goes back to pending; no other status can.
--- parameters: status, run_id, status_1
-UPDATE runs SET status=?, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = ? AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+WHERE runs.run_id = :run_id;
 
 -- name: get_runs
 -- Many Runs by id.
--- parameters: json_extract_1, ids
+-- parameters: ids
 SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs 
-WHERE runs.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1);
+WHERE runs.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
+FROM json_each(:ids) AS item);
 
 -- name: get_finished_runs
 -- What a rerun needs of the completed and failed Runs among the given ids, and of their later
 -- completed revisions (the caller keeps the latest): not their raw inputs, which can be large.
--- parameters: json_extract_1, ids, status_1, status_2, status_3
+-- parameters: ids
 SELECT asked.run_id AS asked_id, runs.run_id, runs.status, runs.params_fingerprint, runs.attempts, runs.output, runs.error, runs.revision, runs.pruned_at, runs.output_digest 
 FROM runs AS asked JOIN runs ON runs.job = asked.job AND runs.subject = asked.subject AND runs.period_start = asked.period_start AND runs.version = asked.version 
-WHERE asked.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) AND (runs.revision = asked.revision AND (runs.status = ? OR runs.status = ?) OR runs.revision > asked.revision AND runs.status = ?);
+WHERE asked.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
+FROM json_each(:ids) AS item) AND (runs.revision = asked.revision AND (runs.status = 'completed' OR runs.status = 'failed') OR runs.revision > asked.revision AND runs.status = 'completed');
 
 -- name: list_runs
 -- The latest Runs, newest period first, optionally of one job and one status.
--- parameters: job, job, status, status, limit, param_1
+-- parameters: job, status, limit
 SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.raw_input, runs.output, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs 
-WHERE (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (CAST(? AS VARCHAR(16)) IS NULL OR runs.status = CAST(? AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject
- LIMIT ? OFFSET ?;
+WHERE (CAST(:job AS VARCHAR(200)) IS NULL OR runs.job = CAST(:job AS VARCHAR(200))) AND (CAST(:status AS VARCHAR(16)) IS NULL OR runs.status = CAST(:status AS VARCHAR(16))) ORDER BY runs.period_start DESC, runs.subject
+ LIMIT :limit OFFSET 0;
 
 -- name: list_unfinished_runs
 -- Every Run neither completed nor failed (pending or running), optionally of one job, oldest
 -- period first, with its lease (owner, end) and fence: what on-call reads, without documents.
--- parameters: job, job, status_1, status_2
+-- parameters: job
 SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.revision, runs.status, runs.owner, runs.lease_expires_at, runs.fence, runs.attempts, runs.error, runs.updated_at 
 FROM runs 
-WHERE (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200))) AND (runs.status = ? OR runs.status = ?) ORDER BY runs.period_start, runs.job, runs.subject, runs.revision;
-
--- name: take_over_run
--- Operator action: a running Run (the one given, or every one the given owner holds) goes back to
--- pending, its lease cleared and its fence raised by one, so that the holder's next write is
--- refused, whether its lease had expired or not; its error says whose lease was taken over and
--- why.
--- parameters: status, fence_1, param_1, param_2, reason, run_id, run_id, owner, owner, status_1
-UPDATE runs SET status=?, fence=(runs.fence + ?), owner=NULL, lease_expires_at=NULL, error=(? || runs.owner || ? || ?), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE (CAST(? AS VARCHAR(64)) IS NULL OR runs.run_id = CAST(? AS VARCHAR(64))) AND (CAST(? AS VARCHAR(300)) IS NULL OR runs.owner = CAST(? AS VARCHAR(300))) AND runs.status = ? RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
-
--- name: end_taken_over_attempt
--- The Attempt of a Run taken over (its claim's fence) ends released, with the reason.
--- parameters: outcome, error, run_id, fence
-UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=?, error=? WHERE attempts.run_id = ? AND attempts.fence = ? AND attempts.finished_at IS NULL;
+WHERE (CAST(:job AS VARCHAR(200)) IS NULL OR runs.job = CAST(:job AS VARCHAR(200))) AND (runs.status = 'pending' OR runs.status = 'running') ORDER BY runs.period_start, runs.job, runs.subject, runs.revision;
 
 -- name: list_attempts
 -- A Run's Attempts in claim (fence) order.
 -- parameters: run_id
 SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
 FROM attempts 
-WHERE attempts.run_id = ? ORDER BY attempts.fence;
+WHERE attempts.run_id = :run_id ORDER BY attempts.fence;
 
 -- name: list_attempts_of_runs
 -- The Attempts of the Runs whose ids are given, per Run in claim (fence) order: one statement for
 -- a whole list of Runs.
--- parameters: json_extract_1, ids
+-- parameters: ids
 SELECT attempts.attempt_id, attempts.run_id, attempts.owner, attempts.fence, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.error, attempts.model_calls 
 FROM attempts 
-WHERE attempts.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) ORDER BY attempts.run_id, attempts.fence;
+WHERE attempts.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
+FROM json_each(:ids) AS item) ORDER BY attempts.run_id, attempts.fence;
+
+-- name: register_run
+-- Insert the Run as pending, once per identity: an existing Run is left as it is (its parameters
+-- are compared by the caller).
+-- parameters: run_id, job, subject, period_start, version, params_fingerprint, params
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, attempts, created_at, updated_at) VALUES (:run_id, :job, :subject, :period_start, :version, :params_fingerprint, :params, 'pending', 0, 0, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: claim_run
+-- Take the lease of an unfinished Run whose lease is free, expired (database clock) or ours: bump
+-- the fence, count the attempt (PostgreSQL: and end the previous holder's Attempt and open this
+-- one's in the same statement).
+-- parameters: owner, lease, run_id
+UPDATE runs SET status='running', fence=(runs.fence + 1), owner=:owner, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000'), attempts=(runs.attempts + 1), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = :run_id AND (runs.status = 'pending' OR runs.status = 'running') AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = :owner) RETURNING run_id, fence, lease_expires_at;
+
+-- name: close_attempts
+-- A new claim ends the previous holder's open Attempt: its lease expired or was taken over.
+-- parameters: run_id
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome='expired' WHERE attempts.run_id = :run_id AND attempts.finished_at IS NULL;
+
+-- name: open_attempt
+-- One Attempt row per successful claim, unique per (run, fence).
+-- parameters: attempt_id, run_id, owner, fence
+INSERT INTO attempts (attempt_id, run_id, owner, fence, started_at) VALUES (:attempt_id, :run_id, :owner, :fence, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'));
+
+-- name: enter_run
+-- Register and claim one Run, given as one JSON object, in one upsert: a new Run is inserted
+-- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
+-- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
+-- parameters: owner, lease, runs
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, 'running' AS status, 1 AS fence, :owner AS owner, 1 AS attempts, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') AS lease_expires_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS created_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS updated_at 
+FROM (SELECT json_extract(:runs, '$.run_id') AS run_id, json_extract(:runs, '$.job') AS job, json_extract(:runs, '$.subject') AS subject, json_extract(:runs, '$.period_start') AS period_start, json_extract(:runs, '$.version') AS version, json_extract(:runs, '$.params_fingerprint') AS params_fingerprint, json_extract(:runs, '$.params') AS params, json_extract(:runs, '$.attempt_id') AS attempt_id) AS given 
+WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = 'running', fence = (runs.fence + 1), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + 1), updated_at = excluded.updated_at WHERE (runs.status = 'pending' OR runs.status = 'running') AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: enter_runs
+-- Register and claim a tick's Runs, given as one JSON array, in one upsert: a new Run is inserted
+-- claimed; an existing one is claimed only if it is claimable (as claim_run) and has the same
+-- parameters fingerprint (PostgreSQL: with its Attempt rows in the same statement).
+-- parameters: owner, lease, runs
+INSERT INTO runs (run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, attempts, lease_expires_at, created_at, updated_at) SELECT given.run_id, given.job, given.subject, given.period_start, given.version, given.params_fingerprint, given.params, 'running' AS status, 1 AS fence, :owner AS owner, 1 AS attempts, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') AS lease_expires_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS created_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS updated_at 
+FROM (SELECT json_extract(item.value, '$.run_id') AS run_id, json_extract(item.value, '$.job') AS job, json_extract(item.value, '$.subject') AS subject, json_extract(item.value, '$.period_start') AS period_start, json_extract(item.value, '$.version') AS version, json_extract(item.value, '$.params_fingerprint') AS params_fingerprint, json_extract(item.value, '$.params') AS params, json_extract(item.value, '$.attempt_id') AS attempt_id 
+FROM json_each(:runs) AS item) AS given 
+WHERE 1 = 1 ORDER BY given.run_id ON CONFLICT (run_id) DO UPDATE SET status = 'running', fence = (runs.fence + 1), owner = excluded.owner, lease_expires_at = excluded.lease_expires_at, attempts = (runs.attempts + 1), updated_at = excluded.updated_at WHERE (runs.status = 'pending' OR runs.status = 'running') AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') OR runs.owner = excluded.owner) AND runs.params_fingerprint = excluded.params_fingerprint RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: renew_leases
+-- Extend the lease of every given Run still held under its fence and owner, from the database
+-- clock; a Run whose fence moved on is left out.
+-- parameters: lease, claims
+UPDATE runs SET lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000'), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE (runs.run_id, runs.fence, runs.owner) IN (SELECT json_extract(item.value, '$.run_id') AS run_id, json_extract(item.value, '$.fence') AS fence, json_extract(item.value, '$.owner') AS owner 
+FROM json_each(:claims) AS item) AND runs.status = 'running' RETURNING run_id, lease_expires_at;
+
+-- name: save_input
+-- Store the raw input once (the first writer's value stays) and return the stored one; only the
+-- current fence holder can.
+-- parameters: raw_input, run_id, fence, owner
+UPDATE runs SET raw_input=coalesce(runs.raw_input, :raw_input), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING raw_input;
+
+-- name: complete_run
+-- Accept the output, clear the lease, add the Attempt's model calls and record the flow run and
+-- task run that completed it; only the current fence holder can (PostgreSQL: with the outbox rows
+-- and the Attempt's end in the same statement, written only if the Run was accepted).
+-- parameters: output, attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, run_id, fence, owner
+UPDATE runs SET status='completed', owner=NULL, lease_expires_at=NULL, output=:output, error=NULL, completed_attempt_id=:attempt_id, completed_flow_run_id=:completed_flow_run_id, completed_task_run_id=:completed_task_run_id, model_calls=(runs.model_calls + :model_calls), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), completed_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: finish_attempt
+-- End the Attempt with its outcome (completed, released, failed), error and model calls.
+-- parameters: outcome, error, model_calls, attempt_id
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=:outcome, error=:error, model_calls=:model_calls WHERE attempts.attempt_id = :attempt_id;
+
+-- name: release_or_fail_run
+-- Record the error, add the Attempt's model calls and clear the lease, the Run going back to
+-- pending (retryable) or to failed; only the current fence holder can.
+-- parameters: status, error, model_calls, run_id, fence, owner
+UPDATE runs SET status=:status, owner=NULL, lease_expires_at=NULL, error=:error, model_calls=(runs.model_calls + :model_calls), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: requeue_run
+-- Operator action: a failed Run goes back to pending; no other status can.
+-- parameters: run_id
+UPDATE runs SET status='pending', updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = :run_id AND runs.status = 'failed' RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: take_over_run
+-- Operator action: a running Run (the one given, or every one the given owner holds) goes back to
+-- pending, its lease cleared and its fence raised by one, so that the holder's next write is
+-- refused, whether its lease had expired or not; its error says whose lease was taken over and
+-- why.
+-- parameters: reason, run_id, owner
+UPDATE runs SET status='pending', fence=(runs.fence + 1), owner=NULL, lease_expires_at=NULL, error=('lease of ' || runs.owner || ' taken over: ' || :reason), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE (CAST(:run_id AS VARCHAR(64)) IS NULL OR runs.run_id = CAST(:run_id AS VARCHAR(64))) AND (CAST(:owner AS VARCHAR(300)) IS NULL OR runs.owner = CAST(:owner AS VARCHAR(300))) AND runs.status = 'running' RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+
+-- name: end_taken_over_attempt
+-- The Attempt of a Run taken over (its claim's fence) ends released, with the reason.
+-- parameters: error, run_id, fence
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome='released', error=:error WHERE attempts.run_id = :run_id AND attempts.fence = :fence AND attempts.finished_at IS NULL;
 
 -- name: list_revisions
 -- Every revision of the logical run of the given Run (any of its revisions), oldest first, without
@@ -603,131 +618,131 @@ FROM json_each(?) AS anon_1) ORDER BY attempts.run_id, attempts.fence;
 -- parameters: run_id
 SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
 FROM runs AS given JOIN runs ON runs.job = given.job AND runs.subject = given.subject AND runs.period_start = given.period_start AND runs.version = given.version 
-WHERE given.run_id = ? ORDER BY runs.revision;
+WHERE given.run_id = :run_id ORDER BY runs.revision;
 
 -- name: request_revision
 -- Insert the next revision of a logical run as pending, only if the revision before it is finished
 -- (at most one unfinished revision per Run); the identity key lets one of two concurrent requests
 -- win.
--- parameters: run_id, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, recollect, param_1, param_2, param_3, source_run_id, revises_run_id, revision, param_4, status_1, status_2, revision_1
-INSERT INTO runs (run_id, job, subject, period_start, version, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, raw_input, status, fence, attempts, created_at, updated_at) SELECT ? AS anon_1, source.job, source.subject, source.period_start, source.version, ? AS anon_2, ? AS anon_3, ? AS anon_4, ? AS anon_5, ? AS anon_6, ? AS anon_7, ? AS anon_8, CASE WHEN ? THEN NULL ELSE source.raw_input END AS anon_9, ? AS anon_10, ? AS anon_11, ? AS anon_12, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_1, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS db_now_2 
+-- parameters: run_id, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, recollect, source_run_id
+INSERT INTO runs (run_id, job, subject, period_start, version, revision, revises_run_id, revision_reason, resend, requested_by, params_fingerprint, params, raw_input, status, fence, attempts, created_at, updated_at) SELECT :run_id AS run_id, source.job, source.subject, source.period_start, source.version, :revision AS revision, :revises_run_id AS revises_run_id, :revision_reason AS revision_reason, :resend AS resend, :requested_by AS requested_by, :params_fingerprint AS params_fingerprint, :params AS params, CASE WHEN :recollect THEN NULL ELSE source.raw_input END AS raw_input, 'pending' AS status, 0 AS fence, 0 AS attempts, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS created_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS updated_at 
 FROM runs AS source 
-WHERE source.run_id = ? AND (EXISTS (SELECT prev.run_id 
+WHERE source.run_id = :source_run_id AND (EXISTS (SELECT prev.run_id 
 FROM runs AS prev 
-WHERE prev.run_id = ? AND prev.revision = ? - ? AND (prev.status = ? OR prev.status = ? AND prev.revision > ?))) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
+WHERE prev.run_id = :revises_run_id AND prev.revision = :revision - 1 AND (prev.status = 'completed' OR prev.status = 'failed' AND prev.revision > 0))) ON CONFLICT DO NOTHING RETURNING run_id, job, subject, period_start, version, params_fingerprint, params, status, fence, owner, lease_expires_at, attempts, raw_input, output, error, completed_attempt_id, completed_flow_run_id, completed_task_run_id, model_calls, created_at, updated_at, completed_at, revision, revises_run_id, revision_reason, resend, requested_by, pruned_at, output_digest;
 
 -- name: count_suppressed
 -- Add one tick's Runs asked for again (completed: duplicates; leased by another worker: in
 -- progress elsewhere) to its job's counts for the UTC day.
 -- parameters: job, day, duplicates, in_progress_elsewhere
-INSERT INTO suppressed_counts (job, day, duplicates, in_progress_elsewhere, updated_at) VALUES (?, ?, ?, ?, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT (job, day) DO UPDATE SET duplicates = (suppressed_counts.duplicates + excluded.duplicates), in_progress_elsewhere = (suppressed_counts.in_progress_elsewhere + excluded.in_progress_elsewhere), updated_at = excluded.updated_at;
+INSERT INTO suppressed_counts (job, day, duplicates, in_progress_elsewhere, updated_at) VALUES (:job, :day, :duplicates, :in_progress_elsewhere, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ON CONFLICT (job, day) DO UPDATE SET duplicates = (suppressed_counts.duplicates + excluded.duplicates), in_progress_elsewhere = (suppressed_counts.in_progress_elsewhere + excluded.in_progress_elsewhere), updated_at = excluded.updated_at;
 
 -- name: read_completed_since
 -- The Runs completed from a moment on (optionally of one job): job, completion time, attempts and
 -- revision number, no documents.
--- parameters: status_1, since, job, job
+-- parameters: since, job
 SELECT runs.job, runs.completed_at, runs.attempts, runs.revision 
 FROM runs 
-WHERE runs.status = ? AND runs.completed_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)));
+WHERE runs.status = 'completed' AND runs.completed_at >= :since AND (CAST(:job AS VARCHAR(200)) IS NULL OR runs.job = CAST(:job AS VARCHAR(200)));
 
 -- name: read_attempts_since
 -- The Attempts started or ended from a moment on (optionally of one job's Runs): times, outcome
 -- and model calls.
--- parameters: since, since, job, job
+-- parameters: since, job
 SELECT runs.job, attempts.started_at, attempts.finished_at, attempts.outcome, attempts.model_calls 
 FROM attempts JOIN runs ON runs.run_id = attempts.run_id 
-WHERE (attempts.started_at >= ? OR attempts.finished_at >= ?) AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)));
+WHERE (attempts.started_at >= :since OR attempts.finished_at >= :since) AND (CAST(:job AS VARCHAR(200)) IS NULL OR runs.job = CAST(:job AS VARCHAR(200)));
 
 -- name: read_messages_since
 -- The outbox messages queued from a moment on (optionally of one job's Runs): queue time and
 -- status.
--- parameters: since, job, job
+-- parameters: since, job
 SELECT runs.job, outbox.created_at, outbox.status 
 FROM outbox JOIN runs ON runs.run_id = outbox.run_id 
-WHERE outbox.created_at >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR runs.job = CAST(? AS VARCHAR(200)));
+WHERE outbox.created_at >= :since AND (CAST(:job AS VARCHAR(200)) IS NULL OR runs.job = CAST(:job AS VARCHAR(200)));
 
 -- name: read_suppressed_since
 -- The suppressed counts from a UTC day on (optionally of one job).
--- parameters: day, job, job
+-- parameters: day, job
 SELECT suppressed_counts.job, suppressed_counts.day, suppressed_counts.duplicates, suppressed_counts.in_progress_elsewhere 
 FROM suppressed_counts 
-WHERE suppressed_counts.day >= ? AND (CAST(? AS VARCHAR(200)) IS NULL OR suppressed_counts.job = CAST(? AS VARCHAR(200)));
+WHERE suppressed_counts.day >= :day AND (CAST(:job AS VARCHAR(200)) IS NULL OR suppressed_counts.job = CAST(:job AS VARCHAR(200)));
 
 -- name: prune_window
 -- The id of the last of the next Runs in id order after the cursor (at most limit of them): the
 -- end of a prune batch's window.
--- parameters: after, limit, param_1
+-- parameters: after, limit
 SELECT max(run_id) AS until 
 FROM (SELECT runs.run_id AS run_id 
 FROM runs 
-WHERE runs.run_id > ? ORDER BY runs.run_id
- LIMIT ? OFFSET ?) AS window;
+WHERE runs.run_id > :after ORDER BY runs.run_id
+ LIMIT :limit OFFSET 0) AS window;
 
 -- name: pick_prunable_runs
 -- Lock the Runs of the batch's window (ids after the cursor, up to its end) that are completed
 -- before the cutoff, of the given jobs, not tombstones and without an outbox message still to
 -- deliver, with their outputs (to digest) and their documents' stored size.
--- parameters: after, until, status_1, cutoff, json_extract_1, jobs, status_2, status_3, status_4, status_5, status_6
+-- parameters: after, until, cutoff, jobs
 SELECT runs.run_id, runs.output, coalesce(length(CAST(runs.raw_input AS BLOB)), 0) + coalesce(length(CAST(runs.output AS BLOB)), 0) + coalesce(length(CAST(runs.error AS BLOB)), 0) + coalesce(length(CAST(runs.params AS BLOB)), 0) AS document_bytes 
 FROM runs 
-WHERE runs.run_id > ? AND runs.run_id <= ? AND runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_1.value, ?) AS job 
-FROM json_each(?) AS anon_1) AND NOT (EXISTS (SELECT * 
+WHERE runs.run_id > :after AND runs.run_id <= :until AND runs.status = 'completed' AND runs.pruned_at IS NULL AND runs.completed_at < :cutoff AND runs.job IN (SELECT json_extract(item.value, '$.job') AS job 
+FROM json_each(:jobs) AS item) AND NOT (EXISTS (SELECT * 
 FROM outbox 
-WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?))) ORDER BY runs.run_id;
+WHERE outbox.run_id = runs.run_id AND (outbox.status = 'pending' OR outbox.status = 'sending' OR outbox.status = 'retry' OR outbox.status = 'uncertain' OR outbox.status = 'held'))) ORDER BY runs.run_id;
 
 -- name: delete_pruned_delivery_attempts
 -- Delete the delivery attempts of the pruned Runs' sent and dead messages.
--- parameters: json_extract_1, ids, status_1, status_2
+-- parameters: ids
 DELETE FROM delivery_attempts WHERE delivery_attempts.message_id IN (SELECT outbox.message_id 
 FROM outbox 
-WHERE outbox.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) AND (outbox.status = ? OR outbox.status = ?)) RETURNING id;
+WHERE outbox.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
+FROM json_each(:ids) AS item) AND (outbox.status = 'sent' OR outbox.status = 'dead')) RETURNING id;
 
 -- name: delete_pruned_messages
 -- Delete the pruned Runs' sent and dead outbox rows (never a message still to deliver, nor one a
 -- person decided: it is the decision's record).
--- parameters: json_extract_1, ids, status_1, status_2
-DELETE FROM outbox WHERE outbox.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) AND (outbox.status = ? OR outbox.status = ?) AND outbox.decision IS NULL RETURNING message_id;
+-- parameters: ids
+DELETE FROM outbox WHERE outbox.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
+FROM json_each(:ids) AS item) AND (outbox.status = 'sent' OR outbox.status = 'dead') AND outbox.decision IS NULL RETURNING message_id;
 
 -- name: delete_pruned_attempts
 -- Delete the pruned Runs' Attempts.
--- parameters: json_extract_1, ids
-DELETE FROM attempts WHERE attempts.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) RETURNING attempt_id;
+-- parameters: ids
+DELETE FROM attempts WHERE attempts.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
+FROM json_each(:ids) AS item) RETURNING attempt_id;
 
 -- name: forget_pruned_answers
 -- Null the answers of the pruned Runs' model calls; their cost, tokens and outcome stay.
--- parameters: json_extract_1, ids
-UPDATE model_calls SET answer=NULL WHERE model_calls.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) AND model_calls.answer IS NOT NULL RETURNING call_id;
+-- parameters: ids
+UPDATE model_calls SET answer=NULL WHERE model_calls.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
+FROM json_each(:ids) AS item) AND model_calls.answer IS NOT NULL RETURNING call_id;
 
 -- name: delete_pruned_occurrences
 -- Delete the pruned Runs' alert occurrences (overdue, recovered) whose events are known emitted; a
 -- skip decision is kept.
--- parameters: json_extract_1, ids
-DELETE FROM occurrences WHERE occurrences.run_id IN (SELECT json_extract(anon_1.value, ?) AS run_id 
-FROM json_each(?) AS anon_1) AND occurrences.skipped_at IS NULL AND (occurrences.overdue_at IS NULL OR occurrences.overdue_emitted_at IS NOT NULL) AND (occurrences.recovered_at IS NULL OR occurrences.recovered_emitted_at IS NOT NULL) AND (occurrences.gave_up_at IS NULL OR occurrences.gave_up_emitted_at IS NOT NULL) RETURNING run_id;
+-- parameters: ids
+DELETE FROM occurrences WHERE occurrences.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
+FROM json_each(:ids) AS item) AND occurrences.skipped_at IS NULL AND (occurrences.overdue_at IS NULL OR occurrences.overdue_emitted_at IS NOT NULL) AND (occurrences.recovered_at IS NULL OR occurrences.recovered_emitted_at IS NOT NULL) AND (occurrences.gave_up_at IS NULL OR occurrences.gave_up_emitted_at IS NOT NULL) RETURNING run_id;
 
 -- name: bury_runs
 -- Turn the picked completed Runs into tombstones: record their output digests and the prune time
 -- (database clock), null their raw input, output, error and params; identity, status, fence,
 -- fingerprint, counts and completion stay.
--- parameters: json_extract_1, json_extract_2, digests, status_1
-UPDATE runs SET params=NULL, raw_input=NULL, output=NULL, error=NULL, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), pruned_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), output_digest=buried.output_digest FROM (SELECT json_extract(anon_1.value, ?) AS run_id, json_extract(anon_1.value, ?) AS output_digest 
-FROM json_each(?) AS anon_1) AS buried WHERE runs.run_id = buried.run_id AND runs.status = ? AND runs.pruned_at IS NULL RETURNING run_id;
+-- parameters: digests
+UPDATE runs SET params=NULL, raw_input=NULL, output=NULL, error=NULL, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), pruned_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), output_digest=buried.output_digest FROM (SELECT json_extract(item.value, '$.run_id') AS run_id, json_extract(item.value, '$.output_digest') AS output_digest 
+FROM json_each(:digests) AS item) AS buried WHERE runs.run_id = buried.run_id AND runs.status = 'completed' AND runs.pruned_at IS NULL RETURNING run_id;
 
 -- name: count_prunable
 -- What a prune pass with this cutoff and these jobs would make tombstones and delete (a dry run),
 -- and the Runs from before the cutoff it leaves alone, by why.
--- parameters: status_1, cutoff, json_extract_1, jobs, status_2, status_3, status_4, status_5, status_6, coalesce_2, status_7, cutoff, json_extract_2, jobs, status_8, status_9, status_10, status_11, status_12, status_13, cutoff, json_extract_3, jobs, status_14, status_15, cutoff, json_extract_4, jobs, json_extract_5, jobs
+-- parameters: cutoff, jobs
 WITH picked AS 
 (SELECT runs.run_id AS run_id, coalesce(length(CAST(runs.raw_input AS BLOB)), 0) + coalesce(length(CAST(runs.output AS BLOB)), 0) + coalesce(length(CAST(runs.error AS BLOB)), 0) + coalesce(length(CAST(runs.params AS BLOB)), 0) AS size 
 FROM runs 
-WHERE runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_1.value, ?) AS job 
-FROM json_each(?) AS anon_1) AND NOT (EXISTS (SELECT * 
+WHERE runs.status = 'completed' AND runs.pruned_at IS NULL AND runs.completed_at < :cutoff AND runs.job IN (SELECT json_extract(item.value, '$.job') AS job 
+FROM json_each(:jobs) AS item) AND NOT (EXISTS (SELECT * 
 FROM outbox 
-WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?))))
+WHERE outbox.run_id = runs.run_id AND (outbox.status = 'pending' OR outbox.status = 'sending' OR outbox.status = 'retry' OR outbox.status = 'uncertain' OR outbox.status = 'held'))))
  SELECT (SELECT count(*) AS count_1 
 FROM picked) AS runs, (SELECT count(*) AS count_2 
 FROM attempts 
@@ -743,19 +758,19 @@ WHERE outbox.run_id IN (SELECT picked.run_id
 FROM picked))) AS delivery_attempts, (SELECT count(*) AS count_5 
 FROM occurrences 
 WHERE occurrences.run_id IN (SELECT picked.run_id 
-FROM picked) AND occurrences.skipped_at IS NULL AND (occurrences.overdue_at IS NULL OR occurrences.overdue_emitted_at IS NOT NULL) AND (occurrences.recovered_at IS NULL OR occurrences.recovered_emitted_at IS NOT NULL) AND (occurrences.gave_up_at IS NULL OR occurrences.gave_up_emitted_at IS NOT NULL)) AS occurrences, (SELECT coalesce(sum(picked.size), ?) AS coalesce_1 
+FROM picked) AND occurrences.skipped_at IS NULL AND (occurrences.overdue_at IS NULL OR occurrences.overdue_emitted_at IS NOT NULL) AND (occurrences.recovered_at IS NULL OR occurrences.recovered_emitted_at IS NOT NULL) AND (occurrences.gave_up_at IS NULL OR occurrences.gave_up_emitted_at IS NOT NULL)) AS occurrences, (SELECT coalesce(sum(picked.size), 0) AS coalesce_1 
 FROM picked) AS document_bytes, (SELECT count(*) AS count_6 
 FROM runs 
-WHERE runs.status = ? AND runs.pruned_at IS NULL AND runs.completed_at < ? AND runs.job IN (SELECT json_extract(anon_2.value, ?) AS job 
-FROM json_each(?) AS anon_2) AND (EXISTS (SELECT * 
+WHERE runs.status = 'completed' AND runs.pruned_at IS NULL AND runs.completed_at < :cutoff AND runs.job IN (SELECT json_extract(item.value, '$.job') AS job 
+FROM json_each(:jobs) AS item) AND (EXISTS (SELECT * 
 FROM outbox 
-WHERE outbox.run_id = runs.run_id AND (outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ? OR outbox.status = ?)))) AS unfinished_outbox, (SELECT count(*) AS count_7 
+WHERE outbox.run_id = runs.run_id AND (outbox.status = 'pending' OR outbox.status = 'sending' OR outbox.status = 'retry' OR outbox.status = 'uncertain' OR outbox.status = 'held')))) AS unfinished_outbox, (SELECT count(*) AS count_7 
 FROM runs 
-WHERE runs.status = ? AND runs.created_at < ? AND runs.job IN (SELECT json_extract(anon_3.value, ?) AS job 
-FROM json_each(?) AS anon_3)) AS failed, (SELECT count(*) AS count_8 
+WHERE runs.status = 'failed' AND runs.created_at < :cutoff AND runs.job IN (SELECT json_extract(item.value, '$.job') AS job 
+FROM json_each(:jobs) AS item)) AS failed, (SELECT count(*) AS count_8 
 FROM runs 
-WHERE (runs.status = ? OR runs.status = ?) AND runs.created_at < ? AND runs.job IN (SELECT json_extract(anon_4.value, ?) AS job 
-FROM json_each(?) AS anon_4)) AS unfinished, (SELECT count(*) AS count_9 
+WHERE (runs.status = 'pending' OR runs.status = 'running') AND runs.created_at < :cutoff AND runs.job IN (SELECT json_extract(item.value, '$.job') AS job 
+FROM json_each(:jobs) AS item)) AS unfinished, (SELECT count(*) AS count_9 
 FROM runs 
-WHERE runs.pruned_at IS NOT NULL AND runs.job IN (SELECT json_extract(anon_5.value, ?) AS job 
-FROM json_each(?) AS anon_5)) AS tombstones;
+WHERE runs.pruned_at IS NOT NULL AND runs.job IN (SELECT json_extract(item.value, '$.job') AS job 
+FROM json_each(:jobs) AS item)) AS tombstones;

@@ -34,7 +34,7 @@ from flows.registry import upgrade_ledger
 from flows.run_job.outcomes import EVENT_BACKLOG_LIMIT
 from flows.settings import RunledgerSettings
 from store import Ledger
-from store.models import model_calls_table
+from store.call_tables import model_calls_table
 from tests.support.prefect_server import Server
 
 FULL = os.environ.get("RUNLEDGER_FULL") == "1"

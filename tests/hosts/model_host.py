@@ -1,5 +1,6 @@
 """The model host: an OpenAI-compatible chat-completions endpoint on the cluster's model
-address. It answers ``answer N`` (N counts the requests), after the delay the prompt asks for
+address. It answers ``answer N`` (N counts the requests; as a document of the request's JSON
+schema when it asks for structured output), after the delay the prompt asks for
 (``delay=S``), and appends one JSON line per request (time, prompt) to a log, which the checker
 compares with the workers' call log.
 
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from tests.support.loopback import Answer, LoopbackServer, Request, json_answer
+from tests.support.structured import answer_text
 
 DELAY = re.compile(r"delay=([0-9.]+)")
 
@@ -27,7 +29,8 @@ class ModelHost(LoopbackServer):
         self._lock = threading.Lock()
 
     def answer(self, request: Request) -> Answer:
-        prompt = json.dumps(json.loads(request.body).get("messages", []))
+        asked = json.loads(request.body)
+        prompt = json.dumps(asked.get("messages", []))
         with self._lock:
             self.count += 1
             count = self.count
@@ -35,7 +38,7 @@ class ModelHost(LoopbackServer):
                 out.write(json.dumps({"time": time.time(), "prompt": prompt}) + "\n")
         found = DELAY.search(prompt)
         return json_answer(200, {"model": "hosts-model", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": f"answer {count}"}}]},
+            {"index": 0, "message": {"role": "assistant", "content": answer_text(asked, f"answer {count}")}}]},
             delay=float(found.group(1)) if found else 0.0)
 
 

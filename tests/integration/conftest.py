@@ -46,6 +46,14 @@ def subprocesses_use_the_session_server(monkeypatch: pytest.MonkeyPatch, prefect
 
 
 @pytest.fixture
+def server() -> Iterator[ModelServer]:
+    """An OpenAI-compatible server on loopback that no setting selects: the test builds the
+    client it asks (``model_server`` selects one through the settings)."""
+    with ModelServer() as running:
+        yield running
+
+
+@pytest.fixture
 def model_server(env: Env) -> Iterator[ModelServer]:
     """An OpenAI-compatible server on loopback, selected through RUNLEDGER_MODEL=openai (for
     this process and the workers it starts)."""

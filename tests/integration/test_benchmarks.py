@@ -168,6 +168,24 @@ def test_the_throughput_bench_completes_every_subject_in_one_process_and_prefect
         assert (cells[4], cells[7]) == ("100", "0"), out  # accepted, failed
 
 
+def test_the_throughput_bench_completes_every_subject_with_nothing_configured(
+        run_bench: RunBench, prefect_api: str) -> None:
+    """A reduced run (60 subjects, 20 calls a second, 0.2 s answers, 16 at once) of the two
+    nothing-configured contenders, the server announcing its limits and announcing none: each
+    row says every call was accepted once and no subject failed (the figures are not
+    asserted)."""
+    out = run_bench("throughput.py", "--subjects", "60", "--rate", "20", "--latencies", "0.2",
+                    "--at-once", "16", "--contenders", "learned", "silent",
+                    env={"PREFECT_API_URL": prefect_api}, timeout=600)
+    table = out[out.index("| contender |"):].splitlines()[2:]
+    rows = {cells[0]: cells for cells in
+            ([c.strip() for c in line.strip("|").split("|")] for line in table)}
+    assert set(rows) == {"runledger, nothing configured, 16 at once, announced",
+                         "runledger, nothing configured, 16 at once, silent"}, out
+    for cells in rows.values():
+        assert (cells[4], cells[7]) == ("60", "0"), out  # accepted, failed
+
+
 @pytest.mark.parametrize(("script", "args", "message"), [
     ("pipeline_bench.py", ["--sizes", "0"], "--sizes and --repeat must be positive"),
     ("outbox_claim_bench.py", ["--small", "30", "--claims", "3"],

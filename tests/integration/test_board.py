@@ -15,8 +15,7 @@ from typer.testing import CliRunner
 from flows.board import job_board
 from flows.cli import app
 from flows.jobs import Job
-from store import CompletedBy, Ledger, Period
-from store.model_calls import Intent, Usage
+from store import CompletedBy, Intent, Ledger, Period, Usage
 from store.models import obligations_table, occurrences_table
 from tests.support.alerts import quiet_job
 from tests.support.ledger import register_and_claim, snapshot

@@ -48,7 +48,8 @@ def test_every_bad_variable_of_every_settings_class_gets_its_own_line(ledger_fil
         "RUNLEDGER_DELIVERY_CHANNELS": "email,sms"})
     assert status == 2
     assert lines == [
-        "error: RUNLEDGER_MODEL=gpt: must be 'offline' or 'openai' (or unset: offline)",
+        "error: RUNLEDGER_MODEL=gpt: must be 'offline', 'openai' or 'anthropic' (or unset: "
+        "offline)",
         "error: RUNLEDGER_MAX_OUTPUT_BYTES=lots: must be a valid integer, unable to parse string "
         "as an integer (or unset: 1000000)",
         "error: RUNLEDGER_DELIVERY_CHANNELS=email,sms: must list channels among email, webhook, "

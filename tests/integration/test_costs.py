@@ -12,8 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from store import Claim, Ledger, RunIdentity
-from store.model_calls import Intent, Usage
+from store import Claim, Intent, Ledger, RunIdentity, Usage
 from tests.support.ledger import register_and_claim, wait_for_db_clock
 
 WEEK = [datetime(2026, 11, 23, tzinfo=UTC) + timedelta(days=n) for n in range(7)]

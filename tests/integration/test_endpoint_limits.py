@@ -37,8 +37,18 @@ from flows.model import (
 from flows.prices import PriceList
 from flows.run_job.outcomes import TickReport
 from flows.settings import RunledgerSettings
-from store import Acquisition, InFlight, Intent, Ledger, Limits, RunIdentity, Throttle, Usage
-from store.endpoint_limits import take_slot_txn
+from store import (
+    Claim,
+    InFlight,
+    Intent,
+    Ledger,
+    Limits,
+    RunIdentity,
+    Slot,
+    SlotUnavailable,
+    Usage,
+)
+from store.endpoint_limits import SlotDecision, take_slot_txn
 from tests.support.ledger import model_calls, register_and_claim, wait_for_db_clock
 from tests.support.pipeline import Env, outcomes, pipeline_env, probe_job
 
@@ -55,9 +65,18 @@ def claim_of(ledger: Ledger, subject: str) -> Any:
     return claim
 
 
-def take(ledger: Ledger, subject: str, tokens: int = 10) -> InFlight | Throttle:
-    return ledger.calls.record_intent_when_allowed(
-        claim_of(ledger, subject), Intent("ep", "m", 0, DIGEST), Acquisition("ep", tokens, 60.0))
+def record_when_allowed(ledger: Ledger, claim: Claim, slot: Slot) -> InFlight | SlotDecision:
+    """The call recorded with its slot of an endpoint that bounds its calls in flight, or the
+    decision that said how long to wait."""
+    try:
+        return ledger.calls.record_intent(claim, Intent("ep", "m", 0, DIGEST, slot=slot))
+    except SlotUnavailable as unavailable:
+        return unavailable.decision
+
+
+def take(ledger: Ledger, subject: str, tokens: int = 10) -> InFlight | SlotDecision:
+    return record_when_allowed(ledger, claim_of(ledger, subject),
+                               Slot("ep", tokens, 60.0, bounds_in_flight=True))
 
 
 def test_acquisitions_take_no_more_than_the_request_bucket_holds(ledger: Ledger) -> None:
@@ -66,7 +85,7 @@ def test_acquisitions_take_no_more_than_the_request_bucket_holds(ledger: Ledger)
     ledger.calls.configure_endpoint("ep", Limits(requests_per_minute=60))
     assert isinstance(take(ledger, "a"), InFlight)
     refused = take(ledger, "b")
-    assert isinstance(refused, Throttle) and not refused.granted
+    assert isinstance(refused, SlotDecision) and not refused.granted
     assert 0 < refused.wait_seconds(0.05) <= 1.0
     assert [c["subject"] for c in model_calls(ledger)] == ["a"]
     row = ledger.calls.endpoint_limit("ep")
@@ -78,11 +97,11 @@ def test_a_slot_taken_while_another_taker_holds_the_row_counts_the_slot_that_tak
     """60 a minute (a bucket of 1), no bound on calls in flight: a taker that waits on the row
     for another's uncommitted slot goes on from the level that slot left, and is refused."""
     ledger.calls.configure_endpoint("ep", Limits(requests_per_minute=60))
-    taken = Acquisition("ep", 10, 60.0)
+    slot = Slot("ep", 10, 60.0)
     with ThreadPoolExecutor(1) as pool, ledger.engine.connect() as holder:
         with holder.begin():
-            assert take_slot_txn(holder, taken).granted
-            waiting = pool.submit(ledger.calls.take_slot, taken)
+            assert take_slot_txn(holder, slot).granted
+            waiting = pool.submit(ledger.calls.take_slot, slot)
             time.sleep(0.5)  # the second taker reaches the row and waits on it
             assert not waiting.done()
         second = waiting.result(timeout=30)
@@ -98,7 +117,7 @@ def test_no_more_calls_than_the_maximum_are_in_flight_and_an_ended_one_frees_its
     first, second = take(ledger, "a"), take(ledger, "b")
     assert isinstance(first, InFlight) and isinstance(second, InFlight)
     third = take(ledger, "c")
-    assert isinstance(third, Throttle) and third.wait_seconds(0.05) == 0.05
+    assert isinstance(third, SlotDecision) and third.wait_seconds(0.05) == 0.05
     ledger.calls.record_failure(first, "failed", "timed out")
     assert isinstance(take(ledger, "d"), InFlight)
 
@@ -109,16 +128,15 @@ def test_a_call_in_flight_of_a_killed_worker_stops_counting_after_the_model_time
     timeout) no longer holds a slot: a SIGKILLed worker leaks nothing."""
     ledger.calls.configure_endpoint("ep", Limits(max_concurrent=1))
     claim = claim_of(ledger, "a")
-    taken = Acquisition("ep", 10, 60.0)
-    first = ledger.calls.record_intent_when_allowed(claim, Intent("ep", "m", 0, DIGEST), taken)
+    first = record_when_allowed(ledger, claim, Slot("ep", 10, 60.0, bounds_in_flight=True))
     assert isinstance(first, InFlight)
-    assert isinstance(take(ledger, "b"), Throttle)
+    assert isinstance(take(ledger, "b"), SlotDecision)
     # The same call seen with a window of a millisecond, once it started longer ago than that.
     started = ledger.calls.of_run(claim.run_id)[0].started_at
     assert started is not None
     wait_for_db_clock(ledger, started + timedelta(milliseconds=2))
-    later = ledger.calls.record_intent_when_allowed(
-        claim_of(ledger, "c"), Intent("ep", "m", 0, DIGEST), Acquisition("ep", 10, 0.001))
+    later = record_when_allowed(ledger, claim_of(ledger, "c"),
+                                Slot("ep", 10, 0.001, bounds_in_flight=True))
     assert isinstance(later, InFlight)
 
 
@@ -146,7 +164,7 @@ def test_a_refusal_pauses_every_acquisition_until_the_time_named_and_cuts_the_ra
     until = ledger.calls.endpoint_refused(call, 3.0, 60.0)
     assert until is not None
     waiting = take(ledger, "b")
-    assert isinstance(waiting, Throttle)
+    assert isinstance(waiting, SlotDecision)
     assert waiting.paused_until == until and 2.5 < waiting.wait_seconds(0.05) <= 3.0
     assert ledger.calls.endpoint_refused(call, 1.0, 60.0) == until
     row = ledger.calls.endpoint_limit("ep")
@@ -194,7 +212,7 @@ def test_a_refused_call_is_tried_again_after_a_capped_pause_without_the_runs_ret
     assert calls[0].finished_at < row.paused_until < calls[0].finished_at + timedelta(
         seconds=longest)
     assert calls[1].started_at is not None and calls[1].started_at >= row.paused_until
-    assert model.count.value == 2
+    assert model.spent.made == 2
 
 
 def test_a_provider_refusing_longer_than_the_bound_ends_the_call_as_transient(

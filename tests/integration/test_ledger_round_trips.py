@@ -16,6 +16,7 @@ from sqlmodel import Session
 from store import Claim, Effect, Ledger, OutboxMessage, Reply, RunIdentity, revisions
 from store import occurrences as oc
 from store import outbox as ob
+from store import registration as rg
 from store import runs as rn
 from store.statement import Transition
 from tests.support.delivery import queue
@@ -69,10 +70,10 @@ def _effect(claim: Claim) -> Effect:
 Case = tuple[Transition[..., Any], Callable[[Ledger], Any], Callable[[Ledger, Any], Any],
              dict[str, int]]
 CASES: dict[str, Case] = {
-    "register": (rn.register_txn, lambda led: _identity(), lambda led, i: led.register(i), {}),
-    "claim": (rn.claim_txn, lambda led: led.register(_identity()).run_id,
+    "register": (rg.register_txn, lambda led: _identity(), lambda led, i: led.register(i), {}),
+    "claim": (rg.claim_txn, lambda led: led.register(_identity()).run_id,
               lambda led, run_id: led.claim(run_id, "w:1", 60), {"sqlite": 3}),
-    "register_and_claim": (rn.register_and_claim_txn, lambda led: _identity(),
+    "register_and_claim": (rg.register_and_claim_txn, lambda led: _identity(),
                            lambda led, i: led.register_and_claim_many([(i, None)], owner="w:1",
                                                                       lease=60),
                            {"sqlite": 3}),

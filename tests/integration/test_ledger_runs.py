@@ -21,9 +21,10 @@ from store import (
     RunConflict,
     RunIdentity,
 )
+from store.columns import UTCDateTime
 from store.dialect import db_now
 from store.errors import InvalidMessage, InvalidTransition, OutputTooLarge, RunNotFound
-from store.models import UTCDateTime, runs_table
+from store.models import runs_table
 from tests.support.ledger import snapshot, wait_for_db_clock
 
 PERIOD = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)

@@ -14,10 +14,9 @@ from hashlib import sha256
 import pytest
 import sqlalchemy as sa
 
-from store import Claim, InvalidInput, LeaseLost, Ledger, RunIdentity
+from store import Claim, Intent, InvalidInput, LeaseLost, Ledger, RunIdentity, Usage
 from store.budgets import BudgetExhausted, Charge, Window
-from store.model_calls import Intent, Usage
-from store.models import budget_windows_table, model_calls_table
+from store.call_tables import budget_windows_table, model_calls_table
 from tests.support.ledger import register_and_claim, snapshot, wait_for_db_clock
 
 PERIOD = datetime(2026, 12, 1, tzinfo=UTC)

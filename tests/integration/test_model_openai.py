@@ -1,29 +1,26 @@
 """The OpenAI-compatible client (the official SDK) against a real HTTP server on loopback:
-answers with their usage, 429 with Retry-After, 5xx, 4xx, malformed and slow replies."""
+answers with their usage, 429 with Retry-After, 5xx, 4xx, malformed and slow replies; messages,
+parameters and structured output as sent, refusals, cached tokens and announced limits."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from flows.model import (
+    Message,
+    ModelRefused,
     ModelRejected,
     ModelUnavailable,
     OpenAICompatibleModel,
+    Parameters,
+    Request,
     model_from_settings,
 )
 from flows.settings import RunledgerSettings
 from tests.support.pipeline import ModelServer, Reply
 
 KEY = "sk-test-secret-123"
-
-
-@pytest.fixture
-def server() -> Iterator[ModelServer]:
-    with ModelServer() as running:
-        yield running
 
 
 def client(server: ModelServer, timeout: float = 5.0) -> OpenAICompatibleModel:
@@ -158,5 +155,63 @@ def test_the_api_key_can_come_from_a_prefect_secret_block(server: ModelServer,
         model="openai", model_base_url=server.base_url, model_name="probe-model",
         model_api_key_block="runledger-test-model-key",
     ))
-    model.generate("x")
+    model.complete(Request((Message("user", "x"),)))
     assert headers(server)["authorization"] == "Bearer sk-from-block"
+
+
+class Verdict(BaseModel):
+    label: str
+    score: int
+
+
+def test_messages_and_parameters_reach_the_server_as_sent(server: ModelServer) -> None:
+    """Every turn in order, and the request's parameters over the endpoint's max_tokens."""
+    messages = (Message("system", "Classify."), Message("user", "first"),
+                Message("assistant", "noted"), Message("user", "second"))
+    client(server).complete(Request(messages, Parameters(
+        temperature=0.2, max_tokens=64, top_p=0.9, seed=7, stop=("END",))))
+    sent = server.requests[0]["json"]
+    assert sent["messages"] == [{"role": m.role, "content": m.content} for m in messages]
+    assert {k: sent[k] for k in ("temperature", "max_tokens", "top_p", "seed", "stop")} == {
+        "temperature": 0.2, "max_tokens": 64, "top_p": 0.9, "seed": 7, "stop": ["END"]}
+    assert "response_format" not in sent
+
+
+def test_structured_output_asks_for_the_strict_json_schema_and_is_validated(
+        server: ModelServer) -> None:
+    """response_format is the SDK's strict JSON schema of the output model; the answer's JSON
+    is validated into it (parsed); one that does not validate is ValidationFailed."""
+    from flows.errors import ValidationFailed
+
+    server.script.extend([Reply(text='{"label": "launch", "score": 3}'),
+                          Reply(text='{"label": "launch"}')])
+    answer = client(server).generate("x", output=Verdict)
+    assert answer.parsed == Verdict(label="launch", score=3)
+    schema = server.requests[0]["json"]["response_format"]["json_schema"]
+    assert (schema["name"], schema["strict"], schema["schema"]["required"]) == (
+        "Verdict", True, ["label", "score"])
+    with pytest.raises(ValidationFailed, match=r"score: Field required"):
+        client(server).generate("x", output=Verdict)
+
+
+def test_a_refusal_is_an_answer_of_the_client_and_an_error_of_the_call(
+        server: ModelServer) -> None:
+    """complete returns the refusal with its usage (paid); generate raises ModelRefused."""
+    server.script.extend([Reply(refusal="No."), Reply(refusal="No.")])
+    answer = client(server).complete(Request((Message("user", "x"),), output=Verdict))
+    assert (answer.refusal, answer.text, answer.prompt_tokens) == ("No.", "", 120)
+    with pytest.raises(ModelRefused, match=r"refused to answer: No\."):
+        client(server).generate("x", output=Verdict)
+
+
+def test_cached_tokens_and_announced_limits_come_with_the_answer(server: ModelServer) -> None:
+    """usage.prompt_tokens_details.cached_tokens, and the x-ratelimit-* headers read."""
+    server.script.append(Reply(
+        usage={"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150,
+               "prompt_tokens_details": {"cached_tokens": 64}},
+        headers={"x-ratelimit-limit-requests": "600", "x-ratelimit-remaining-requests": "599",
+                 "x-ratelimit-reset-requests": "100ms"}))
+    answer = client(server).generate("x")
+    assert answer.cached_tokens == 64
+    assert answer.announced is not None
+    assert (answer.announced.requests.limit, answer.announced.requests.remaining) == (600, 599)

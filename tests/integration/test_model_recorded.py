@@ -5,7 +5,6 @@ and failures are recorded as such; prices come from settings or a Prefect block.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -25,7 +24,7 @@ from flows.prices import ModelPrice, PriceList, format_money
 from flows.settings import RunledgerSettings
 from flows.spend import spend_of
 from store import Claim, Ledger, RunIdentity
-from tests.support.ledger import register_and_claim, wait_for_db_clock
+from tests.support.ledger import claim_of, wait_for_db_clock
 from tests.support.pipeline import ModelServer, Reply
 
 PERIOD = datetime(2026, 12, 2, tzinfo=UTC)
@@ -34,17 +33,8 @@ PRICES = PriceList(currency="USD", prices={"probe-model": ModelPrice(input=Decim
 COST = 120 * 150 + 30 * 600  # nanos: 120 prompt tokens at 0.15/M, 30 completion at 0.60/M
 
 
-@pytest.fixture
-def server() -> Iterator[ModelServer]:
-    with ModelServer() as running:
-        yield running
-
-
 def claimed(ledger: Ledger, lease: timedelta = timedelta(minutes=15)) -> Claim:
-    claim = register_and_claim(ledger, RunIdentity("recorded", "acme", PERIOD, "v1"),
-                                      owner="w:1", lease=lease).claim
-    assert claim is not None
-    return claim
+    return claim_of(ledger, RunIdentity("recorded", "acme", PERIOD, "v1"), lease=lease)
 
 
 def recorded(server: ModelServer, ledger: Ledger, claim: Claim,
@@ -57,7 +47,7 @@ def assert_records_are_the_ledgers(model: RecordedModel, ledger: Ledger) -> None
     """What the attempt kept of the calls it recorded adds up as the ledger's records do (a
     Run completed at fence 1 reports its spend from them, without reading them back)."""
     stored = [c.model_dump() for c in ledger.calls.of_run(model.claim.run_id)]
-    assert spend_of(model.count.records).as_dict() == spend_of(stored).as_dict()
+    assert spend_of(model.spent.records).as_dict() == spend_of(stored).as_dict()
 
 
 def two_calls(model: RecordedModel) -> tuple[str, str]:
@@ -78,7 +68,7 @@ def test_each_call_is_recorded_with_the_usage_the_server_reported_and_its_cost(
     assert all((c.prompt_tokens, c.completion_tokens) == (120, 30) for c in calls)
     assert all(c.cost_nanos == COST and c.currency == "USD" for c in calls)
     assert all(c.latency_ms is not None and c.endpoint == server.base_url for c in calls)
-    assert (model.count.value, model.count.tokens, model.count.cost_nanos) == (2, 300, 2 * COST)
+    assert (model.spent.made, model.spent.tokens, model.spent.cost_nanos) == (2, 300, 2 * COST)
     assert_records_are_the_ledgers(model, ledger)
 
 
@@ -108,7 +98,7 @@ def test_a_repeated_transform_replays_the_answers_it_checkpointed_and_calls_only
     again = recorded(server, ledger, second)
     assert two_calls(again) == ("answer 1", "answer 3")
     assert len(server.requests) == 3
-    assert (again.count.value, again.count.reused) == (1, 1)
+    assert (again.spent.made, again.spent.reused) == (1, 1)
     calls = ledger.calls.of_run(first.run_id)
     assert [(c.fence, c.position, c.outcome) for c in calls] == [
         (1, 0, "answered"), (1, 1, "refused"), (2, 1, "answered")]

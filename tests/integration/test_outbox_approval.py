@@ -6,7 +6,6 @@ decision changes nothing."""
 from __future__ import annotations
 
 import signal
-import subprocess
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -23,6 +22,7 @@ from tests.support.delivery import (
     queue,
     statuses,
 )
+from tests.support.killed import run_killed
 
 DAY = timedelta(days=1)
 LEASE_SECONDS = 4.0
@@ -140,8 +140,8 @@ def test_an_approval_killed_after_its_commit_is_kept_and_delivered_once(
     [held] = queue(ledger, 1, hold=DAY)
     with Sink() as sink:
         env = cli_env(db_url, sink, RUNLEDGER_FAULTS="after_decide_messages_commit")
-        killed = subprocess.run([*RUNLEDGER, "outbox", "approve", held.message_id, "--by", "carol"],
-                                env=env, capture_output=True, text=True, timeout=120)
+        killed = run_killed([*RUNLEDGER, "outbox", "approve", held.message_id, "--by", "carol"],
+                            env, timeout=120)
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         stored = ledger.outbox.message(held.message_id)
         assert stored is not None and (stored.status, stored.decided_by) == ("pending", "carol")

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -25,6 +24,7 @@ from flows.run_job.flow import run_job
 from flows.run_job.outcomes import outcome_name
 from flows.run_job.revision import RevisionReport, revise
 from store import RevisionInProgress, RunIdentity
+from tests.support.killed import run_killed
 from tests.support.pipeline import (
     ACME,
     RUNLEDGER,
@@ -245,9 +245,9 @@ def test_a_worker_killed_mid_revision_leaves_it_claimable_and_the_next_attempt_f
         .exit_code == 0
     original = env.the_run("acme", PERIOD)
     env.set(faults=AFTER_MODEL_ANSWER, lease_seconds=2)
-    killed = subprocess.run(
+    killed = run_killed(
         [*RUNLEDGER, "runs", "revise", original.run_id, "--reason", "killed", "--json"],
-        capture_output=True, text=True, timeout=180, env=dict(os.environ))
+        dict(os.environ), timeout=180)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     env.monkeypatch.delenv("RUNLEDGER_FAULTS")
     [_, revision] = env.ledger.revisions(original.run_id)

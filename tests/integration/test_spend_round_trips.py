@@ -11,8 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from flows.model import EndpointLimiter
-from store import Claim, Ledger, Limits, RunIdentity
-from store.model_calls import Intent, Usage
+from store import Claim, Intent, Ledger, Limits, RunIdentity, Usage
 from tests.support.sql_trace import sent_statements
 
 PERIOD = datetime(2026, 1, 5, 9, tzinfo=UTC)
@@ -112,7 +111,7 @@ def _limited_call(bounds_in_flight: bool) -> Callable[[Ledger], None]:
         limiter = EndpointLimiter(ledger.calls, "ep", in_flight_seconds=60,
                                   max_pause_seconds=60, bounds_in_flight=bounds_in_flight)
         call = limiter.record(claim, Intent("ep", "m", 0, DIGEST), 40)
-        assert call.taken is not None and call.taken.endpoint == "ep"
+        assert call.slot is not None and call.slot.endpoint == "ep"
 
     return work
 

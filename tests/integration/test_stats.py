@@ -13,8 +13,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.stats import daily_stats
-from store import Claim, InvalidInput, Ledger, OutboxMessage, RunIdentity
-from store.model_calls import Intent, Usage
+from store import Claim, Intent, InvalidInput, Ledger, OutboxMessage, RunIdentity, Usage
 from tests.support.ledger import register_and_claim, snapshot, wait_for_db_clock
 
 PERIOD = datetime(2026, 1, 5, tzinfo=UTC)

@@ -45,10 +45,11 @@ def webhooks(count: int, endpoint: str = ENDPOINT) -> list[OutboxMessage]:
                                   {"n": i, "summary": f"report {i}"}) for i in range(count)]
 
 
-def webhook_transport(url: str, *, lookup: bool = True, timeout: float = 2.0,
+def webhook_transport(url: str, *, lookup: bool = True, timeout: float = 5.0,
                       max_timeout: float = 5.0, **overrides: Any) -> WebhookTransport:
     """A transport whose every endpoint name starting with ``reports-api`` is the receiver at
-    ``url`` (signed with the receiver's secret)."""
+    ``url`` (signed with the receiver's secret), waiting up to 5 s for an answer (a loaded
+    machine's; the 30-s delivery lease holds two sends of the longest)."""
     values: dict[str, Any] = {"url": url, "secret": SecretStr(SECRET),
                               "lookup_url": "{url}/{key}" if lookup else None,
                               "timeout": timeout} | overrides

@@ -19,18 +19,17 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
-SQL_FILE = Path(__file__).resolve().parents[2] / "store" / "sql" / "postgresql.sql"
+from store.catalogue import engine_dialect
+from store.statement import STATEMENTS
+
 Message = tuple[bytes, bytes]  # (type byte, whole message)
 
 
 def statement_sql(name: str) -> str:
-    """The SQL of the named statement as store/sql/postgresql.sql records it."""
-    text = SQL_FILE.read_text(encoding="utf-8")
-    block = text.split(f"-- name: {name}\n", 1)[1].split(";\n", 1)[0]
-    return _normalized("\n".join(line for line in block.splitlines()
-                                 if not line.startswith("--")))
+    """The SQL the named statement sends to PostgreSQL (store/sql/postgresql.sql shows it with
+    its parameters by name)."""
+    return _normalized(STATEMENTS[name].compiled(engine_dialect("postgresql")).sql)
 
 
 def _normalized(sql: str) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -24,6 +23,7 @@ from flows.mail.sink import Sink
 from flows.mail.smtp import SmtpTransport
 from flows.transport import Transport
 from store import Ledger, OutboxMessage, QueuedMessage, RunIdentity
+from tests.support.killed import run_killed
 from tests.support.loopback import LoopbackServer
 
 SENDER = "jobs@example.com"
@@ -34,9 +34,11 @@ API_KEY = "re_test_key"  # the provider transport's key; a test checks it is nev
 
 
 def transport(provider: LoopbackServer, **overrides: Any) -> ProviderTransport:
-    """A transport to the email provider API that ``provider`` serves on loopback."""
+    """A transport to the email provider API that ``provider`` serves on loopback, waiting 7 s
+    for an answer: what a loaded machine may take, and a quarter of the tests' 30-s delivery
+    lease (a test of the timeout sets its own)."""
     values: dict[str, Any] = {"url": provider.origin, "api_key": API_KEY,
-                              "mail_from": SENDER, "timeout": 2.0}
+                              "mail_from": SENDER, "timeout": 7.0}
     values.update(overrides)
     return ProviderTransport(ProviderSettings(**values))
 
@@ -105,8 +107,7 @@ def deliver_killed_after_send(db_url: str, sink: Sink, lease_seconds: float,
     env = cli_env(db_url, sink, RUNLEDGER_FAULTS="after_send_before_mark",
                   RUNLEDGER_DELIVERY_LEASE_SECONDS=str(lease_seconds),
                   RUNLEDGER_SMTP_TIMEOUT=str(smtp_timeout))
-    killed = subprocess.run([*RUNLEDGER, "deliver"], env=env, capture_output=True, text=True,
-                            timeout=120)
+    killed = run_killed([*RUNLEDGER, "deliver"], env, timeout=120)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
 
 

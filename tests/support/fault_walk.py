@@ -41,6 +41,7 @@ from flows.model import (
     ModelRejected,
     OfflineModel,
     RecordedModel,
+    Request,
 )
 from flows.prices import NO_PRICES
 from store import (
@@ -221,7 +222,7 @@ class Refusing:
     endpoint = "loopback"
     max_tokens = 16
 
-    def generate(self, prompt: str, *, system: str | None = None) -> Generation:
+    def complete(self, request: Request) -> Generation:
         refused = ModelRejected("model refusing refused the request with HTTP 400")
         refused.status = 400
         raise refused

@@ -13,8 +13,9 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from store import Ledger, Registration, RunIdentity
-from store.models import attempts_table, model_calls_table, outbox_table, runs_table
+from store import Claim, Ledger, Registration, RunIdentity
+from store.call_tables import model_calls_table
+from store.models import attempts_table, outbox_table, runs_table
 
 
 def register_and_claim(ledger: Ledger, identity: RunIdentity, params: dict[str, Any] | None = None,
@@ -26,6 +27,14 @@ def register_and_claim(ledger: Ledger, identity: RunIdentity, params: dict[str, 
     if registration.conflict is not None:
         raise registration.conflict
     return registration
+
+
+def claim_of(ledger: Ledger, identity: RunIdentity, *, owner: str = "w:1",
+             lease: timedelta | float = timedelta(minutes=15)) -> Claim:
+    """The lease on a new Run ``identity``, taken by ``owner``."""
+    claim = register_and_claim(ledger, identity, owner=owner, lease=lease).claim
+    assert claim is not None, f"Run {identity.run_id} was not claimed"
+    return claim
 
 
 def snapshot(ledger: Ledger) -> dict[str, list[dict[str, Any]]]:

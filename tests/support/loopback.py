@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -86,3 +89,24 @@ class LoopbackServer:
         """Stop answering and close the port (a server gone down); stopping twice is harmless."""
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class ScriptedServer(LoopbackServer, Generic[R]):
+    """A JSON API on loopback that keeps every request and serves the scripted replies first,
+    then ``default()`` ones."""
+
+    def __init__(self, default: Callable[[], R]) -> None:
+        super().__init__()
+        self.script: list[R] = []
+        self.requests: list[dict[str, Any]] = []
+        self._default = default
+        self._lock = threading.Lock()
+
+    def next_reply(self, request: Request) -> tuple[int, dict[str, Any], R]:
+        """Keep ``request``; its count (from 1), its JSON body and the reply it gets."""
+        with self._lock:
+            asked = json.loads(request.body)
+            self.requests.append({"path": request.path, "headers": request.headers,
+                                  "json": asked})
+            reply = self.script.pop(0) if self.script else self._default()
+            return len(self.requests), asked, reply

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,7 +30,8 @@ from flows.run_job.outcomes import TickReport
 from store import Ledger, OutboxMessage, Period, Run
 from tests.support import waiting
 from tests.support.ledger import model_calls
-from tests.support.loopback import Answer, LoopbackServer, Request, json_answer
+from tests.support.loopback import Answer, Request, ScriptedServer, json_answer
+from tests.support.structured import answer_text
 
 RUNLEDGER = [sys.executable, "-c", "from flows.cli import main; main()"]
 SUMMARY = "competitor-summary"
@@ -51,33 +51,32 @@ class Reply:
     delay: float = 0.0
     raw: bytes | None = None
     # The answer's ``usage`` field, as the server reports it (None: a server that reports none).
-    usage: dict[str, int] | None = field(default_factory=lambda: dict(USAGE))
+    usage: dict[str, Any] | None = field(default_factory=lambda: dict(USAGE))
+    # The model's refusal (OpenAI's ``message.refusal``): sent with no content.
+    refusal: str | None = None
 
 
-class ModelServer(LoopbackServer):
+class ModelServer(ScriptedServer[Reply]):
     """An OpenAI-compatible chat-completions endpoint on loopback. Scripted replies are served
-    first; afterwards every call answers ``answer N`` (N counts the requests)."""
+    first; afterwards every call answers ``answer N`` (N counts the requests), as a document of
+    the request's JSON schema when it asks for structured output."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.script: list[Reply] = []
-        self.requests: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
+        super().__init__(Reply)
 
     @property
     def base_url(self) -> str:
         return f"{self.origin}/v1"
 
     def answer(self, request: Request) -> Answer:
-        with self._lock:
-            self.requests.append({"path": request.path, "headers": request.headers,
-                                  "json": json.loads(request.body)})
-            count = len(self.requests)
-            reply = self.script.pop(0) if self.script else Reply()
+        count, asked, reply = self.next_reply(request)
         if reply.status == 200:
-            text = f"answer {count}" if reply.text is None else reply.text
+            text = answer_text(asked, f"answer {count}") if reply.text is None else reply.text
+            message: dict[str, Any] = (
+                {"role": "assistant", "content": text} if reply.refusal is None
+                else {"role": "assistant", "content": None, "refusal": reply.refusal})
             body: dict[str, Any] = {"model": "probe-model", "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": text}}]}
+                {"index": 0, "message": message}]}
             if reply.usage is not None:
                 body["usage"] = reply.usage
         else:

@@ -17,17 +17,18 @@ from flows.prices import PriceList
 from flows.retry_after import pause_hint, reset_seconds
 from flows.run_job.tick import Tick
 from flows.settings import EndpointSettings, RunledgerSettings
-from store import Acquisition, InvalidInput, Limits, Throttle
+from store import InvalidInput, Limits, Slot
+from store.endpoint_limits import SlotDecision
 
 NOW = datetime(2026, 12, 3, 17, tzinfo=UTC)
 
 
-def throttle(**given: object) -> Throttle:
+def throttle(**given: object) -> SlotDecision:
     fields: dict[str, object] = {
         "granted": False, "now": NOW, "paused_until": None, "rate": None, "request_level": 0.0,
         "tokens_per_minute": None, "token_level": 0.0, "tokens": 100}
     fields.update(given)
-    return Throttle(**fields)  # type: ignore[arg-type]
+    return SlotDecision(**fields)  # type: ignore[arg-type]
 
 
 def test_a_granted_acquisition_waits_for_nothing() -> None:
@@ -92,9 +93,9 @@ def test_limits_of_zero_or_less_are_refused(given: dict[str, object]) -> None:
 def test_an_acquisition_needs_a_name_and_a_whole_estimate() -> None:
     """An empty endpoint name or a negative estimate is refused."""
     with pytest.raises(InvalidInput, match="endpoint's name"):
-        Acquisition("", 10, 60.0)
+        Slot("", 10, 60.0)
     with pytest.raises(InvalidInput, match="token estimate"):
-        Acquisition("default", -1, 60.0)
+        Slot("default", -1, 60.0)
 
 
 @pytest.mark.parametrize("field", ["model_requests_per_minute", "model_tokens_per_minute",

@@ -76,10 +76,10 @@ def test_the_summary_counts_each_outcome() -> None:
 def test_the_artifact_lists_every_subject_with_its_run_id_outcome_and_cost() -> None:
     """One Markdown table row per subject with its model calls, tokens and cost, and the tick's
     total; a pipe in an error cannot break the table; an unpriced call says "no price"."""
-    priced = CallCount(value=1, reused=1, tokens=150, cost_nanos=450_000, records=[
+    priced = CallCount(made=1, reused=1, tokens=150, cost_nanos=450_000, records=[
         {"outcome": "answered", "prompt_tokens": 100, "completion_tokens": 50,
          "cost_nanos": 450_000, "currency": "USD"}])
-    unpriced = CallCount(value=1, tokens=90, unpriced=1, records=[
+    unpriced = CallCount(made=1, tokens=90, unpriced=1, records=[
         {"outcome": "answered", "prompt_tokens": 60, "completion_tokens": 30}])
     report = TickReport("probe", "1", PERIOD, [
         SubjectOutcome("acme", "a" * 64, "new", 1, 2, spend=priced, currency="USD"),
@@ -100,7 +100,7 @@ def test_the_artifact_counts_paid_calls_as_costs_does_a_refused_call_unpaid() ->
     answered = {"outcome": "answered", "prompt_tokens": 10, "completion_tokens": 5,
                 "cost_nanos": 1_000, "currency": "USD"}
     records = [dict(answered) for _ in range(20)] + [{"outcome": "refused"}]
-    spend = CallCount(value=21, tokens=300, cost_nanos=20_000, records=records)
+    spend = CallCount(made=21, tokens=300, cost_nanos=20_000, records=records)
     tick = TickReport("probe", "1", PERIOD, [
         SubjectOutcome("acme", "a" * 64, "new", 1, 1, spend=spend, currency="USD")])
     assert spend_of(records).paid == 20

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 from datetime import UTC, datetime
+from typing import Literal
 
 import pytest
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from flows.model import ModelMisconfigured, OfflineModel, OpenAICompatibleModel, model_from_settings
 from flows.model.offline import sentences, summarize
@@ -78,3 +80,36 @@ def test_the_api_key_never_shows_in_settings_or_the_model() -> None:
     assert isinstance(model, OpenAICompatibleModel)
     assert "sk-very-secret" not in repr(settings) + str(settings) + repr(model)
     model.close()
+
+
+class Kind(enum.Enum):
+    LAUNCH = "launch"
+    PRICE = "price"
+
+
+class Item(BaseModel):
+    name: str
+    what: str
+
+
+class Everything(BaseModel):
+    summary: str
+    items: list[Item]
+    kind: Kind
+    tone: Literal["neutral", "alarmed"]
+    score: float
+    count: int
+    urgent: bool
+    note: str | None = None
+    extra: dict[str, int]
+
+
+def test_the_offline_model_answers_a_valid_instance_of_any_output_model() -> None:
+    """Text fields get the summary (nested ones its sentences in turn), lists one element,
+    numbers 0, enums and literals their first value, optional fields None."""
+    answer = OfflineModel(max_sentences=2).generate("Acme launched Rocket. Acme cut prices.",
+                                                    output=Everything)
+    assert answer.parsed == Everything(
+        summary="Acme launched Rocket. Acme cut prices.",
+        items=[Item(name="Acme launched Rocket.", what="Acme cut prices.")],
+        kind=Kind.LAUNCH, tone="neutral", score=0, count=0, urgent=False, note=None, extra={})

@@ -40,7 +40,7 @@ JOB = Job(name="probe", version="1", cadence="daily", timezone="UTC", subjects=[
 
 def tick(outcome: Outcome) -> TickReport:
     """A tick whose one subject ended ``outcome``, with a call paid and an error to show."""
-    spend = CallCount(value=1, tokens=15, cost_nanos=1_000, records=[dict(ANSWERED)])
+    spend = CallCount(made=1, tokens=15, cost_nanos=1_000, records=[dict(ANSWERED)])
     return TickReport("probe", "1", PERIOD, [SubjectOutcome(
         "acme", "a" * 64, outcome, 1, error=f"why it ended {outcome}", spend=spend,
         currency="USD")])

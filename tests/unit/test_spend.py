@@ -49,12 +49,13 @@ def test_a_completed_runs_outcome_reports_this_attempts_calls_and_the_runs_over_
     2 paid, 1 of them lost, the answered one's tokens and cost, 1 of unknown cost."""
     run = spend_of([call("lost"), call("answered", 150, 36_000)])
     outcome = SubjectOutcome("acme", "a" * 64, "new", 2, 1, currency="EUR", run_spend=run,
-                             spend=CallCount(value=1, tokens=150, cost_nanos=36_000))
+                             spend=CallCount(made=1, tokens=150, cost_nanos=36_000))
     shown = outcome.as_dict()
     assert (shown["model_calls"], shown["tokens"], shown["cost"]) == (1, 150, "0.000036")
     assert shown["run_spend"] == {
         "calls_paid": 2, "calls_lost": 1, "calls_failed": 0, "calls_refused": 0,
-        "calls_in_flight": 0, "calls_reused": 0, "tokens": 150, "cost": {"EUR": "0.000036"},
+        "calls_in_flight": 0, "calls_reused": 0, "tokens": 150, "cached_tokens": 0,
+        "cache_write_tokens": 0, "cost": {"EUR": "0.000036"},
         "calls_without_price": 0, "calls_of_unknown_cost": 1, "calls_over_bound": 0,
         "tokens_over_bound": 0}
     assert SubjectOutcome("acme", "a" * 64, "failed").as_dict()["run_spend"] is None

@@ -1,0 +1,254 @@
+"""A model call's plan: what a call carries (``Intent``, then ``InFlight``; how it ended,
+``End``) and the steps its operations take beside its own record, in the same transaction,
+chosen from what it carries: a budget ``charge`` reserves its estimate before the call is
+recorded and settles to the real cost when it ends (``Reserve``); an endpoint ``slot`` whose
+endpoint bounds its calls in flight is taken in the transaction that records the call
+(``TakeSlot``; any other slot was taken before, in a statement of its own, and is carried).
+A call that carries nothing is recorded, and ended, in one statement.
+
+Adding a step (as a call queued into a provider's batch instead of sent, settled when the batch
+ends): give ``Intent`` and ``InFlight`` the field that carries it, write one ``Step`` subclass
+with the hooks it needs (``before_intent``, ``after_end``; a hook that writes sets its
+``writes_*`` flag, so that the operation is no longer sent as one statement) and add it in
+``steps``. The operations of ``store.model_calls`` do not change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time
+from typing import Any, ClassVar
+
+from sqlalchemy.engine import Connection
+
+from store import budgets
+from store.endpoint_limits import Slot, SlotDecision, take_slot_with_record
+from store.errors import InvalidInput
+from store.lease import Claim
+
+MAX_NAME = 300
+DIGEST_CHARS = 64
+CALL_FAILURES = ("refused", "failed")
+
+
+def _check_count(value: int | None, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"{name} must be an integer of 0 or more (or None), got {value!r}")
+    return value
+
+
+def _check_name(value: str, name: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_NAME:
+        raise InvalidInput(f"{name} must be non-empty text of at most {MAX_NAME} characters, "
+                           f"got {value!r}")
+    return value
+
+
+class Step:
+    """One step a call's operations take beside its record, in the same transaction; a hook
+    a step does not override writes nothing."""
+
+    writes_at_intent: ClassVar[bool] = False
+    writes_at_end: ClassVar[bool] = False
+
+    def before_intent(self, conn: Connection) -> SlotDecision | None:
+        """Before the call is recorded: None to go on, or the decision that stops it (what
+        the step wrote is committed, the call is not recorded)."""
+        return None
+
+    def after_end(self, conn: Connection, end: End) -> None:
+        """After the call's end is recorded, by the record that ended it (once)."""
+
+
+@dataclass(frozen=True)
+class TakeSlot(Step):
+    """Take the call's slot of an endpoint that bounds its calls in flight in the transaction
+    that records it: the next asking counts this call in flight."""
+
+    slot: Slot
+    writes_at_intent: ClassVar[bool] = True
+
+    def before_intent(self, conn: Connection) -> SlotDecision | None:
+        decision = take_slot_with_record(conn, self.slot)
+        return None if decision.granted else decision
+
+
+@dataclass(frozen=True)
+class Reserve(Step):
+    """Reserve the call's estimate in its job's budget windows before it is recorded
+    (``BudgetExhausted`` rolls back both), and settle it when the call ends: an answer to its
+    real cost (money, or tokens; its estimate, the most it could cost, when the provider
+    reported no usage or no price), a refusal or failure to nothing."""
+
+    charge: budgets.Charge
+    writes_at_intent: ClassVar[bool] = True
+    writes_at_end: ClassVar[bool] = True
+
+    def before_intent(self, conn: Connection) -> SlotDecision | None:
+        budgets.reserve(conn, self.charge)
+        return None
+
+    def after_end(self, conn: Connection, end: End) -> None:
+        charge, usage = self.charge, end.usage
+        spent: int | None = 0
+        if end.outcome == "answered":
+            reported = usage.prompt_tokens is not None and usage.completion_tokens is not None
+            spent = (usage.cost_nanos if charge.unit == "money"
+                     else usage.tokens if reported else None)
+        for window in charge.windows:
+            budgets.settle(conn, charge.job, window.scope, window.start, charge.estimate,
+                           charge.estimate if spent is None else spent)
+
+
+def steps(charge: budgets.Charge | None, slot: Slot | None) -> tuple[Step, ...]:
+    """The steps of a call carrying ``charge`` and ``slot``, in the order they run."""
+    planned: list[Step] = []
+    if slot is not None and slot.bounds_in_flight:
+        planned.append(TakeSlot(slot))
+    if charge is not None:
+        planned.append(Reserve(charge))
+    return tuple(planned)
+
+
+def charge_lost(conn: Connection, row: dict[str, Any]) -> None:
+    """A call marked lost is charged its estimate in each budget window it reserved in (a
+    call that left may have been billed): ``row`` is its record."""
+    if not row["estimate"]:
+        return
+    if row["budget_period"] is not None:
+        budgets.settle(conn, row["job"], "period", row["budget_period"], row["estimate"],
+                       row["estimate"])
+    if row["budget_day"] is not None:
+        budgets.settle(conn, row["job"], "day", _midnight(row["budget_day"]), row["estimate"],
+                       row["estimate"])
+
+
+def _midnight(day: date) -> datetime:
+    return datetime.combine(day, time(), tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A call about to leave: the endpoint and model it goes to, its position in the transform
+    (0 for the first call) and its prompt's sha256; what it carries decides its steps: a
+    ``charge`` against the job's budget windows, a ``slot`` of its endpoint's limits."""
+
+    endpoint: str
+    model: str
+    position: int
+    prompt_digest: str
+    charge: budgets.Charge | None = None
+    slot: Slot | None = None
+
+    def __post_init__(self) -> None:
+        _check_name(self.endpoint, "a model call's endpoint")
+        _check_name(self.model, "a model call's model")
+        if _check_count(self.position, "a model call's position") is None:
+            raise InvalidInput("a model call's position is required")
+        if not (isinstance(self.prompt_digest, str) and len(self.prompt_digest) == DIGEST_CHARS):
+            raise InvalidInput("a model call's prompt digest is a sha256 hex digest")
+        if self.slot is not None and self.slot.endpoint != self.endpoint:
+            raise InvalidInput(f"a call to endpoint {self.endpoint!r} takes a slot of that "
+                               f"endpoint, not of {self.slot.endpoint!r}")
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return steps(self.charge, self.slot)
+
+    def budget_params(self) -> dict[str, Any]:
+        """What the call's record keeps of its charge: the estimate and its windows."""
+        if self.charge is None:
+            return {"estimate": 0, "budget_period": None, "budget_day": None}
+        period, day = self.charge.window("period"), self.charge.window("day")
+        return {"estimate": self.charge.estimate,
+                "budget_period": period.start if period else None,
+                "budget_day": day.start.date() if day else None}
+
+
+def intent_is_one_statement(claim: Claim, intent: Intent) -> bool:
+    """Recording an intent is one statement when none of its steps writes before it."""
+    return not any(step.writes_at_intent for step in intent.steps)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the provider reported a call used, and what it cost: tokens (None when not
+    reported; of the prompt's, ``cached_tokens`` read from the provider's prompt cache and
+    ``cache_write_tokens`` written to it), latency, the cost in billionths of ``currency``
+    (both None: no price), and the tokens billed beyond the call's bound (``overrun``: 0 or
+    None when within it)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_ms: int | None = None
+    cost_nanos: int | None = None
+    currency: str | None = None
+    overrun: int | None = None
+    cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_count(self.prompt_tokens, "prompt_tokens")
+        _check_count(self.completion_tokens, "completion_tokens")
+        _check_count(self.latency_ms, "latency_ms")
+        _check_count(self.cost_nanos, "cost_nanos")
+        _check_count(self.overrun, "overrun")
+        _check_count(self.cached_tokens, "cached_tokens")
+        _check_count(self.cache_write_tokens, "cache_write_tokens")
+        if (self.cost_nanos is None) != (self.currency is None):
+            raise InvalidInput("a call's cost and its currency are given together, or neither")
+
+    @property
+    def tokens(self) -> int:
+        return (self.prompt_tokens or 0) + (self.completion_tokens or 0)
+
+    def params(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "latency_ms": self.latency_ms, "cost_nanos": self.cost_nanos,
+                "currency": self.currency, "overrun": self.overrun,
+                "cached_tokens": self.cached_tokens, "cache_write_tokens": self.cache_write_tokens}
+
+
+NO_USAGE = Usage()  # a call that ended without a usage report
+
+
+@dataclass(frozen=True)
+class End:
+    """How a call ended: ``answered`` with its ``answer`` (a JSON object), or ``refused`` (the
+    provider's error reply: not billed) or ``failed`` (no usable answer) with its ``error``;
+    its usage either way."""
+
+    outcome: str
+    usage: Usage = NO_USAGE
+    answer: dict[str, Any] | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.outcome == "answered":
+            if not isinstance(self.answer, dict):
+                raise InvalidInput("a checkpointed answer is a JSON object, "
+                                   f"got {type(self.answer).__name__}")
+        elif self.outcome not in CALL_FAILURES:
+            raise InvalidInput(f"a failed call's outcome is one of {', '.join(CALL_FAILURES)}, "
+                               f"got {self.outcome!r}")
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A recorded call, in flight: its id, the claim it was made under, and what it carries
+    until it ends (its budget ``charge``, its endpoint ``slot``)."""
+
+    call_id: str
+    claim: Claim
+    charge: budgets.Charge | None
+    slot: Slot | None = None
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return steps(self.charge, self.slot)
+
+
+def end_is_one_statement(call: InFlight, end: End) -> bool:
+    """Recording a call's end is one statement when none of its steps writes after it."""
+    return not any(step.writes_at_end for step in call.steps)

@@ -65,6 +65,17 @@ class Arrivals:
     refused: list[float] = field(default_factory=list)
     peak_in_flight: int = 0
 
+    def timeline(self, window: float) -> str:
+        """The accepted calls of each ``window`` seconds from the first arrival, and when each
+        refusal arrived: where a run lost its time."""
+        start = min(self.accepted + self.refused)
+        counts = [0] * (int((max(self.accepted) - start) // window) + 1)
+        for at in self.accepted:
+            counts[int((at - start) // window)] += 1
+        refusals = ", ".join(f"{at - start:.1f}" for at in sorted(self.refused)) or "none"
+        return (f"accepted per {window:g} s: {' '.join(map(str, counts))}; "
+                f"429s at (s): {refusals}")
+
     def most_in_any_second(self) -> int:
         """The most accepted calls that arrived within any one second."""
         times = sorted(self.accepted)

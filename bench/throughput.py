@@ -5,7 +5,7 @@ flow, on the same rate-limited OpenAI-compatible server on loopback.
     uv run python bench/throughput.py [--subjects 400] [--rate 20] [--latencies 0.2 1 5]
                                       [--workers 3] [--at-once 64]
                                       [--contenders one pool native learned silent]
-                                      [--database-url URL]
+                                      [--database-url URL] [--timeline 10]
 
 The server (bench/limited_provider.py) answers each call after L seconds, accepts R calls a
 second (a token bucket of one second's worth) and refuses the rest with 429 and Retry-After: 1;
@@ -32,7 +32,8 @@ Printed per contender: the wall time from the first call the server received to 
 end, its ratio to the floor N / R, the calls accepted and refused (429), the peak in flight,
 failed subjects, CPU milliseconds per subject of the worker processes (with the flow-run
 processes they start) and of the server (this process's own CPU over the contender's run),
-and runledger's peak RSS in one process. ``--threads 8 256`` runs runledger alone once per
+and runledger's peak RSS in one process; with ``--timeline S``, each contender's accepted
+calls per S seconds and when its 429s arrived. ``--threads 8 256`` runs runledger alone once per
 thread count (RUNLEDGER_SUBJECT_CONCURRENCY), for memory per thread. Prefect: PREFECT_API_URL
 if set, else a temporary local server (bench/pipeline_bench.py's). Ledger: a new SQLite file
 per latency (and one per nothing-configured contender: what the endpoint learned stays in its
@@ -65,7 +66,7 @@ ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench.limited_provider import Announce, LimitedModelServer  # noqa: E402
+from bench.limited_provider import Announce, Arrivals, LimitedModelServer  # noqa: E402
 
 PERIOD = "2026-12-01"
 # runledger in one worker process; runledger's tick sharded over a work pool of --workers
@@ -87,6 +88,7 @@ class Result:
     worker_cpu_ms: float
     server_cpu_ms: float
     worker_rss_mib: float | None
+    arrivals: Arrivals
 
     def row(self) -> str:
         rss = "" if self.worker_rss_mib is None else f"{self.worker_rss_mib:.0f}"
@@ -129,7 +131,7 @@ def measure(contender: str, latency: float, n: int, rate: float, args: list[str]
     return Result(contender, latency, ended - first, n / rate, len(seen.accepted),
                   len(seen.refused), seen.peak_in_flight, failed_of(out),
                   (after - before) * 1000 / n, server_cpu * 1000 / n,
-                  None if rss_of is None else rss_of(out))
+                  None if rss_of is None else rss_of(out), seen)
 
 
 def runledger(n: int, rate: float, latency: float, api: str, database_url: str,
@@ -241,7 +243,7 @@ def runledger_pool(n: int, rate: float, latency: float, api: str, database_url: 
     first = min(seen.accepted + seen.refused)
     return Result(f"runledger, {workers} processes (shards)", latency, ended - first, n / rate,
                   len(seen.accepted), len(seen.refused), seen.peak_in_flight, n - completed,
-                  (after - before) * 1000 / n, server_cpu * 1000 / n, None)
+                  (after - before) * 1000 / n, server_cpu * 1000 / n, None, seen)
 
 
 def native(n: int, rate: float, latency: float, api: str) -> Result:
@@ -371,6 +373,9 @@ def main() -> None:
                         help="subjects at once of the nothing-configured contenders")
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS),
                         help="which to run (default: all five)")
+    parser.add_argument("--timeline", type=float, default=None, metavar="SECONDS",
+                        help="after the table, each contender's accepted calls per SECONDS "
+                             "and when its 429s came")
     parser.add_argument("--acquisition-cost", action="store_true",
                         help="measure one acquisition's cost, Prefect's and runledger's, only")
     parser.add_argument("--native-worker", nargs=2, type=int, default=None,
@@ -426,6 +431,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(row.row())
+    if args.timeline:
+        print()
+        for row in rows:
+            print(f"- {row.contender}, L = {row.latency:g} s: "
+                  f"{row.arrivals.timeline(args.timeline)}")
 
 
 if __name__ == "__main__":

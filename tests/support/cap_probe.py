@@ -19,6 +19,7 @@ from flows.prices import ModelPrice, PriceList, money
 from tests.support import reconcile_probe
 from tests.support.loopback import Answer, Request, json_answer
 from tests.support.pipeline import ModelServer
+from tests.support.structured import answer_text
 
 ENV = "RUNLEDGER_TEST_CAP_PROBE"  # the job's name
 CALLS = "RUNLEDGER_TEST_CAP_CALLS"  # how many calls' bound its budget has room for
@@ -75,14 +76,11 @@ class BillingServer(ModelServer):
         self.beyond = beyond
 
     def answer(self, request: Request) -> Answer:
-        asked = json.loads(request.body)
-        with self._lock:
-            self.requests.append({"path": request.path, "headers": request.headers,
-                                  "json": asked})
-            count = len(self.requests)
+        count, asked, _ = self.next_reply(request)
         usage = {"prompt_tokens": byte_bound([m["content"] for m in asked["messages"]]),
                  "completion_tokens": asked["max_tokens"] + self.beyond}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return json_answer(200, {"model": MODEL, "usage": usage, "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": f"answer {count}"}}]},
+            {"index": 0, "message": {"role": "assistant",
+                                     "content": answer_text(asked, f"answer {count}")}}]},
             delay=self.delay)

@@ -73,7 +73,7 @@ LOCKS = ("redis", "file")
 PERIODS = iter(f"2026-{month:02d}-{day:02d}" for month in range(1, 13) for day in range(1, 29))
 
 
-def _prefect_environment() -> None:
+def prefect_environment() -> None:
     # Prefect reads its settings when first imported: set them before any import of it.
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="runledger-bench-prefect-"))
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
@@ -486,7 +486,7 @@ def main() -> None:
             code = subprocess.run([sys.executable, __file__, *child],
                                   env={**os.environ, "PREFECT_API_URL": api}).returncode
         raise SystemExit(code)
-    _prefect_environment()
+    prefect_environment()
     os.environ["RUNLEDGER_OFFLINE_MODEL_DELAY_SECONDS"] = str(args.model_delay)
     run(args)
 

@@ -456,6 +456,11 @@ OUTCOME_MEANINGS = {
                    "window resets or the cap is raised (then `runledger reconcile JOB` runs it, "
                    "whatever its period in the catch-up window). The flow run is `Failed`, "
                    "named `OverBudget`, and says what was spent of which cap and how to go on.",
+    "waiting": "A batch tick queued the subject's model call for its provider's Batch API: "
+               "the Run waits without a lease or a spent attempt until `settle-batches` "
+               "(`runledger batches poll`) settles the batch and runs it again. The flow run "
+               "is `Paused`, named `AwaitingBatch`, naming the batch, until that poll "
+               "completes it.",
     "failed": "A permanent failure marked the Run failed (`runledger runs requeue ID` after a "
               "fix), or a transient one outlasted the retries (the Run is pending again), or "
               "the Run exists with other parameters (`RunConflict`).",
@@ -464,6 +469,8 @@ RUN_STATUS_MEANINGS = {
     "pending": "registered, or released after a retryable failure or a stop; claimable",
     "running": "leased to an attempt until `lease_expires_at` (database clock); claimable "
                "again once that passes",
+    "waiting": "its model calls are queued in a provider's batch; never claimed until the "
+               "batch settles them (pending again, or failed when one was refused)",
     "completed": "the accepted output is stored; never changes, never claimable (a tombstone, "
                  "once pruned: its output is gone, its digest and the status stay)",
     "failed": "a permanent failure; only `runledger runs requeue` makes it pending again",
@@ -547,7 +554,8 @@ def states_page() -> str:
            "Duplicate (a stored result returned, nothing run again), else `Completed`, and the "
            "outcome's name leads the state's message (`Duplicate: ...`), which then counts the "
            "outcomes and names up to five subjects behind a deciding one, with the reason. A "
-           "failure ends `Failed`, a stop `Cancelled`, and over-budget ends `Failed` named "
+           "failure ends `Failed`, a stop `Cancelled`, a Run waiting for a batch `Paused` named "
+           "`AwaitingBatch`, and over-budget ends `Failed` named "
            "`OverBudget` (red in every list; its message counts the outcomes, then what was "
            "spent of which cap and the remedy; each subject's refusal is in the tick's "
            "artifact).", "",
@@ -602,7 +610,12 @@ def states_page() -> str:
                                     "window): what was spent of what cap, how to raise it",
                 "budget.overrun": "a provider billed an answer beyond the bound its call "
                                   "reserved (it did not honour max_tokens): the call, the bound, "
-                                  "the tokens billed"}
+                                  "the tokens billed",
+                "batch.submitted": "a batch tick's batch was created at its provider: its "
+                                   "key, the provider's id, its requests and the period",
+                "batch.settled": "a poll settled a batch that ended: its key, the provider's "
+                                 "id and status, the lines settled, the calls sent again, the "
+                                 "Runs released and failed"}
     _check_keys(job_when, tuple(JOB_EVENTS), "the job events")
     out += [f"| `{JOB_EVENTS[k]}` | `runledger.job.<job>` | {job_when[k]} |" for k in JOB_EVENTS]
     out += [f"| `{EVENT_PREFIX}.{s.value}` | `runledger.outbox.message.<message id>` (related: "

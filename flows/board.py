@@ -31,15 +31,15 @@ def board_status(step: Step) -> Status:
     """One owed occurrence's status on the board: completed, skipped by policy or failed as the
     ledger says; otherwise overdue once reconcile reported it or its due time plus the job's
     grace has passed (the rule reconcile reports by, so the board does not wait for a pass);
-    otherwise running while a worker holds its lease, else pending (never started, or
-    stranded)."""
+    otherwise running while a worker holds its lease or its Run waits for a batch, else
+    pending (never started, or stranded)."""
     settled = _SETTLED.get(step.state)
     if settled is not None:
         return settled
     reported = step.occurrence is not None and step.occurrence.overdue_at is not None
     if step.overdue or reported:
         return "overdue"
-    return "running" if step.state == "running" else "pending"
+    return "running" if step.state in ("running", "waiting") else "pending"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from flows.retention import prune
 from flows.review.flow import review_outbox
 from flows.run_job.flow import run_job
 from flows.run_job.revision import revise
+from flows.settle.flow import settle_batches
 
 __all__ = ["backfill", "deliver_outbox", "prune", "reconcile", "review_outbox", "revise",
-           "run_job"]
+           "run_job", "settle_batches"]

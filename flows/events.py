@@ -45,6 +45,9 @@ JOB_EVENTS = {
     "budget.exhausted": "runledger.budget.exhausted",
     # Each answer a provider billed beyond the bound its call reserved.
     "budget.overrun": "runledger.budget.overrun",
+    # A batch tick's batch created at its provider, and settled by a poll.
+    "batch.submitted": "runledger.batch.submitted",
+    "batch.settled": "runledger.batch.settled",
 }
 
 

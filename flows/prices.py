@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 NANOS = Decimal(10) ** 9  # costs are stored in billionths of the currency's unit
 MILLION = Decimal(10) ** 6
+BATCH_MULTIPLIER = Decimal("0.5")  # OpenAI's Batch API and Anthropic's Message Batches
 
 
 def iso_currency(code: str) -> str:
@@ -39,6 +40,18 @@ class ModelPrice(BaseModel):
     cache_write: Decimal | None = Field(
         default=None, ge=0, description="Price per million prompt tokens written to the "
                                         "provider's prompt cache (default: ``input``).")
+    batch: Decimal = Field(
+        default=BATCH_MULTIPLIER, gt=0, le=1,
+        description="What a call through the provider's Batch API costs, as a share of the "
+                    "synchronous price (OpenAI and Anthropic charge half: 0.5).")
+
+    def batched(self) -> ModelPrice:
+        """This price as its Batch API charges it: every token price times ``batch``."""
+        def cut(amount: Decimal | None) -> Decimal | None:
+            return None if amount is None else amount * self.batch
+        return ModelPrice(input=self.input * self.batch, output=self.output * self.batch,
+                          cached_input=cut(self.cached_input), cache_write=cut(self.cache_write),
+                          batch=Decimal(1))
 
 
 def nanos(amount: Decimal) -> int:
@@ -63,6 +76,11 @@ class PriceList(BaseModel):
         if self.prices and self.currency is None:
             raise ValueError("prices need their currency: set RUNLEDGER_MODEL_CURRENCY (or the "
                              "block's currency) to an ISO 4217 code such as USD")
+
+    def batched(self) -> PriceList:
+        """These prices as the providers' Batch APIs charge them (each model's ``batch``)."""
+        return PriceList(currency=self.currency,
+                         prices={name: p.batched() for name, p in self.prices.items()})
 
     def price(self, model: str) -> ModelPrice | None:
         """The price of ``model``, if it has one."""

@@ -155,6 +155,10 @@ class RunledgerSettings(BaseSettings):
     max_retry_after_seconds: float = Field(
         default=60.0, ge=0, description="Longest wait honoured from a Retry-After answer."
     )
+    batch_lease_seconds: float = Field(
+        default=300.0, gt=0, description="How long a poller or submitter holds a batch (judged "
+                                         "by the database clock): one that dies leaves it to "
+                                         "the next poll after that long.")
 
     @model_validator(mode="after")
     def _prices_have_a_currency(self) -> RunledgerSettings:

@@ -27,6 +27,7 @@ class Spend:
     failed: int = 0
     refused: int = 0
     in_flight: int = 0
+    queued: int = 0  # calls queued for a provider's batch, not yet settled (not paid yet)
     reused: int = 0
     tokens: int = 0
     cached_tokens: int = 0  # prompt tokens read from the provider's prompt cache
@@ -36,6 +37,8 @@ class Spend:
     unknown: int = 0  # paid calls whose usage never reached the ledger (lost, failed)
     overran: int = 0  # answers billed beyond their call's bound
     overrun_tokens: int = 0  # the tokens billed beyond those bounds, together
+    batched: int = 0  # paid calls settled through a provider's batch
+    batch_saved: Counter[str] = field(default_factory=Counter)  # their saving, per currency
 
     def add(self, row: dict[str, Any]) -> None:
         """Add one model call record (a row of ``CallBook.since``, or a ``ModelCall``'s dict)."""
@@ -43,6 +46,9 @@ class Spend:
         self.reused += row.get("reuses") or 0
         if outcome is None:
             self.in_flight += 1
+            return
+        if outcome == "queued":
+            self.queued += 1
             return
         if outcome == "refused":
             self.refused += 1
@@ -56,6 +62,10 @@ class Spend:
         if row.get("overrun"):
             self.overran += 1
             self.overrun_tokens += row["overrun"]
+        if row.get("batch_key"):
+            self.batched += 1
+            if row.get("sync_cost_nanos") is not None and row.get("cost_nanos") is not None:
+                self.batch_saved[row["currency"]] += row["sync_cost_nanos"] - row["cost_nanos"]
         if row.get("cost_nanos") is not None and row.get("currency") is not None:
             self.cost[row["currency"]] += row["cost_nanos"]
         elif row.get("prompt_tokens") is None and row.get("completion_tokens") is None:
@@ -84,6 +94,8 @@ class Spend:
     def as_dict(self) -> dict[str, Any]:
         return {"calls_paid": self.paid, "calls_lost": self.lost, "calls_failed": self.failed,
                 "calls_refused": self.refused, "calls_in_flight": self.in_flight,
+                "calls_queued": self.queued, "calls_batched": self.batched,
+                "batch_saved": {c: str(money(n)) for c, n in sorted(self.batch_saved.items())},
                 "calls_reused": self.reused, "tokens": self.tokens,
                 "cached_tokens": self.cached_tokens, "cache_write_tokens": self.cache_write_tokens,
                 "cost": {c: str(money(n)) for c, n in sorted(self.cost.items())},

@@ -10,9 +10,19 @@ refusal that retrying will not fix. Every one is a ``RunledgerError``."""
 
 from store.announced_limits import Announcement
 from store.approvals import HeldMessage
+from store.batch_book import BatchBook
+from store.batch_tables import BATCH_KINDS, BATCH_STATUSES, Batch
+from store.batches import (
+    BatchClaim,
+    BatchCounts,
+    BatchLine,
+    FinishedBatch,
+    OpenedBatch,
+    RunRef,
+)
 from store.budgets import BudgetExhausted, Charge, Window
 from store.call_book import CallBook
-from store.call_plan import InFlight, Intent, Usage
+from store.call_plan import End, InFlight, Intent, Queued, Usage
 from store.call_tables import ModelCall
 from store.channels import (
     CHANNELS,
@@ -43,11 +53,27 @@ from store.errors import (
     RunConflict,
     RunledgerError,
 )
-from store.faults import AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK, fault_point
+from store.faults import (
+    AFTER_BATCH_CREATE,
+    AFTER_BATCH_FILE_COMMIT,
+    AFTER_BATCH_INTENT_COMMIT,
+    AFTER_BATCH_POLLED_COMMIT,
+    AFTER_BATCH_SUBMITTED_COMMIT,
+    AFTER_BATCH_UPLOAD,
+    AFTER_CLAIM_BATCH_COMMIT,
+    AFTER_FINISH_BATCH_COMMIT,
+    AFTER_MODEL_ANSWER,
+    AFTER_SEND_BEFORE_MARK,
+    AFTER_SETTLE_RESULTS_COMMIT,
+    AFTER_WAIT_FOR_BATCH_COMMIT,
+    MID_RESULTS_DOWNLOAD,
+    fault_point,
+)
 from store.identity import RunIdentity, document_digest, params_fingerprint
 from store.lease import Claim, Registration
 from store.ledger import Ledger
 from store.message import OutboxMessage
+from store.model_calls import AlreadyQueued
 from store.models import MESSAGE_STATUSES, RUN_STATUSES, Attempt, Occurrence, QueuedMessage, Run
 from store.occurrence_book import OccurrenceBook
 from store.occurrences import RunState, unemitted
@@ -62,20 +88,39 @@ from store.stats import Activity
 from store.tombstones import MAX_BATCH, Prunable, Pruned
 
 __all__ = [
+    "AFTER_BATCH_CREATE",
+    "AFTER_BATCH_FILE_COMMIT",
+    "AFTER_BATCH_INTENT_COMMIT",
+    "AFTER_BATCH_POLLED_COMMIT",
+    "AFTER_BATCH_SUBMITTED_COMMIT",
+    "AFTER_BATCH_UPLOAD",
+    "AFTER_CLAIM_BATCH_COMMIT",
+    "AFTER_FINISH_BATCH_COMMIT",
     "AFTER_MODEL_ANSWER",
     "AFTER_SEND_BEFORE_MARK",
+    "AFTER_SETTLE_RESULTS_COMMIT",
+    "AFTER_WAIT_FOR_BATCH_COMMIT",
+    "BATCH_KINDS",
+    "BATCH_STATUSES",
     "CHANNELS",
     "EMAIL",
     "MAX_BATCH",
     "MESSAGE_STATUSES",
+    "MID_RESULTS_DOWNLOAD",
     "OBJECT",
     "OVER_BUDGET_ERROR",
     "RUN_STATUSES",
     "UNFINISHED_KINDS",
     "WEBHOOK",
     "Activity",
+    "AlreadyQueued",
     "Announcement",
     "Attempt",
+    "Batch",
+    "BatchBook",
+    "BatchClaim",
+    "BatchCounts",
+    "BatchLine",
     "BudgetExhausted",
     "CallBook",
     "Charge",
@@ -84,6 +129,8 @@ __all__ = [
     "Completion",
     "DeliveryLeaseLost",
     "Effect",
+    "End",
+    "FinishedBatch",
     "FinishedRun",
     "HeldMessage",
     "InFlight",
@@ -101,12 +148,14 @@ __all__ = [
     "ModelCall",
     "Occurrence",
     "OccurrenceBook",
+    "OpenedBatch",
     "OutboxBook",
     "OutboxMessage",
     "OutputPruned",
     "Period",
     "Prunable",
     "Pruned",
+    "Queued",
     "QueuedMessage",
     "Registration",
     "Reply",
@@ -116,6 +165,7 @@ __all__ = [
     "Run",
     "RunConflict",
     "RunIdentity",
+    "RunRef",
     "RunState",
     "RunledgerError",
     "Slot",

@@ -185,25 +185,39 @@ _WINDOWS = Statement(
     .order_by(windows.c.window_start, windows.c.scope))
 
 
+def give_back(status: Any) -> sa.Update:
+    """The Run held by the presented fence given back as ``status`` (a value or expression):
+    its lease cleared, ``error`` noted, the attempt it took returned (it did nothing that
+    counts against its attempts)."""
+    return (
+        sa.update(runs)
+        .where(RUN_LEASE.holder())
+        .values(status=status, owner=sa.null(), lease_expires_at=sa.null(),
+                error=param(runs.c.error),
+                attempts=sa.case((runs.c.attempts > 0, runs.c.attempts - 1), else_=0),
+                updated_at=db_now())
+        .returning(runs.c.attempts, runs.c.status))
+
+
+def end_released_attempt() -> sa.Update:
+    """The Attempt of a Run given back ends released, with the reason, and no model call."""
+    return (
+        sa.update(attempts)
+        .where(attempts.c.attempt_id == param(attempts.c.attempt_id))
+        .values(outcome="released", error=param(attempts.c.error), model_calls=0,
+                finished_at=db_now()))
+
+
 _RELEASE_RUN = Statement(
     "release_over_budget", "A Run whose next model call the budget refused goes back to "
     "pending with the refusal as its error, and the attempt it took is given back (it did "
     "nothing: reconcile re-drives it, and never gives up on it for budget refusals); only the "
     "current fence holder can.",
-    lambda d: sa.update(runs)
-    .where(RUN_LEASE.holder())
-    .values(status="pending", owner=sa.null(), lease_expires_at=sa.null(),
-            error=param(runs.c.error),
-            attempts=sa.case((runs.c.attempts > 0, runs.c.attempts - 1), else_=0),
-            updated_at=db_now())
-    .returning(runs.c.attempts))
+    lambda d: give_back("pending"))
 
 _END_ATTEMPT = Statement(
     "end_over_budget_attempt", "The Attempt the budget refused ends released, with the refusal.",
-    lambda d: sa.update(attempts)
-    .where(attempts.c.attempt_id == param(attempts.c.attempt_id))
-    .values(outcome="released", error=param(attempts.c.error), model_calls=0,
-            finished_at=db_now()))
+    lambda d: end_released_attempt())
 
 
 @transition(one_statement_on=NOWHERE)
@@ -251,6 +265,20 @@ def settle(conn: Connection, job: str, scope: str, start: datetime, estimate: in
     """Replace ``estimate`` reserved in one window by ``cost`` spent (a step of the model
     call transitions, inside their transaction)."""
     _SETTLE.rows(conn, job=job, scope=scope, window_start=start, estimate=estimate, cost=cost)
+
+
+_UNIT = Statement(
+    "read_budget_unit", "The unit of one of a job's budget windows (money or tokens), if the "
+    "window exists.",
+    lambda d: sa.select(windows.c.unit)
+    .where(windows.c.job == param(windows.c.job), windows.c.scope == param(windows.c.scope),
+           windows.c.window_start == param(windows.c.window_start)))
+
+
+def window_unit(conn: Connection, job: str, scope: str, start: datetime) -> str | None:
+    """The unit of a job's budget window, or None when it has no such window."""
+    row = _UNIT.first(conn, job=job, scope=scope, window_start=start)
+    return None if row is None else str(row["unit"])
 
 
 def list_windows(conn: Connection, job: str, since: datetime) -> list[BudgetWindow]:

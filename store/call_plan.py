@@ -6,14 +6,17 @@ endpoint bounds its calls in flight is taken in the transaction that records the
 (``TakeSlot``; any other slot was taken before, in a statement of its own, and is carried).
 A call that carries nothing is recorded, and ended, in one statement.
 
-Adding a step (as a call queued into a provider's batch instead of sent, settled when the batch
-ends): give ``Intent`` and ``InFlight`` the field that carries it, write one ``Step`` subclass
-with the hooks it needs (``before_intent``, ``after_end``; a hook that writes sets its
+A call ``queued`` for a provider's batch takes the same steps, but no slot: its reservation
+is settled when its batch's results come in (``settle_end``, by ``store.batches``).
+
+Adding a step: give ``Intent`` and ``InFlight`` the field that carries it, write one ``Step``
+subclass with the hooks it needs (``before_intent``, ``after_end``; a hook that writes sets its
 ``writes_*`` flag, so that the operation is no longer sent as one statement) and add it in
 ``steps``. The operations of ``store.model_calls`` do not change."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 from typing import Any, ClassVar
@@ -27,6 +30,7 @@ from store.lease import Claim
 
 MAX_NAME = 300
 DIGEST_CHARS = 64
+MAX_CUSTOM_ID = 64
 CALL_FAILURES = ("refused", "failed")
 
 
@@ -90,15 +94,35 @@ class Reserve(Step):
         return None
 
     def after_end(self, conn: Connection, end: End) -> None:
-        charge, usage = self.charge, end.usage
-        spent: int | None = 0
-        if end.outcome == "answered":
-            reported = usage.prompt_tokens is not None and usage.completion_tokens is not None
-            spent = (usage.cost_nanos if charge.unit == "money"
-                     else usage.tokens if reported else None)
-        for window in charge.windows:
-            budgets.settle(conn, charge.job, window.scope, window.start, charge.estimate,
-                           charge.estimate if spent is None else spent)
+        charge = self.charge
+        settle_end(conn, charge.job, charge.unit, charge.estimate,
+                   [(window.scope, window.start) for window in charge.windows], end)
+
+
+def settle_end(conn: Connection, job: str, unit: str, estimate: int,
+               windows: Sequence[tuple[str, datetime]], end: End) -> None:
+    """Settle a call's reservation of ``estimate`` in each of its job's ``windows`` (scope,
+    start) by how it ended: an answer to its real cost in the budget's ``unit`` (money, or
+    tokens; its estimate, the most it could cost, when the provider reported no usage or no
+    price), a refusal or failure to nothing. The one rule of a call sent (``Reserve``) and of
+    a call settled from its batch's results (``store.batches``)."""
+    usage = end.usage
+    spent: int | None = 0
+    if end.outcome == "answered":
+        reported = usage.prompt_tokens is not None and usage.completion_tokens is not None
+        spent = usage.cost_nanos if unit == "money" else usage.tokens if reported else None
+    for scope, start in windows:
+        budgets.settle(conn, job, scope, start, estimate, estimate if spent is None else spent)
+
+
+def reserved_windows(row: dict[str, Any]) -> list[tuple[str, datetime]]:
+    """The budget windows (scope, start) a call's record says it reserved in."""
+    found: list[tuple[str, datetime]] = []
+    if row["budget_period"] is not None:
+        found.append(("period", row["budget_period"]))
+    if row["budget_day"] is not None:
+        found.append(("day", _midnight(row["budget_day"])))
+    return found
 
 
 def steps(charge: budgets.Charge | None, slot: Slot | None) -> tuple[Step, ...]:
@@ -116,12 +140,8 @@ def charge_lost(conn: Connection, row: dict[str, Any]) -> None:
     call that left may have been billed): ``row`` is its record."""
     if not row["estimate"]:
         return
-    if row["budget_period"] is not None:
-        budgets.settle(conn, row["job"], "period", row["budget_period"], row["estimate"],
-                       row["estimate"])
-    if row["budget_day"] is not None:
-        budgets.settle(conn, row["job"], "day", _midnight(row["budget_day"]), row["estimate"],
-                       row["estimate"])
+    for scope, start in reserved_windows(row):
+        budgets.settle(conn, row["job"], scope, start, row["estimate"], row["estimate"])
 
 
 def _midnight(day: date) -> datetime:
@@ -129,10 +149,29 @@ def _midnight(day: date) -> datetime:
 
 
 @dataclass(frozen=True)
+class Queued:
+    """A call queued for a provider's batch instead of sent: the id of its line in the batch's
+    file (``custom_id``) and the request body the line sends (a JSON object)."""
+
+    custom_id: str
+    request: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if (not isinstance(self.custom_id, str) or not self.custom_id.strip()
+                or len(self.custom_id) > MAX_CUSTOM_ID):
+            raise InvalidInput(f"a queued call's custom_id is non-empty text of at most "
+                               f"{MAX_CUSTOM_ID} characters, got {self.custom_id!r}")
+        if not isinstance(self.request, dict):
+            raise InvalidInput("a queued call's request is a JSON object, "
+                               f"got {type(self.request).__name__}")
+
+
+@dataclass(frozen=True)
 class Intent:
     """A call about to leave: the endpoint and model it goes to, its position in the transform
     (0 for the first call) and its prompt's sha256; what it carries decides its steps: a
-    ``charge`` against the job's budget windows, a ``slot`` of its endpoint's limits."""
+    ``charge`` against the job's budget windows, a ``slot`` of its endpoint's limits. A call
+    ``queued`` for a provider's batch is recorded queued, not in flight, and takes no slot."""
 
     endpoint: str
     model: str
@@ -140,6 +179,7 @@ class Intent:
     prompt_digest: str
     charge: budgets.Charge | None = None
     slot: Slot | None = None
+    queued: Queued | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.endpoint, "a model call's endpoint")
@@ -148,6 +188,8 @@ class Intent:
             raise InvalidInput("a model call's position is required")
         if not (isinstance(self.prompt_digest, str) and len(self.prompt_digest) == DIGEST_CHARS):
             raise InvalidInput("a model call's prompt digest is a sha256 hex digest")
+        if self.queued is not None and self.slot is not None:
+            raise InvalidInput("a call queued for a batch takes no slot of its endpoint's limits")
         if self.slot is not None and self.slot.endpoint != self.endpoint:
             raise InvalidInput(f"a call to endpoint {self.endpoint!r} takes a slot of that "
                                f"endpoint, not of {self.slot.endpoint!r}")
@@ -167,8 +209,9 @@ class Intent:
 
 
 def intent_is_one_statement(claim: Claim, intent: Intent) -> bool:
-    """Recording an intent is one statement when none of its steps writes before it."""
-    return not any(step.writes_at_intent for step in intent.steps)
+    """Recording an intent is one statement when none of its steps writes before it (a
+    queued call is never: whether the Run queued it already is read first)."""
+    return intent.queued is None and not any(step.writes_at_intent for step in intent.steps)
 
 
 @dataclass(frozen=True)
@@ -176,8 +219,9 @@ class Usage:
     """What the provider reported a call used, and what it cost: tokens (None when not
     reported; of the prompt's, ``cached_tokens`` read from the provider's prompt cache and
     ``cache_write_tokens`` written to it), latency, the cost in billionths of ``currency``
-    (both None: no price), and the tokens billed beyond the call's bound (``overrun``: 0 or
-    None when within it)."""
+    (both None: no price), the tokens billed beyond the call's bound (``overrun``: 0 or
+    None when within it) and, for a call answered through a provider's batch, what it would
+    have cost at the synchronous price (``sync_cost_nanos``, in the same currency)."""
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -187,6 +231,7 @@ class Usage:
     overrun: int | None = None
     cached_tokens: int | None = None
     cache_write_tokens: int | None = None
+    sync_cost_nanos: int | None = None
 
     def __post_init__(self) -> None:
         _check_count(self.prompt_tokens, "prompt_tokens")
@@ -196,6 +241,9 @@ class Usage:
         _check_count(self.overrun, "overrun")
         _check_count(self.cached_tokens, "cached_tokens")
         _check_count(self.cache_write_tokens, "cache_write_tokens")
+        _check_count(self.sync_cost_nanos, "sync_cost_nanos")
+        if self.sync_cost_nanos is not None and self.cost_nanos is None:
+            raise InvalidInput("a call's synchronous cost is given with its cost")
         if (self.cost_nanos is None) != (self.currency is None):
             raise InvalidInput("a call's cost and its currency are given together, or neither")
 
@@ -207,7 +255,8 @@ class Usage:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "latency_ms": self.latency_ms, "cost_nanos": self.cost_nanos,
                 "currency": self.currency, "overrun": self.overrun,
-                "cached_tokens": self.cached_tokens, "cache_write_tokens": self.cache_write_tokens}
+                "cached_tokens": self.cached_tokens, "cache_write_tokens": self.cache_write_tokens,
+                "sync_cost_nanos": self.sync_cost_nanos}
 
 
 NO_USAGE = Usage()  # a call that ended without a usage report

@@ -10,19 +10,24 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
+import store.batch_tables  # noqa: F401  # the batches a queued call refers to
 from store.columns import Real, UTCDateTime, check_in, count, json_doc, ts
 from store.identity import MAX_CHARS
 
-CALL_OUTCOMES = ("answered", "refused", "failed", "lost")
+# queued: waiting in a provider's batch (neither in flight nor paid until its batch settles it).
+CALL_OUTCOMES = ("answered", "refused", "failed", "lost", "queued")
+QUEUED_WHERE = "outcome = 'queued'"
+UNBATCHED_WHERE = "outcome = 'queued' AND batch_key IS NULL"  # queued calls no batch holds
 BUDGET_UNITS = ("money", "tokens")
 BUDGET_SCOPES = ("period", "day")
 
 
 class ModelCall(SQLModel, table=True):
     """One request to a model endpoint on behalf of an Attempt: recorded (fenced) before it
-    leaves the process; its outcome is NULL while it is in flight. An answered call holds the
-    Run's checkpoint of that position in the transform (``answer``), reused by a later attempt
-    whose prompt has the same digest, unless validation rejected it (``rejected_at``)."""
+    leaves the process; its outcome is NULL while it is in flight, ``queued`` while it waits in
+    a provider's batch (``store.batches``). An answered call holds the Run's checkpoint of that
+    position in the transform (``answer``), reused by a later attempt whose prompt has the same
+    digest, unless validation rejected it (``rejected_at``)."""
 
     __tablename__ = "model_calls"
     __table_args__ = (
@@ -32,6 +37,14 @@ class ModelCall(SQLModel, table=True):
         sa.Index("ix_model_calls_in_flight", "endpoint", "started_at",
                  postgresql_where=sa.text("outcome IS NULL"),
                  sqlite_where=sa.text("outcome IS NULL")),
+        # A Run queues a call (position, prompt) once, even after a crash between queueing it
+        # and waiting for its batch.
+        sa.Index("uq_model_calls_queued", "run_id", "position", "prompt_digest", unique=True,
+                 postgresql_where=sa.text(QUEUED_WHERE), sqlite_where=sa.text(QUEUED_WHERE)),
+        # A submitter takes an endpoint's queued calls that no batch holds, oldest first.
+        sa.Index("ix_model_calls_unbatched", "endpoint", "job", "started_at",
+                 postgresql_where=sa.text(UNBATCHED_WHERE),
+                 sqlite_where=sa.text(UNBATCHED_WHERE)),
         sa.CheckConstraint(
             "outcome IS NULL OR outcome IN (" + ", ".join(f"'{v}'" for v in CALL_OUTCOMES) + ")",
             name="outcome"),
@@ -69,6 +82,10 @@ class ModelCall(SQLModel, table=True):
     # Tokens the provider billed beyond the call's bound (its input bounded, plus max_tokens):
     # a provider that did not honour max_tokens, recorded and reported (`runledger costs`).
     overrun: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
+    # A call answered through a provider's batch: what it would have cost synchronously (its
+    # saving is that less ``cost_nanos``); NULL for any other call.
+    sync_cost_nanos: int | None = Field(default=None,
+                                        sa_column=sa.Column(sa.BigInteger, nullable=True))
     answer: dict[str, Any] | None = json_doc()
     rejected_at: datetime | None = ts()
     reuses: int = count()
@@ -77,6 +94,14 @@ class ModelCall(SQLModel, table=True):
                                                          server_default="0"))
     budget_period: datetime | None = ts()
     budget_day: date | None = Field(default=None, sa_column=sa.Column(sa.Date, nullable=True))
+    # A call queued for a provider's batch: the batch that holds it (NULL: none yet, or its
+    # batch ended without its answer), the id of its line in the batch's file, and the request
+    # body the line sends.
+    batch_key: str | None = Field(
+        default=None, sa_column=sa.Column(sa.String(64), sa.ForeignKey("batches.batch_key"),
+                                          nullable=True))
+    custom_id: str | None = Field(default=None, max_length=64)
+    request: dict[str, Any] | None = json_doc()
 
 
 class BudgetWindow(SQLModel, table=True):

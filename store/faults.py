@@ -1,7 +1,8 @@
 """Named fault-injection points for crash tests: a process whose $RUNLEDGER_FAULTS lists a point
 kills itself with SIGKILL when it gets there. Every ledger transition has one right after its
-commit, before its caller hears of it (``store.ledger``); the two stage boundaries that are not
-commits have one each (the model's answer, the receiver's acceptance of a message). The list is
+commit, before its caller hears of it (``store.ledger``); the stage boundaries that are not
+commits have one each (the model's answer, the receiver's acceptance of a message, a batch's
+file uploaded and its provider batch created before their ids are stored, its results read). The list is
 read once, when this module is imported: an unlisted point costs one dict lookup."""
 
 from __future__ import annotations
@@ -53,10 +54,21 @@ AFTER_REJECT_ANSWERS_COMMIT = "after_reject_answers_commit"
 AFTER_REFUSE_BUDGET_COMMIT = "after_refuse_budget_commit"  # a call refused by the budget
 AFTER_COUNT_SAVED_COMMIT = "after_count_saved_commit"  # what a tick's duplicates would cost
 AFTER_RELEASE_OVER_BUDGET_COMMIT = "after_release_over_budget_commit"  # a refused Run released
+AFTER_WAIT_FOR_BATCH_COMMIT = "after_wait_for_batch_commit"  # a Run waits for its batch
+AFTER_BATCH_INTENT_COMMIT = "after_batch_intent_commit"  # a batch opened, its calls stamped
+AFTER_BATCH_FILE_COMMIT = "after_batch_file_commit"  # the uploaded file's id stored
+AFTER_BATCH_SUBMITTED_COMMIT = "after_batch_submitted_commit"  # the provider's batch id stored
+AFTER_CLAIM_BATCH_COMMIT = "after_claim_batch_commit"  # a batch's lease taken
+AFTER_BATCH_POLLED_COMMIT = "after_batch_polled_commit"  # a running batch's status noted
+AFTER_SETTLE_RESULTS_COMMIT = "after_settle_results_commit"  # result lines settled
+AFTER_FINISH_BATCH_COMMIT = "after_finish_batch_commit"  # a batch settled, its Runs released
 
 # Stage boundaries that are not commits.
 AFTER_MODEL_ANSWER = "after_model_answer"  # the provider answered, nothing of it stored yet
 AFTER_SEND_BEFORE_MARK = "after_send_before_mark"  # flows/delivery/dispatcher.py: data accepted
+AFTER_BATCH_UPLOAD = "after_batch_upload"  # a batch's file uploaded, its id not stored
+AFTER_BATCH_CREATE = "after_batch_create"  # the provider's batch created, its id not stored
+MID_RESULTS_DOWNLOAD = "mid_results_download"  # a batch's results partly read, none settled
 
 LEDGER_POINTS = (
     AFTER_REGISTER_COMMIT, AFTER_CLAIM_COMMIT, AFTER_REGISTER_AND_CLAIM_COMMIT,
@@ -74,9 +86,12 @@ LEDGER_POINTS = (
     AFTER_CHECKPOINT_COMMIT,
     AFTER_CALL_FAILURE_COMMIT, AFTER_MARK_LOST_COMMIT, AFTER_REPLAY_COMMIT,
     AFTER_REJECT_ANSWERS_COMMIT, AFTER_REFUSE_BUDGET_COMMIT, AFTER_COUNT_SAVED_COMMIT,
-    AFTER_RELEASE_OVER_BUDGET_COMMIT,
+    AFTER_RELEASE_OVER_BUDGET_COMMIT, AFTER_WAIT_FOR_BATCH_COMMIT, AFTER_BATCH_INTENT_COMMIT,
+    AFTER_BATCH_FILE_COMMIT, AFTER_BATCH_SUBMITTED_COMMIT, AFTER_CLAIM_BATCH_COMMIT,
+    AFTER_BATCH_POLLED_COMMIT, AFTER_SETTLE_RESULTS_COMMIT, AFTER_FINISH_BATCH_COMMIT,
 )
-POINTS = (*LEDGER_POINTS, AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK)
+POINTS = (*LEDGER_POINTS, AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK, AFTER_BATCH_UPLOAD,
+          AFTER_BATCH_CREATE, MID_RESULTS_DOWNLOAD)
 
 
 def armed_points(listed: str) -> dict[str, int]:

@@ -20,6 +20,7 @@ from sqlalchemy import MetaData
 from sqlalchemy.engine import Engine
 
 from store import faults
+from store.batch_book import BatchBook
 from store.call_book import CallBook
 from store.completion import UNRECORDED, CompletedBy, Completion, Effect
 from store.database import Busy, Database, SQLiteSynchronous
@@ -104,6 +105,7 @@ class Ledger:
 
     Runs, their attempts and revisions are the Ledger's own methods; the rest is grouped by
     noun, one book each: ``ledger.calls`` (model calls and budgets, ``CallBook``),
+    ``ledger.batches`` (provider batches of queued calls, ``BatchBook``),
     ``ledger.outbox`` (outbox messages and their delivery, ``OutboxBook``),
     ``ledger.occurrences`` (what jobs owe and the decisions about it, ``OccurrenceBook``) and
     ``ledger.retention`` (pruning to tombstones, ``RetentionBook``)."""
@@ -114,6 +116,7 @@ class Ledger:
         self.database = database
         self.max_output_bytes = max_output_bytes
         self.calls = CallBook(self)
+        self.batches = BatchBook(self)
         self.outbox = OutboxBook(self)
         self.occurrences = OccurrenceBook(self)
         self.retention = RetentionBook(self)

@@ -30,7 +30,7 @@ from store.call_plan import (
 from store.call_tables import ModelCall, model_calls_table
 from store.dialect import db_now, json_rows
 from store.endpoint_limits import SlotDecision
-from store.errors import LeaseLost
+from store.errors import LeaseLost, RunledgerError
 from store.fence import RUN_LEASE, run_held
 from store.lease import Claim
 from store.models import runs_table
@@ -41,22 +41,46 @@ calls = model_calls_table
 runs = runs_table
 
 
-def _intent(d: str) -> Any:
-    rows = sa.select(
+class AlreadyQueued(RunledgerError):
+    """The Run has queued this call (position, prompt) for a batch already; nothing was
+    written: wait for its batch."""
+
+    def __init__(self, call_id: str) -> None:
+        super().__init__(f"model call {call_id} is queued for a batch already; nothing was "
+                         "written: wait for its batch")
+        self.call_id = call_id
+
+
+def _intent(d: str, queued: bool = False) -> Any:
+    names = ["call_id", "run_id", "attempt_id", "fence", "job", "endpoint", "model", "position",
+             "prompt_digest", "started_at", "estimate", "budget_period", "budget_day"]
+    values: list[Any] = [
         param(calls.c.call_id), param(runs.c.run_id), param(calls.c.attempt_id),
         param(runs.c.fence), runs.c.job, param(calls.c.endpoint), param(calls.c.model),
         param(calls.c.position), param(calls.c.prompt_digest), db_now(),
-        param(calls.c.estimate), param(calls.c.budget_period), param(calls.c.budget_day),
-    ).where(RUN_LEASE.holder())
-    return insert_rows(sa.insert(calls),
-        ["call_id", "run_id", "attempt_id", "fence", "job", "endpoint", "model", "position",
-         "prompt_digest", "started_at", "estimate", "budget_period", "budget_day"], rows,
-    ).returning(calls.c.call_id)
+        param(calls.c.estimate), param(calls.c.budget_period), param(calls.c.budget_day)]
+    if queued:
+        names += ["outcome", "custom_id", "request"]
+        values += [sa.literal("queued"), param(calls.c.custom_id), param(calls.c.request)]
+    rows = sa.select(*values).where(RUN_LEASE.holder())
+    return insert_rows(sa.insert(calls), names, rows).returning(calls.c.call_id)
 
 
 _INTENT = Statement(
     "record_call_intent", "Record a model call before it leaves, in flight (no outcome), only "
     "while its Attempt holds the Run's lease (fence, owner, database clock).", _intent)
+
+_QUEUE = Statement(
+    "record_call_queued", "Record a model call queued for a provider's batch (its line's id "
+    "and request body) instead of sent, only while its Attempt holds the Run's lease.",
+    lambda d: _intent(d, queued=True))
+
+_QUEUED_ALREADY = Statement(
+    "find_queued_call", "The Run's call of this position and prompt that waits in a batch, "
+    "if it queued one already (a Run queues a call once).",
+    lambda d: sa.select(calls.c.call_id)
+    .where(calls.c.run_id == param(runs.c.run_id), calls.c.position == param(calls.c.position),
+           calls.c.prompt_digest == param(calls.c.prompt_digest), calls.c.outcome == "queued"))
 
 _ANSWERED = sa.and_(calls.c.outcome.is_(None), run_held(calls.c.fence))
 
@@ -68,12 +92,13 @@ _UNENDED = (calls.c.call_id == param(calls.c.call_id),
                    sa.and_(calls.c.outcome == "lost", calls.c.latency_ms.is_(None))))
 
 
-def _usage() -> dict[str, Any]:
+def end_values() -> dict[str, Any]:
     """What a call's end records besides its outcome: its usage, cost and end time."""
     return {"prompt_tokens": param(calls.c.prompt_tokens),
             "completion_tokens": param(calls.c.completion_tokens),
             "cached_tokens": param(calls.c.cached_tokens),
             "cache_write_tokens": param(calls.c.cache_write_tokens),
+            "sync_cost_nanos": param(calls.c.sync_cost_nanos),
             "latency_ms": param(calls.c.latency_ms), "cost_nanos": param(calls.c.cost_nanos),
             "currency": param(calls.c.currency), "overrun": param(calls.c.overrun),
             "finished_at": db_now()}
@@ -85,7 +110,7 @@ def _answer(d: str) -> Any:
         .where(*_UNENDED)
         .values(outcome=sa.case((_ANSWERED, "answered"), else_="lost"),
                 answer=sa.case((_ANSWERED, param(calls.c.answer)), else_=sa.null()),
-                **_usage())
+                **end_values())
         .returning(calls.c.outcome)
     )
 
@@ -100,7 +125,7 @@ def _end(d: str) -> Any:
     return (
         sa.update(calls)
         .where(*_UNENDED)
-        .values(outcome=param(calls.c.outcome), error=param(calls.c.error), **_usage())
+        .values(outcome=param(calls.c.outcome), error=param(calls.c.error), **end_values())
         .returning(calls.c.outcome)
     )
 
@@ -130,28 +155,34 @@ _LOST = Statement(
     "released without them) are lost: counted as paid.", _lost)
 
 
+WITHOUT_DOCUMENTS = [c for c in calls.c if c.key not in ("answer", "request")]
+
 _OF_RUN = Statement(
-    "list_model_calls", "A Run's model calls, in the order they were made, without answers.",
-    lambda d: sa.select(*[c for c in calls.c if c.key != "answer"])
+    "list_model_calls", "A Run's model calls, in the order they were made, without answers "
+    "(nor queued requests).",
+    lambda d: sa.select(*WITHOUT_DOCUMENTS)
     .where(calls.c.run_id == param(runs.c.run_id))
     .order_by(calls.c.started_at, calls.c.fence, calls.c.position))
 
 _OF_RUNS = Statement(
     "list_model_calls_of_runs", "The model calls of the Runs whose ids are given, without "
-    "answers: one statement for a whole tick.",
-    lambda d: sa.select(*[c for c in calls.c if c.key != "answer"])
+    "answers (nor queued requests): one statement for a whole tick.",
+    lambda d: sa.select(*WITHOUT_DOCUMENTS)
     .where(calls.c.run_id.in_(json_rows(d, "ids", [calls.c.run_id])))
     .order_by(calls.c.run_id, calls.c.started_at, calls.c.position))
 
 _SINCE = Statement(
     "read_model_calls_since", "The model calls started from a moment on (optionally of one "
-    "job), with their Run's revision: what stats and costs add up, no answers.",
+    "job), with their Run's revision: what stats and costs add up, no answers; not the calls "
+    "still queued in a batch (neither in flight nor paid).",
     lambda d: sa.select(calls.c.run_id, calls.c.job, calls.c.model, calls.c.started_at,
                         calls.c.outcome, calls.c.prompt_tokens, calls.c.completion_tokens,
                         calls.c.cached_tokens, calls.c.cache_write_tokens, calls.c.cost_nanos, calls.c.currency, calls.c.reuses,
-                        calls.c.rejected_at, calls.c.overrun, runs.c.revision)
+                        calls.c.rejected_at, calls.c.overrun, calls.c.batch_key,
+                        calls.c.sync_cost_nanos, runs.c.revision)
     .join_from(calls, runs, runs.c.run_id == calls.c.run_id)
     .where(calls.c.started_at >= sa.bindparam("since", type_=calls.c.started_at.type),
+           sa.or_(calls.c.outcome.is_(None), calls.c.outcome != "queued"),
            sa.or_(sa.cast(param(calls.c.job), calls.c.job.type).is_(None),
                   calls.c.job == sa.cast(param(calls.c.job), calls.c.job.type))))
 
@@ -166,16 +197,27 @@ def record_intent_txn(conn: Connection, claim: Claim, intent: Intent) -> InFligh
     slot taken, its budget estimate reserved), all or none; only the holder of the Run's lease
     can (``LeaseLost``: no call may leave for a Run this Attempt no longer holds;
     ``BudgetExhausted``: a window without room). When its endpoint allows no call now, the
-    decision that says how long to wait (only the endpoint's buckets' refill is written)."""
+    decision that says how long to wait (only the endpoint's buckets' refill is written). A
+    call ``queued`` for a batch is recorded queued with its line (``AlreadyQueued``, nothing
+    written, when the Run queued it already)."""
+    if intent.queued is not None:
+        found = _QUEUED_ALREADY.first(conn, run_id=claim.run_id, position=intent.position,
+                                      prompt_digest=intent.prompt_digest)
+        if found is not None:
+            raise AlreadyQueued(found["call_id"])
     for step in intent.steps:
         stopped = step.before_intent(conn)
         if stopped is not None:
             return stopped
     call_id = str(uuid.uuid4())
-    row = _INTENT.first(
-        conn, **_presented(claim), call_id=call_id, attempt_id=claim.attempt_id,
-        endpoint=intent.endpoint, model=intent.model, position=intent.position,
-        prompt_digest=intent.prompt_digest, **intent.budget_params())
+    given = {**_presented(claim), "call_id": call_id, "attempt_id": claim.attempt_id,
+             "endpoint": intent.endpoint, "model": intent.model, "position": intent.position,
+             "prompt_digest": intent.prompt_digest, **intent.budget_params()}
+    if intent.queued is None:
+        row = _INTENT.first(conn, **given)
+    else:
+        row = _QUEUE.first(conn, **given, custom_id=intent.queued.custom_id,
+                           request=intent.queued.request)
     if row is None:
         raise LeaseLost(f"run {claim.run_id}: fence {claim.fence} of {claim.owner} no longer "
                         "holds a lease; the model call was not made")

@@ -15,7 +15,9 @@ from store.identity import MAX_CHARS
 
 RUNS_FILLFACTOR = 60  # percent of a runs page filled by inserts; the rest takes updated versions
 MAX_OWNER = 300  # characters of a lease owner such as host:pid
-RUN_STATUSES = ("pending", "running", "completed", "failed")
+# waiting: its model calls are queued in a provider's batch (never claimed until released).
+RUN_STATUSES = ("pending", "running", "waiting", "completed", "failed")
+UNFINISHED_STATUSES = ("pending", "running", "waiting")  # neither completed nor failed
 ATTEMPT_OUTCOMES = ("completed", "released", "failed", "expired")
 # held: waiting for a person's approval (never claimed); rejected: a person said no (never sent).
 MESSAGE_STATUSES = ("pending", "sending", "sent", "retry", "uncertain", "dead", "held", "rejected")

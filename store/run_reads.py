@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from store.dialect import json_rows
 from store.errors import RunNotFound
-from store.models import Attempt, Run, attempts_table, runs_table
+from store.models import UNFINISHED_STATUSES, Attempt, Run, attempts_table, runs_table
 from store.statement import Statement, one_of, optional, param
 
 runs = runs_table
@@ -25,7 +25,7 @@ IDENTITY_COLUMNS = ("job", "subject", "period_start", "version")  # what a Run's
 # an over-budget Run from one merely pending by it.
 OVER_BUDGET_ERROR = "over budget: "
 # What an unfinished Run is to on-call, judged at a moment ``now`` (``unfinished_kind``).
-UNFINISHED_KINDS = ("held", "stranded", "over-budget", "pending")
+UNFINISHED_KINDS = ("held", "stranded", "waiting", "over-budget", "pending")
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,12 @@ class UnfinishedRun:
 def unfinished_kind(status: str, lease_expires_at: datetime | None, error: str | None,
                     now: datetime) -> str:
     """What an unfinished Run is at ``now``: held (running on a lease that lasts past ``now``),
-    stranded (running on a lease that ended), over-budget (pending, released by the budget) or
-    pending (waiting for a claim)."""
+    stranded (running on a lease that ended), waiting (its model calls queued in a provider's
+    batch), over-budget (pending, released by the budget) or pending (waiting for a claim)."""
     if status == "running":
         return "held" if lease_expires_at is not None and lease_expires_at > now else "stranded"
+    if status == "waiting":
+        return "waiting"
     return "over-budget" if (error or "").startswith(OVER_BUDGET_ERROR) else "pending"
 
 
@@ -124,11 +126,12 @@ _LIST = Statement(
     .limit(sa.bindparam("limit", type_=sa.Integer())))
 _UNFINISHED = [runs.c[f.name] for f in fields(UnfinishedRun) if f.name != "kind"]
 _LIST_UNFINISHED = Statement(
-    "list_unfinished_runs", "Every Run neither completed nor failed (pending or running), "
+    "list_unfinished_runs", "Every Run neither completed nor failed (pending, running or "
+    "waiting for its batch), "
     "optionally of one job, oldest period first, with its lease (owner, end) and fence: what "
     "on-call reads, without documents.",
     lambda d: sa.select(*_UNFINISHED)
-    .where(optional(runs.c.job), one_of(runs.c.status, ("pending", "running")))
+    .where(optional(runs.c.job), one_of(runs.c.status, UNFINISHED_STATUSES))
     .order_by(runs.c.period_start, runs.c.job, runs.c.subject, runs.c.revision))
 _LIST_ATTEMPTS = Statement(
     "list_attempts", "A Run's Attempts in claim (fence) order.",

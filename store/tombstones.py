@@ -29,6 +29,7 @@ from store.dialect import db_now, json_rows, stored_size
 from store.errors import InvalidInput
 from store.identity import document_digest, require_aware
 from store.models import (
+    UNFINISHED_STATUSES,
     attempts_table,
     delivery_attempts_table,
     occurrences_table,
@@ -239,7 +240,7 @@ def _count(d: str) -> sa.Select[Any]:
             _unfinished_message(runs.c.run_id))).label("unfinished_outbox"),
         count(sa.select(sa.func.count()).where(runs.c.status == "failed", before,
                                                 _of_jobs(d))).label("failed"),
-        count(sa.select(sa.func.count()).where(one_of(runs.c.status, ("pending", "running")),
+        count(sa.select(sa.func.count()).where(one_of(runs.c.status, UNFINISHED_STATUSES),
                                                 before, _of_jobs(d))).label("unfinished"),
         count(sa.select(sa.func.count()).where(runs.c.pruned_at.isnot(None),
                                                 _of_jobs(d))).label("tombstones"),

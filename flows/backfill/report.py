@@ -15,8 +15,8 @@ from flows.run_job.outcomes import Outcome, TickReport, over_budget_state
 # What each (subject, period) of a backfill came to: a run-job outcome, or, for those the plan
 # left alone, "duplicate" (completed before), "failed" (failed before) or "skipped". Every
 # Outcome, in the order the summary names them.
-COUNTED: tuple[Outcome, ...] = ("new", "duplicate", "failed", "over-budget", "skipped", "stopped",
-                                "in-progress-elsewhere", "lease-lost")
+COUNTED: tuple[Outcome, ...] = ("new", "duplicate", "failed", "over-budget", "waiting", "skipped",
+                                "stopped", "in-progress-elsewhere", "lease-lost")
 
 
 @dataclass

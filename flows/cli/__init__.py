@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from flows.cli import (
     backfill_commands,  # noqa: F401  (registers backfill)
+    batch_commands,  # noqa: F401  (registers batches poll|list|show)
     check_commands,  # noqa: F401  (registers check)
     cost_commands,  # noqa: F401  (registers costs)
     db_commands,  # noqa: F401  (registers db upgrade)

@@ -83,10 +83,13 @@ runs_app = typer.Typer(help="Look at logical runs, their attempts and outbox row
                             "release or revise one.", no_args_is_help=True, cls=Panels)
 outbox_app = typer.Typer(help="Look at the outbox; approve, reject or requeue its messages.",
                          no_args_is_help=True, cls=Panels)
+batches_app = typer.Typer(help="Batches of model calls at the provider's Batch API: settle "
+                                "them, look at them.", no_args_is_help=True, cls=Panels)
 stack_app = typer.Typer(help="The local stack: Prefect server, SMTP sink, serve or workers.",
                         no_args_is_help=True, cls=Panels)
 # Runs and the outbox are where an operator acts on one Run or message (each group splits its
 # own commands into Look and Operate).
+app.add_typer(batches_app, name="batches", rich_help_panel=RUN_WORK)
 app.add_typer(runs_app, name="runs", rich_help_panel=OPERATE)
 app.add_typer(outbox_app, name="outbox", rich_help_panel=OPERATE)
 app.add_typer(db_app, name="db", rich_help_panel=SET_UP)

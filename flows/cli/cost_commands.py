@@ -20,7 +20,8 @@ from flows.stats import daily_stats
 
 COLUMNS = [Col("job", fold=FOLD), Col("calls paid"), Col("lost", drop=2), Col("reused", drop=2),
            Col("tokens", drop=3), Col("spent", fold=FOLD), Col("revisions", fold=FOLD, drop=1),
-           Col("duplicates"), Col("saved", fold=FOLD)]
+           Col("duplicates"), Col("saved", fold=FOLD),
+           Col("batch saving", fold=FOLD, optional=True)]
 
 
 def _row(costs: JobCosts) -> list[str]:
@@ -30,7 +31,9 @@ def _row(costs: JobCosts) -> list[str]:
             f"{revised.paid} calls, {revised.money()}" if revised.paid else "-",
             str(costs.duplicates),
             cost_text(costs.saved) if costs.saved else
-            (f"{costs.saved_tokens} tokens" if costs.saved_tokens else "-")]
+            (f"{costs.saved_tokens} tokens" if costs.saved_tokens else "-"),
+            f"{cost_text(spent.batch_saved)} on {spent.batched} batched calls"
+            if spent.batched else ""]
 
 
 @app.command("costs", rich_help_panel=LOOK)
@@ -49,7 +52,9 @@ def costs(
     saved, measured). A job some of whose answers were billed beyond the bound their calls
     reserved (a provider that did not honour max_tokens) gets a line saying how many and by
     how many tokens; a job whose prompts were read from (or written to) the provider's prompt
-    cache, a line saying how many tokens (priced apart). Reads only."""
+    cache, a line saying how many tokens (priced apart). A job whose calls went through a
+    provider's Batch API shows what that saved against the synchronous price (each call's
+    two prices, as they were when its batch was settled). Reads only."""
     start = checked_window(job, since)
     with ledger_session() as ledger:
         start = window_start(ledger, start)

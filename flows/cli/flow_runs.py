@@ -90,7 +90,9 @@ def _run_here(start: Callable[[], Coroutine[Any, Any, State[Any]]], report: type
             if refused is None:
                 raise
             raise fail(RuntimeError(refused)) from None
-    value = state.result(raise_on_failure=False)
+    from flows.run_job.outcomes import state_value
+
+    value = state_value(state)
     if not isinstance(value, report):
         raise fail(value if isinstance(value, BaseException) else RuntimeError(state.message))
     return value, state

@@ -34,6 +34,7 @@ WHY = {
     "stranded": "stranded",
     "failed": "failed",
     "running": "still running",
+    "waiting": "waiting on a batch",
     "skipped": "skipped by policy",
 }
 

@@ -30,7 +30,7 @@ HELD_ELSEWHERE_EXIT = 3  # nothing failed, but another worker holds a Run of the
 STYLES: dict[Outcome, str] = {
     "new": "green", "duplicate": "cyan", "in-progress-elsewhere": "yellow",
     "lease-lost": "yellow", "stopped": "yellow", "skipped": "dim", "over-budget": "magenta",
-    "failed": "bold red"}
+    "waiting": "blue", "failed": "bold red"}
 
 
 @app.command("run", rich_help_panel=RUN_WORK)
@@ -45,6 +45,11 @@ def run(
     allow_not_due: Annotated[bool, typer.Option(
         NOT_DUE_FLAG, help="Run a period that is not due yet (refused otherwise: a completed "
                            "Run never changes).")] = False,
+    batch: Annotated[bool | None, typer.Option(
+        "--batch/--no-batch",
+        help="Send the model calls through the provider's Batch API at its batch price, and "
+             "return once the batch is created (`runledger batches poll` finishes the Runs); "
+             "default: the job's own choice.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
 ) -> None:
     """Run one tick of JOB now through the run-job flow and print each subject's outcome.
@@ -54,7 +59,12 @@ def run(
     `runledger db upgrade`. A job whose model endpoint is unknown, or whose targets name a
     missing or invalid block, is refused before that and before any flow run.
 
-    Exit status: 0 when the tick ran; 1 when a subject failed; 2 for a bad job, subject or
+    With --batch, each model call is queued for the provider's Batch API (half the price):
+    the command returns once the batch is created, naming it, with the Runs waiting;
+    `runledger batches poll` (the settle-batches deployment's schedule) settles the batch once
+    it ended and finishes them.
+
+    Exit status: 0 when the tick ran (or its batch was created); 1 when a subject failed; 2 for a bad job, subject or
     period, an unknown model endpoint or a missing or invalid block (nothing run; one line,
     docs/how-to/outbox.md); 3 when nothing failed but a Run is held elsewhere (another worker
     holds its lease): a line names who holds it and until when; wait for it, or run
@@ -80,7 +90,8 @@ def run(
         from flows.run_job.preflight import preflight
         from flows.settings import RunledgerSettings
 
-        preflight(definition, RunledgerSettings())
+        preflight(definition, RunledgerSettings(),
+                  batch=definition.batch if batch is None else batch)
         with ledger_session() as ledger:
             upgrade_ledger(ledger)
 
@@ -90,7 +101,7 @@ def run(
         await asyncio.to_thread(ready)
         return await cast("Coroutine[Any, Any, State[Any]]", run_job(
             job=job, subjects=subject or None, period=period or the_period.start.isoformat(),
-            allow_not_due=allow_not_due, return_state=True))
+            allow_not_due=allow_not_due, batch=batch, return_state=True))
 
     def stopped() -> None:
         _print_stopped(definition.name, the_period)
@@ -151,3 +162,7 @@ def _print(report: TickReport) -> None:
         if s.pruned:  # a tombstone: the stored output is gone, and nothing was recomputed
             out.print(f"{s.subject}: output {s.pruned} (not recomputed)", markup=False,
                             highlight=False)
+    if report.counts()["waiting"]:
+        out.print(f"{report.counts()['waiting']} Run(s) {report.batches_text()}; "
+                  "`runledger batches poll` settles the batch once it ended and finishes them",
+                  markup=False, highlight=False)

@@ -50,7 +50,8 @@ ATTEMPT_COLUMNS = [Col("fence"), Col("attempt id", drop=5), Col("owner", fold=FO
 CALL_COLUMNS = [Col("fence"), Col("pos"), Col("model", fold=FOLD, drop=3),
                 Col("started (UTC)", drop=2), Col("outcome"), Col("tokens in", drop=4),
                 Col("tokens out", drop=4), Col("latency", drop=1), Col("cost", fold=FOLD),
-                Col("reused", drop=5), Col("error", fold=FOLD, optional=True)]
+                Col("reused", drop=5), Col("batch", fold=FOLD, optional=True),
+                Col("error", fold=FOLD, optional=True)]
 RUN_OUTBOX_COLUMNS = [Col("message id"), Col("channel", drop=1), Col("recipient", fold=EMAIL),
                       Col("status"), Col("attempts", drop=2),
                       Col("last error", fold=FOLD, optional=True),
@@ -133,7 +134,7 @@ def runs_show(
          _prompt_tokens(c), _count(c.completion_tokens),
          "-" if c.latency_ms is None else f"{c.latency_ms} ms",
          _call_cost(c),
-         str(c.reuses), c.error or ""] for c in calls],
+         str(c.reuses), c.batch_key or "", c.error or ""] for c in calls],
         title=f"model calls: {spend.paid} paid, {spend.lost} lost, {spend.reused} reused, "
               f"{spend.tokens} tokens{_cache(spend)}, {spend.money()}")
     print_table(out, RUN_OUTBOX_COLUMNS, [
@@ -157,6 +158,8 @@ def _call_cost(call: ModelCall) -> str:
     no price, or the amount."""
     if call.outcome == "refused":
         return "not billed"
+    if call.outcome == "queued":
+        return "queued for a batch"
     if call.cost_nanos is None and call.prompt_tokens is None and call.completion_tokens is None:
         return "in flight" if call.outcome is None else "unknown"
     return format_money(call.cost_nanos, call.currency)

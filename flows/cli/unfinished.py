@@ -23,12 +23,14 @@ COLUMNS = [Col("job", fold=FOLD, drop=3), Col("subject", fold=FOLD), Col("period
            Col("owner", fold=FOLD), Col("lease until (UTC)"), Col("fence", drop=2),
            Col("run id", drop=1)]
 STYLES = {"held": "yellow", "stranded": "bold red", "over-budget": "magenta",
-          "pending": "bold red"}
+          "waiting": "blue", "pending": "bold red"}
 # What on-call does about each kind, printed under the table for the kinds it lists.
 REMEDIES = {
     "held": "held: if its worker is dead, `runledger runs release RUN`; if not, wait",
     "stranded": "stranded: its lease ended; the next tick or `runledger reconcile JOB` runs it",
     "over-budget": "over-budget: raise the job's cap, then `runledger reconcile JOB`",
+    "waiting": "waiting: its model call is in a provider's batch (`runledger batches list`); "
+               "`runledger batches poll` settles it once the batch ended",
     "pending": "pending: the next tick or `runledger reconcile JOB` runs it",
 }
 

@@ -105,6 +105,11 @@ class Job:
         approval: ``Approval()`` holds the job's messages until a person approves them (the
             CLI's ``outbox approve``, or the review-outbox flow run's form in the Prefect UI);
             or a function deciding it when a tick starts; default None: sent without review.
+        batch: send the transform's model calls through the provider's Batch API (half the
+            price; results within 24 hours, most within one): a tick queues each call, its
+            Runs wait without a worker, and ``runledger batches poll`` (the settle-batches
+            deployment) settles the batch and finishes them (the run-job ``batch`` parameter
+            wins); default False: each call answered at once.
     """
 
     name: str
@@ -132,6 +137,7 @@ class Job:
     endpoint: str = "default"
     shard_size: int | None = None
     approval: Approvals = None
+    batch: bool = False
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -161,6 +167,8 @@ class Job:
                                             or self.shard_size < 1):
             raise InvalidJob(f"job {self.name}: shard_size must be a whole number of subjects, "
                              f"1 or more (or None: never shard), got {self.shard_size!r}")
+        if not isinstance(self.batch, bool):
+            raise InvalidJob(f"job {self.name}: batch must be True or False, got {self.batch!r}")
         if self.start is not None and (not isinstance(self.start, datetime)
                                        or self.start.tzinfo is None):
             raise InvalidJob(f"job {self.name}: start must be a timezone-aware datetime, "

@@ -13,6 +13,7 @@ from flows.model.errors import (
     ModelRefused,
     ModelRejected,
     ModelUnavailable,
+    QueuedForBatch,
 )
 from flows.model.factory import model_from_settings, prices_from_settings
 from flows.model.limiter import EndpointLimiter
@@ -20,12 +21,22 @@ from flows.model.offline import OfflineModel
 from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.model.price_block import ModelPrices
 from flows.model.protocol import Generation, Model, ModelClient
-from flows.model.recorded import CallCount, RecordedModel, prompt_digest, request_digest
+from flows.model.recorded import (
+    BatchQueue,
+    CallCount,
+    RecordedModel,
+    answer_document,
+    custom_id_of,
+    prompt_digest,
+    request_digest,
+    usage_of,
+)
 from flows.model.request import Message, Parameters, Request
 
 __all__ = [
     "DEFAULT",
     "AnthropicModel",
+    "BatchQueue",
     "CallBound",
     "CallCount",
     "Endpoint",
@@ -46,14 +57,18 @@ __all__ = [
     "OfflineModel",
     "OpenAICompatibleModel",
     "Parameters",
+    "QueuedForBatch",
     "RecordedModel",
     "Request",
     "UnknownEndpoint",
+    "answer_document",
     "call_bound",
+    "custom_id_of",
     "endpoint_named",
     "model_from_settings",
     "prices_from_settings",
     "prompt_digest",
     "request_bound",
     "request_digest",
+    "usage_of",
 ]

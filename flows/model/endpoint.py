@@ -9,11 +9,14 @@ from dataclasses import dataclass
 
 from prefect.blocks.core import Block
 from prefect.client.orchestration import get_client
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
+from flows.model.batch.openai import OpenAIBatchClient
+from flows.model.batch.protocol import BatchClient
 from flows.model.client import misconfigured
 from flows.model.errors import ModelMisconfigured
 from flows.model.factory import (
+    api_key,
     api_key_in_block,
     client_of,
     load_block,
@@ -84,11 +87,38 @@ class Endpoint:
         """A new client of this endpoint's model (the caller closes it)."""
         if self.given is None:
             return model_from_settings(self.settings)
-        named_by = f"endpoint {self.name}'s api_key_block"
-        key = (api_key_in_block(self.given.api_key_block, named_by)
-               if self.given.api_key_block else None)
-        return client_of(self.given.kind, self.given.base_url, self.given.model_name, key,
+        return client_of(self.given.kind, self.given.base_url, self.given.model_name,
+                         self._given_key(),
                          timeout_seconds=self.timeout_seconds, max_tokens=self.max_tokens)
+
+    def batch_client(self) -> BatchClient:
+        """A new client of this endpoint's Batch API (the caller closes it); an endpoint
+        without one is ``ModelMisconfigured``, naming the fix."""
+        kind = self.settings.model if self.given is None else self.given.kind
+        if kind == "offline":
+            raise ModelMisconfigured(
+                "a batch tick sends its calls through a provider's Batch API, and the offline "
+                "model has none: set RUNLEDGER_MODEL=openai (or name an openai endpoint in "
+                "Job(endpoint=...)), or run the job without batch")
+        if kind != "openai":
+            raise ModelMisconfigured(
+                f"endpoint {self.name} is of kind {kind}, and runledger sends batches to "
+                "OpenAI's Batch API only so far: name an openai endpoint, or run the job "
+                "without batch")
+        if self.given is None:
+            base_url, name = self.settings.model_base_url, self.settings.model_name
+            key = api_key(self.settings)
+        else:
+            base_url, name, key = self.given.base_url, self.given.model_name, self._given_key()
+        assert base_url and name  # checked by endpoint_named
+        return OpenAIBatchClient(base_url, name, key, timeout_seconds=self.timeout_seconds,
+                                 max_tokens=self.max_tokens)
+
+    def _given_key(self) -> SecretStr | None:
+        assert self.given is not None
+        named_by = f"endpoint {self.name}'s api_key_block"
+        return (api_key_in_block(self.given.api_key_block, named_by)
+                if self.given.api_key_block else None)
 
     def prices(self) -> PriceList:
         """The prices of its model: its prices block, else the RUNLEDGER_MODEL_PRICES ones."""

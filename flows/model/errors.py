@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flows.errors import PermanentError, TransientError
+from flows.errors import JobError, PermanentError, TransientError
 from store import InvalidInput
 
 
@@ -43,3 +43,13 @@ class InvalidModelRequest(InvalidInput):
 
 class ModelMisconfigured(PermanentError):
     """The model settings are incomplete or invalid."""
+
+
+class QueuedForBatch(JobError):
+    """Not a failure: the transform's model call was queued for its provider's Batch API
+    (recorded, not sent), so the Run waits for the batch without a lease or a worker, and
+    runs again from its checkpointed answers once the batch is settled."""
+
+    def __init__(self, message: str, call_id: str | None) -> None:
+        super().__init__(message)
+        self.call_id = call_id

@@ -1,7 +1,10 @@
 """The model a job's transform receives for one Run: every call is recorded in the ledger before
 it leaves (fenced by the Attempt's lease), its answer checkpointed when it arrives, and a
 repeated transform replays the recorded answers of the calls it repeats (by their position in
-the transform and their request's digest) instead of paying for them again."""
+the transform and their request's digest) instead of paying for them again. In a batch tick a
+call is queued for its provider's Batch API instead of sent (``BatchQueue``): recorded with the
+request its provider will be sent, and the transform stops there (``QueuedForBatch``); the
+batch's answer is checkpointed when it is settled, and replayed by the Run's next attempt."""
 
 from __future__ import annotations
 
@@ -15,18 +18,26 @@ from pydantic import BaseModel
 from flows.errors import ValidationFailed
 from flows.model.asking import answer_of, parameters_of, plain_prompt, request_of
 from flows.model.bound import INPUT_BOUND, CallBound, InputBound, request_bound
-from flows.model.errors import EndpointRefusing, ModelRefused, ModelRejected, ModelUnavailable
+from flows.model.errors import (
+    EndpointRefusing,
+    ModelRefused,
+    ModelRejected,
+    ModelUnavailable,
+    QueuedForBatch,
+)
 from flows.model.limiter import EndpointLimiter
 from flows.model.protocol import Generation, ModelClient
 from flows.model.request import Message, Request
 from flows.prices import PriceList
 from store import (
     AFTER_MODEL_ANSWER,
+    AlreadyQueued,
     CallBook,
     Charge,
     Claim,
     InFlight,
     Intent,
+    Queued,
     Usage,
     document_digest,
     fault_point,
@@ -60,6 +71,22 @@ def request_digest(model: str, request: Request) -> str:
     return document_digest(request.shape(model), "request")
 
 
+def custom_id_of(run_id: str, position: int, digest: str) -> str:
+    """A queued call's id in its batch, from its Run, position and request digest: the same
+    call queued again has the same id; letters, digits and dashes, at most 64 (what OpenAI and
+    Anthropic both take)."""
+    return f"{run_id[:32]}-{position}-{digest[:16]}"
+
+
+@dataclass(frozen=True)
+class BatchQueue:
+    """Where a batch tick's calls go instead of leaving: the endpoint whose next batch takes
+    them, and how its provider writes one request (``BatchClient.line``)."""
+
+    endpoint: str
+    line: Callable[[Request], dict[str, Any]]
+
+
 @dataclass
 class CallCount:
     """What one Attempt's transform did with the model, across the retries of its stage (one
@@ -67,6 +94,7 @@ class CallCount:
 
     made: int = 0  # calls recorded and sent (not replayed)
     reused: int = 0
+    queued: int = 0  # calls queued for a batch (recorded, not sent)
     tokens: int = 0
     cost_nanos: int = 0
     unpriced: int = 0  # calls that answered without a price (or without usage)
@@ -86,13 +114,18 @@ class RecordedModel:
 
     Each call's bound (its input tokens bounded, plus the inner model's ``max_tokens``) is what
     its budget charge and its endpoint's tokens take before it leaves; an answer billed beyond
-    it is recorded with its overrun and told to ``overran``."""
+    it is recorded with its overrun and told to ``overran``.
+
+    With a ``batch`` queue, a call without a checkpoint is queued for the endpoint's next batch
+    (its budget charge reserved, no endpoint slot: a batch does not spend the synchronous
+    limits) and ``QueuedForBatch`` ends the transform; ``queued`` then stays True, whatever the
+    transform did with the exception."""
 
     def __init__(self, inner: ModelClient, book: CallBook, claim: Claim, prices: PriceList,
                  spent: CallCount, *, budgeting: Budgeting | None = None,
                  limiter: EndpointLimiter | None = None,
                  refused_for_seconds: float = 300.0, overran: Overran | None = None,
-                 inputs: InputBound = INPUT_BOUND) -> None:
+                 inputs: InputBound = INPUT_BOUND, batch: BatchQueue | None = None) -> None:
         self.inner = inner
         self.name = inner.name
         self.max_tokens = inner.max_tokens
@@ -106,6 +139,8 @@ class RecordedModel:
         self.budgeting = budgeting
         self.overran = overran
         self.inputs = inputs
+        self.batch = batch
+        self.queued = False
         self.position = 0
         # A first claim (fence 1) has no earlier attempt whose calls it could replay or lose.
         self._replaying = claim.fence > 1
@@ -128,6 +163,8 @@ class RecordedModel:
             replayed = self._replay(position, digest)
             if replayed is not None:
                 return self._checked(request, replayed)
+        if self.batch is not None:
+            self._queue(self.batch, request, position, digest)
         return self._checked(request, self._call(request, position, digest))
 
     def _checked(self, request: Request, answer: Generation) -> Generation:
@@ -172,17 +209,10 @@ class RecordedModel:
                 record["outcome"] = "failed"
                 raise
         fault_point(AFTER_MODEL_ANSWER)  # paid for, and nothing of it stored yet
-        cached = {"cached_tokens": answer.cached_tokens,
-                  "cache_write_tokens": answer.cache_write_tokens}
-        cost = self.prices.cost_nanos(answer.model, answer.prompt_tokens,
-                                      answer.completion_tokens, **cached)
-        if cost is None:
-            cost = self.prices.cost_nanos(self.inner.name, answer.prompt_tokens,
-                                          answer.completion_tokens, **cached)
-        usage = Usage(answer.prompt_tokens, answer.completion_tokens, _since(started), cost,
-                      self.prices.currency if cost is not None else None,
-                      bound.overrun(answer.prompt_tokens, answer.completion_tokens), **cached)
-        self.book.record_answer(call, _document(answer), usage)
+        usage = usage_of(answer, self.prices, self.inner.name, _since(started),
+                         bound.overrun(answer.prompt_tokens, answer.completion_tokens))
+        cost = usage.cost_nanos
+        self.book.record_answer(call, answer_document(answer), usage)
         record.update(outcome="answered", **usage.params())
         if self.limiter is not None:
             self.limiter.answered(call, usage, answer.announced)
@@ -194,6 +224,28 @@ class RecordedModel:
         else:
             self.spent.cost_nanos += cost
         return answer
+
+    def _queue(self, batch: BatchQueue, request: Request, position: int, digest: str) -> None:
+        """Queue the call for the endpoint's next batch (recorded with the request its provider
+        is sent, its charge reserved at the batch price), then end the transform. A call this
+        Run queued already (an attempt that stopped before its Run waited) is not queued twice."""
+        self.queued = True
+        bound = request_bound(self.inner.name, request, self.inner.max_tokens, self.inputs)
+        charge = None if self.budgeting is None else self.budgeting.charge(self.inner.name, bound)
+        custom_id = custom_id_of(self.claim.run_id, position, digest)
+        try:
+            call = self.book.record_intent(self.claim, Intent(
+                batch.endpoint, self.inner.name, position, digest, charge,
+                queued=Queued(custom_id, batch.line(request))))
+        except AlreadyQueued as exc:
+            call_id = exc.call_id
+        else:
+            call_id = call.call_id
+            self.spent.queued += 1
+            self.spent.call_ids.append(call_id)
+        raise QueuedForBatch(f"model call {position} of run {self.claim.run_id} is queued for "
+                             f"the next batch of endpoint {batch.endpoint} ({custom_id})",
+                             call_id)
 
     def _record(self, intent: Intent, bound: CallBound) -> tuple[InFlight, dict[str, Any]]:
         """Record the call in flight (once its endpoint's limits allow it) and count it; its
@@ -224,7 +276,22 @@ def _since(started: float) -> int:
     return round((time.monotonic() - started) * 1000)
 
 
-def _document(answer: Generation) -> dict[str, object]:
+def usage_of(answer: Generation, prices: PriceList, model: str, latency_ms: int | None,
+             overrun: int | None) -> Usage:
+    """What an answer used and cost at ``prices``: priced by the model that answered, else by
+    ``model``, the one asked (a provider may name a dated snapshot)."""
+    cached = {"cached_tokens": answer.cached_tokens,
+              "cache_write_tokens": answer.cache_write_tokens}
+    cost = prices.cost_nanos(answer.model, answer.prompt_tokens, answer.completion_tokens,
+                             **cached)
+    if cost is None:
+        cost = prices.cost_nanos(model, answer.prompt_tokens, answer.completion_tokens, **cached)
+    return Usage(answer.prompt_tokens, answer.completion_tokens, latency_ms, cost,
+                 prices.currency if cost is not None else None, overrun, **cached)
+
+
+def answer_document(answer: Generation) -> dict[str, object]:
+    """The checkpoint of an answer: what a later attempt replays."""
     found: dict[str, object] = {
         "text": answer.text, "model": answer.model, "prompt_tokens": answer.prompt_tokens,
         "completion_tokens": answer.completion_tokens}

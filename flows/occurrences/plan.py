@@ -18,10 +18,11 @@ from store import Occurrence, Period, RunIdentity, RunState
 
 DEFAULT_CAP = 1_000  # occurrences one pass acts on per job (runs, re-drives, skips), oldest first
 
-State = Literal["completed", "skipped", "failed", "running", "stranded", "missed", "upcoming"]
+State = Literal["completed", "skipped", "failed", "running", "waiting", "stranded", "missed",
+                "upcoming"]
 Action = Literal["none", "run", "redrive", "wait", "skip", "give-up"]
-STATES: tuple[State, ...] = ("completed", "skipped", "failed", "running", "stranded", "missed",
-                             "upcoming")
+STATES: tuple[State, ...] = ("completed", "skipped", "failed", "running", "waiting", "stranded",
+                             "missed", "upcoming")
 ACTIONS: tuple[Action, ...] = ("none", "run", "redrive", "wait", "skip", "give-up")
 
 
@@ -197,6 +198,9 @@ def _decide_started(job: Job, run: RunState, now: datetime, backoff: timedelta,
         return "completed", "none", "completed"
     if run.status == "failed":
         return "failed", "none", f"failed: {run.error}; requeue it with `runledger runs requeue`"
+    if run.status == "waiting":  # no lease, and none needed: its batch's poll releases it
+        return "waiting", "none", ("its model call waits in a batch at the provider "
+                                   "(`runledger batches list`)")
     if not run.stranded:
         return "running", "none", "a worker holds its lease"
     if run.attempts >= job.max_attempts:

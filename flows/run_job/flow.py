@@ -32,13 +32,14 @@ from prefect.runtime import deployment as current_deployment
 from prefect.runtime import flow_run as current_flow_run
 from prefect.states import Failed
 
+from flows.batches.submit import Submitted, submit_queued
 from flows.board import Board
 from flows.budgeting import estimator
 from flows.errors import NotReady
 from flows.events import emit_job_event
 from flows.jobs import Job
 from flows.jobs.schedule import require_due
-from flows.model import EndpointLimiter, endpoint_named
+from flows.model import BatchQueue, EndpointLimiter, endpoint_named
 from flows.registry import get_job
 from flows.run_job.findings import read_finished
 from flows.run_job.monitoring import (
@@ -66,7 +67,7 @@ from flows.run_job.stop import Stop
 from flows.run_job.subjects import run_tick
 from flows.run_job.tick import Revising, Tick
 from flows.settings import RunledgerSettings
-from store import Ledger, Period, RunIdentity, RunledgerError
+from store import InvalidInput, Ledger, Period, RunIdentity, RunledgerError
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ log = logging.getLogger(__name__)
       on_crashed=[cancelled_if_interrupted])
 async def run_job(job: str, subjects: list[str] | None = None,
                   period: str | None = None, allow_not_due: bool = False,
-                  shard_size: int | None = None) -> State[Any]:
+                  shard_size: int | None = None, batch: bool | None = None) -> State[Any]:
     """Run one tick of a job: every subject's Run is completed once, retries and reruns of the
     same period return the stored output.
 
@@ -97,6 +98,10 @@ async def run_job(job: str, subjects: list[str] | None = None,
             shards of at most this many, each a flow run of this deployment that any worker of
             its work pool takes. Leave empty for the job's own shard size (none unless the job
             sets one: the tick runs in this flow run).
+        batch: Send the model calls through the provider's Batch API at its batch price:
+            the tick queues them and ends AwaitingBatch, its Runs wait without a worker, and
+            the settle-batches deployment finishes them once the batch has ended (a batch
+            tick is not sharded). Leave empty for the job's own choice (Job(batch=...)).
     """
     logger = get_run_logger()
     try:
@@ -110,12 +115,16 @@ async def run_job(job: str, subjects: list[str] | None = None,
         # A shard (told so by its tick, not by a parameter) never shards again.
         shard = current_shard()
         size = None if shard else shard_size_for(definition, shard_size)
+        batched = definition.batch if batch is None else batch
+        if not isinstance(batched, bool):
+            raise InvalidInput(f"batch must be true or false (or empty: the job's own), "
+                               f"got {batch!r}")
     except RunledgerError:
         await label_flow_run(f"{job}/invalid-input", None)
         raise
     settings = RunledgerSettings()
     try:  # before anything is written or paid for; a one-line state, not a traceback
-        await asyncio.to_thread(preflight, definition, settings)
+        await asyncio.to_thread(preflight, definition, settings, batch=batched)
     except NotReady as exc:
         await label_flow_run(f"{definition.name}/{the_period.label}", definition)
         logger.error("%s", exc)
@@ -130,11 +139,15 @@ async def run_job(job: str, subjects: list[str] | None = None,
         logger.info("not sharded: only a flow run of a deployment spreads its tick over the "
                     "deployment's work pool; this one runs every subject itself")
         size = None
+    if size is not None and batched:
+        logger.info("not sharded: a batch tick holds no worker while its batch runs, so it "
+                    "runs every subject itself")
+        size = None
     stop = Stop()
     try:
         started = await asyncio.to_thread(
             run_ledgered_tick, definition, the_period, identities, settings, flow_run_id, stop,
-            None if period else scheduled_start(), size)
+            None if period else scheduled_start(), size, batched)
         if started.kind == "sharded":
             assert deployment_id is not None  # a tick shards only from a deployment
             plan = started.sharded()
@@ -153,6 +166,10 @@ async def run_job(job: str, subjects: list[str] | None = None,
         await asyncio.gather(labelling, return_exceptions=True)  # the tick's error is the news
         raise
     await labelling
+    for submitted in report.batches:
+        emit_job_event("batch.submitted", definition, period=the_period.label,
+                       batch=submitted.key, provider_batch_id=submitted.provider_batch_id,
+                       requests=submitted.requests)
     publish_artifacts(flow_run_id, tick_artifact_key(definition.name), report, board)
     if shard is None:  # a sharded tick asks once, for all its shards
         await ask_for_review(definition, the_period, flow_run_id, logger)
@@ -207,14 +224,15 @@ class TickResult:
 def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentity],
                       settings: RunledgerSettings, flow_run_id: str,
                       stop: Stop, expected_start: datetime | None = None,
-                      shard_size: int | None = None) -> TickResult:
+                      shard_size: int | None = None, batch: bool = False) -> TickResult:
     """The tick's blocking part, in a thread of its own: ledger, model and stage task runs,
     then the count of its Runs asked for again and the job's status board as the tick left it
     (None if it could not be read). A tick of
     no explicit period, expected at ``expected_start``, that starts too late may be skipped by
     its job's missed-run policy (``stale_reason``). With more than ``shard_size`` subjects to
-    run, it runs none: it comes to their shards, for ``run_shards``."""
-    with ledgered(job, period, settings, flow_run_id, stop) as tick:
+    run, it runs none: it comes to their shards, for ``run_shards``. A ``batch`` tick submits
+    the calls its subjects queued once they have ended (``submit_tick_batches``)."""
+    with ledgered(job, period, settings, flow_run_id, stop, batch=batch) as tick:
         stale = (None if expected_start is None
                  else stale_reason(job, period, expected_start,
                                    retried(tick.ledger.now, settings.task_retries,
@@ -227,7 +245,27 @@ def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentit
             return TickResult("sharded",
                               plan=ShardPlan(list(identities), outcomes, split(to_run, shard_size)))
         report = run_tick(tick, identities, outcomes, to_run)
+        if tick.batch is not None:
+            report.batches = submit_tick_batches(tick)
         return TickResult.of_report(report, after_tick(tick.ledger, job, report))
+
+
+def submit_tick_batches(tick: Tick) -> list[Submitted]:
+    """Submit the calls the tick's subjects queued (and any its job's endpoint still has
+    queued from before), as batches of the provider's size; each names this tick."""
+    assert tick.batch_client is not None and tick.batch is not None  # a batch tick's
+    try:
+        return submit_queued(
+            tick.ledger, tick.batch_client, job=tick.job.name, endpoint=tick.batch.endpoint,
+            model=tick.model.name, owner=tick.owner("submit"),
+            lease_seconds=tick.settings.batch_lease_seconds, flow_run_id=tick.flow_run_id,
+            period_start=tick.period.start)
+    except RunledgerError as exc:
+        # The calls are queued in the ledger: the next poll submits them once this lease ends.
+        log.warning("job %s: could not submit its batch now (%s); `runledger batches poll` "
+                    "submits it after %g s", tick.job.name, exc,
+                    tick.settings.batch_lease_seconds)
+        return []
 
 
 def finish_sharded_tick(job: Job, period: Period, settings: RunledgerSettings,
@@ -252,16 +290,22 @@ def finish_sharded_tick(job: Job, period: Period, settings: RunledgerSettings,
 
 @contextmanager
 def ledgered(job: Job, period: Period, settings: RunledgerSettings, flow_run_id: str,
-             stop: Stop, revising: Revising | None = None) -> Iterator[Tick]:
+             stop: Stop, revising: Revising | None = None, batch: bool = False
+             ) -> Iterator[Tick]:
     """A Tick with its own ledger connection and model client, closed when it ends, inside one
     sync Prefect client for all its task runs: a sync task run inside an async flow run
-    otherwise opens a client of its own (about 20 ms of TLS set-up each)."""
+    otherwise opens a client of its own (about 20 ms of TLS set-up each). A ``batch`` tick
+    queues its calls for the endpoint's Batch API, priced and budgeted at the batch price,
+    outside the endpoint's synchronous limits."""
     with SyncClientContext.get_or_create():
         endpoint = endpoint_named(job.endpoint, settings)  # unknown: refused, nothing written
         ledger = Ledger.connect()
         model = endpoint.model()
+        batch_client = endpoint.batch_client() if batch else None
         try:
             prices = endpoint.prices()
+            if batch_client is not None:
+                prices = prices.batched()
             if job.budget is not None:  # before any Run is claimed: nothing is written
                 job.budget.check_prices(job.name, model.name, prices)
             # The database clock, read only for a budget, and retried like the tick's first
@@ -269,7 +313,7 @@ def ledgered(job: Job, period: Period, settings: RunledgerSettings, flow_run_id:
             spend = None if job.budget is None else estimator(
                 job.name, job.budget, prices, period,
                 retried(ledger.now, settings.task_retries, settings.retry_delay_seconds))
-            limits = endpoint.limits
+            limits = None if batch_client is not None else endpoint.limits
             limiter = None
             if limits is not None:  # the endpoint's shared limits, as this worker knows them
                 retried(lambda: ledger.calls.configure_endpoint(endpoint.name, limits),
@@ -281,7 +325,12 @@ def ledgered(job: Job, period: Period, settings: RunledgerSettings, flow_run_id:
                                           sleep=stop.sleep)
             yield Tick(job, period, ledger, model, prices, spend, settings, flow_run_id, stop,
                        revising, limiter=limiter,
-                       endpoint_concurrency=None if limits is None else limits.max_concurrent)
+                       endpoint_concurrency=None if limits is None else limits.max_concurrent,
+                       batch=None if batch_client is None
+                       else BatchQueue(endpoint.name, batch_client.line),
+                       batch_client=batch_client)
         finally:
+            if batch_client is not None:
+                batch_client.close()
             model.close()
             ledger.close()

@@ -14,12 +14,15 @@ from typing import Any, Literal
 from prefect import State
 from prefect.events import emit_event
 from prefect.events.worker import EventsWorker, should_emit_events
-from prefect.states import Cancelled, Completed, Failed
+from prefect.results import ResultRecord  # type: ignore[attr-defined]  # re-exported there
+from prefect.states import Cancelled, Completed, Failed, Paused
 
+from flows.batches.submit import Submitted
 from flows.budgeting import OVER_BUDGET_STATE
 from flows.events import run_resource
 from flows.model import CallCount
 from flows.prices import money
+from flows.run_job.stages import AWAITING_BATCH_STATE
 from flows.run_job.stop import Stop
 from flows.spend import Spend, cost_text, spend_of
 from store import OutputPruned, Period
@@ -31,10 +34,12 @@ from store import OutputPruned, Period
 # "over-budget": the job's budget had no room for the subject's next model call; no call was
 # made, its Run is pending again and owed (reconcile runs it once the window resets or the cap
 # is raised); not a failure of the Run, and not retried by Prefect.
+# "waiting": a batch tick queued the subject's model call for its provider's Batch API; its Run
+# waits for the batch without a lease (``runledger batches poll`` settles it and finishes the Run).
 Outcome = Literal["new", "duplicate", "in-progress-elsewhere", "lease-lost", "stopped", "skipped",
-                  "over-budget", "failed"]
+                  "over-budget", "waiting", "failed"]
 OUTCOMES: tuple[Outcome, ...] = ("new", "duplicate", "in-progress-elsewhere", "lease-lost",
-                                 "stopped", "skipped", "over-budget", "failed")
+                                 "stopped", "skipped", "over-budget", "waiting", "failed")
 EVENTS: dict[Outcome, str] = {
     "new": "runledger.run.completed",
     "duplicate": "runledger.run.duplicate",
@@ -43,6 +48,7 @@ EVENTS: dict[Outcome, str] = {
     "stopped": "runledger.run.stopped",
     "skipped": "runledger.run.skipped",
     "over-budget": "runledger.run.over-budget",
+    "waiting": "runledger.run.waiting",
     "failed": "runledger.run.failed",
 }
 NO_SUBJECTS = "NoSubjects"
@@ -54,7 +60,7 @@ NO_SUBJECTS = "NoSubjects"
 # nothing run again. OverBudget is the one exception (``over_budget_state``).
 PREFECT_NAMES: dict[str, str] = {"Duplicate": "Cached"}
 # The outcomes that name a tick's flow run when any subject has them, strongest first.
-DECIDING: tuple[Outcome, ...] = ("failed", "stopped", "over-budget", "lease-lost",
+DECIDING: tuple[Outcome, ...] = ("failed", "stopped", "over-budget", "waiting", "lease-lost",
                                  "in-progress-elsewhere", "skipped")
 STATE_NAMES: dict[Outcome, str] = {
     "new": "Completed",
@@ -64,6 +70,7 @@ STATE_NAMES: dict[Outcome, str] = {
     "stopped": "Cancelled",
     "skipped": "Skipped",
     "over-budget": OVER_BUDGET_STATE,
+    "waiting": AWAITING_BATCH_STATE,
     "failed": "Failed",
 }
 
@@ -90,7 +97,11 @@ def over_budget_state(message: str, data: Any) -> State[Any]:
 
 def outcome_state(outcome: Outcome, name: str, message: str, data: Any) -> State[Any]:
     """A flow run's state for its deciding ``outcome``, named ``name`` when it is Completed:
-    Failed for a failure, Cancelled for a stop, Failed named OverBudget for over-budget."""
+    Failed for a failure, Cancelled for a stop, Failed named OverBudget for over-budget,
+    Paused named AwaitingBatch while Runs wait for a batch (the settle-batches flow run that
+    finishes them ends it)."""
+    if outcome == "waiting":
+        return Paused(name=AWAITING_BATCH_STATE, message=message, data=data)
     if outcome == "failed":
         return Failed(message=message, data=data)
     if outcome == "stopped":
@@ -98,6 +109,14 @@ def outcome_state(outcome: Outcome, name: str, message: str, data: Any) -> State
     if outcome == "over-budget":
         return over_budget_state(message, data)
     return listed_completed(name, message, data)
+
+
+def state_value(state: State[Any]) -> Any:
+    """The value a flow run in this process returned (its report, or the exception it
+    raised), from its state's data, sync or async alike: ``State.result`` withholds a Paused
+    run's (an AwaitingBatch tick) and, in async code, must be awaited."""
+    data = state.data
+    return data.result if isinstance(data, ResultRecord) else data
 
 
 def outcome_name(state: State[Any]) -> str:
@@ -187,7 +206,7 @@ class TickReport:
     by field, every list and dict) looking for futures to resolve, and a report holds every
     subject's output; it leaves other objects alone."""
 
-    __slots__ = ("job", "period", "subjects", "version")
+    __slots__ = ("batches", "job", "period", "subjects", "version")
 
     def __init__(self, job: str, version: str, period: Period,
                  subjects: list[SubjectOutcome]) -> None:
@@ -195,6 +214,7 @@ class TickReport:
         self.version = version
         self.period = period
         self.subjects = subjects
+        self.batches: list[Submitted] = []  # the batches a batch tick submitted
 
     def __repr__(self) -> str:
         return f"TickReport({self.summary()!r})"
@@ -245,6 +265,8 @@ class TickReport:
             # cap, and the remedy); every subject's is in the tick's artifact.
             refusal = behind[0].error or ""
             message += f". {refusal[:1].upper()}{refusal[1:]}"
+        elif outcome == "waiting":
+            message += f"; {self.batches_text()}"
         elif outcome in DECIDING and behind:
             message += f" ({'; '.join(f'{s.subject}: {s.error}' for s in behind[:5])})"
         pruned = [s for s in self.subjects if s.pruned]
@@ -252,6 +274,15 @@ class TickReport:
             message += (f" (output pruned, not recomputed: "
                         f"{'; '.join(f'{s.subject}: {s.pruned}' for s in pruned[:5])})")
         return outcome_state(outcome, STATE_NAMES[outcome], message, self)
+
+    def batches_text(self) -> str:
+        """The batches this tick submitted, for its state and artifact."""
+        if not self.batches:
+            return ("queued for the next batch (`runledger batches poll` submits what a tick "
+                    "could not)")
+        return "waiting on " + ", ".join(
+            f"batch {b.key} ({b.provider_batch_id}, {b.requests} requests)"
+            for b in self.batches[:5]) + (" ..." if len(self.batches) > 5 else "")
 
     def markdown(self) -> str:
         lines = [
@@ -265,6 +296,7 @@ class TickReport:
             "",
             f"Model: {self.spend_summary()}.",
             "",
+            *([f"Batch: {self.batches_text()}.", ""] if self.counts()["waiting"] else []),
             "| subject | Run id | outcome | attempts | outbox rows queued | calls paid "
             "(reused) | tokens | cost | error |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -299,6 +331,8 @@ class TickReport:
             "period_start": self.period.start.isoformat(),
             "period_end": self.period.end.isoformat(), "state": self.state_name(),
             "summary": self.summary(), "spend": self.spend_summary(),
+            "batches": [{"key": b.key, "provider_batch_id": b.provider_batch_id,
+                         "status": b.status, "requests": b.requests} for b in self.batches],
             "subjects": [s.as_dict() for s in self.subjects],
         }
 

@@ -14,12 +14,16 @@ from flows.targets import check_target
 NOT_READY_STATE = "NotReady"
 
 
-def preflight(job: Job, settings: RunledgerSettings, *, sends: bool = True) -> None:
-    """Refuse a tick whose endpoint is unknown or, when it ``sends`` messages, whose targets'
-    blocks are missing or invalid (``NotReady``, every problem in one line); reads only."""
+def preflight(job: Job, settings: RunledgerSettings, *, sends: bool = True,
+              batch: bool = False) -> None:
+    """Refuse a tick whose endpoint is unknown (or, for a ``batch`` tick, has no Batch API)
+    or, when it ``sends`` messages, whose targets' blocks are missing or invalid
+    (``NotReady``, every problem in one line); reads only."""
     problems: list[str] = []
     try:
-        endpoint_named(job.endpoint, settings)
+        endpoint = endpoint_named(job.endpoint, settings)
+        if batch:
+            endpoint.batch_client().close()
     except (InvalidInput, ModelMisconfigured) as exc:
         problems.append(str(exc))
     for target in job.target_list() if sends else []:

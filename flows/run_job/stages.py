@@ -17,13 +17,14 @@ from prefect.tasks import Task, exponential_backoff
 from prefect.utilities.math import clamped_poisson_interval
 
 from flows.errors import is_transient
-from flows.model import EndpointRefusing
+from flows.model import EndpointRefusing, QueuedForBatch
 from flows.run_job.lease_keeper import LeaseKeeper
 from flows.run_job.stop import FlowRunStopped
 from store import BudgetExhausted, Claim, LeaseLost
 
 RETRY_JITTER_FACTOR = 0.5
 STAGE_OPTIONS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
+AWAITING_BATCH_STATE = "AwaitingBatch"
 T = TypeVar("T")
 
 
@@ -74,10 +75,10 @@ def lease_lost_state(error: LeaseLost, consequence: str = "") -> State[Any]:
 def stage_value(returned: Any) -> Any:
     """A stage's value. A stage that returned a named state hands back that state, whose data
     is in memory (results are not persisted); a lost lease is raised as LeaseLost, a budget's
-    refusal as BudgetExhausted."""
+    refusal as BudgetExhausted, a call queued for a batch as QueuedForBatch."""
     if isinstance(returned, State):
         data = returned.data
         returned = data.result if isinstance(data, ResultRecord) else data
-    if isinstance(returned, LeaseLost | BudgetExhausted):
+    if isinstance(returned, LeaseLost | BudgetExhausted | QueuedForBatch):
         raise returned
     return returned

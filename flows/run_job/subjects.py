@@ -19,6 +19,7 @@ from prefect.utilities.annotations import quote
 from flows.budgeting import exhausted_payload, refusal_text
 from flows.errors import LeaseLapsed, is_transient
 from flows.events import emit_job_event
+from flows.model import QueuedForBatch
 from flows.run_job.findings import describe, lapsed_outcome, lease_lost_outcome, unclaimed_outcome
 from flows.run_job.lease_keeper import LeaseKeeper
 from flows.run_job.outcomes import Outcome, SubjectOutcome, TickReport
@@ -139,6 +140,8 @@ def process_subject(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: st
         return lease_lost_outcome(tick, subject, run.run_id, exc)
     except BudgetExhausted as exc:
         return _over_budget(tick, claim, subject, exc, hold)
+    except QueuedForBatch as exc:
+        return _wait_for_batch(tick, claim, subject, exc, hold)
     except Exception as exc:
         return _spent(_fail(tick, claim, subject, exc, hold.calls.made), tick, hold)
     finally:
@@ -187,6 +190,19 @@ def _over_budget(tick: Tick, claim: Claim, subject: str, refused: BudgetExhauste
     if refused.first:
         emit_job_event("budget.exhausted", tick.job, **exhausted_payload(budget, refused))
     return _spent(SubjectOutcome(subject, claim.run_id, "over-budget", error=message), tick, hold)
+
+
+def _wait_for_batch(tick: Tick, claim: Claim, subject: str, queued: QueuedForBatch,
+                    hold: Held) -> SubjectOutcome:
+    """A model call of the subject's Run was queued for a batch: its Run waits for the batch
+    without a lease, its attempt given back; the tick's batch is submitted when its subjects
+    have ended."""
+    try:
+        tick.ledger.batches.wait_for_batch(claim, str(queued))
+    except LeaseLost as lost:
+        return lease_lost_outcome(tick, subject, claim.run_id, lost)
+    return _spent(SubjectOutcome(subject, claim.run_id, "waiting", error=str(queued)), tick,
+                  hold)
 
 
 def _process_apart(tick: Tick, stages: Stages, keeper: LeaseKeeper, subject: str, run: Run,

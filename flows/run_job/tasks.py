@@ -21,9 +21,15 @@ from prefect.tasks import Task
 from flows.budgeting import OVER_BUDGET_STATE, overrun_payload
 from flows.events import emit_job_event
 from flows.jobs import Candidate, TransientError, ValidationFailed
-from flows.model import CallBound, RecordedModel
+from flows.model import CallBound, QueuedForBatch, RecordedModel
 from flows.run_job.findings import FINDINGS, finding
-from flows.run_job.stages import STAGE_OPTIONS, lease_lost_state, lost_state, with_retries
+from flows.run_job.stages import (
+    AWAITING_BATCH_STATE,
+    STAGE_OPTIONS,
+    lease_lost_state,
+    lost_state,
+    with_retries,
+)
 from flows.run_job.tick import Held, Persisted, Tick
 from flows.targets import check_targets
 from store import BudgetExhausted, CompletedBy, LeaseLost, RunIdentity, Usage
@@ -76,9 +82,13 @@ def transform_input(subject: str, held: Held, raw: dict[str, Any]) -> State[Any]
     model = RecordedModel(tick.model, tick.ledger.calls, held.claim, tick.prices, held.calls,
                           budgeting=tick.estimator, limiter=tick.limiter,
                           refused_for_seconds=tick.settings.model_refused_for_seconds,
-                          overran=functools.partial(_overran, tick, subject))
+                          overran=functools.partial(_overran, tick, subject),
+                          batch=tick.batch)
     try:
-        return tick.job.transform(raw, model)
+        candidate = tick.job.transform(raw, model)
+    except QueuedForBatch as exc:
+        # Not a failure, and not for Prefect to retry: the Run waits for its batch.
+        return Completed(name=AWAITING_BATCH_STATE, message=str(exc), data=exc)
     except BudgetExhausted as exc:
         # Not a failure, and not for Prefect to retry: the Run waits for room in the budget.
         return Completed(name=OVER_BUDGET_STATE, message=str(exc), data=exc)
@@ -88,6 +98,12 @@ def transform_input(subject: str, held: Held, raw: dict[str, Any]) -> State[Any]
         if exc.retry_after and (current_task_run.run_count or 1) <= tick.settings.task_retries:
             time.sleep(min(exc.retry_after, tick.settings.max_retry_after_seconds))
         raise
+    if model.queued:  # a transform that caught QueuedForBatch still waits for its batch
+        waiting = QueuedForBatch(f"a model call of run {held.claim.run_id} is queued for a "
+                                 "batch (the transform went on without its answer, which is "
+                                 "discarded)", None)
+        return Completed(name=AWAITING_BATCH_STATE, message=str(waiting), data=waiting)
+    return candidate
 
 
 @task(name="persist", task_run_name="persist[{subject}]", **STAGE_OPTIONS)

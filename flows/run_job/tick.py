@@ -11,7 +11,8 @@ from typing import Any
 
 from flows.jobs import Job
 from flows.jobs.budget import Estimator
-from flows.model import CallCount, EndpointLimiter, ModelClient
+from flows.model import BatchQueue, CallCount, EndpointLimiter, ModelClient
+from flows.model.batch.protocol import BatchClient
 from flows.prices import PriceList
 from flows.run_job.lease_keeper import LeaseKeeper
 from flows.run_job.outcomes import EventBacklog, SubjectOutcome, emit_outcome
@@ -52,6 +53,8 @@ class Tick:
     events: EventBacklog = field(default_factory=EventBacklog)
     limiter: EndpointLimiter | None = None  # None: nothing limits the endpoint (offline)
     endpoint_concurrency: int | None = None  # the endpoint's max concurrent, if it has one
+    batch: BatchQueue | None = None  # a batch tick: calls queued for the provider's Batch API
+    batch_client: BatchClient | None = None  # ...and the client that submits them
 
     def messages(self, subject: str, output: dict[str, Any]) -> list[OutboxMessage]:
         """The outbox rows of a completion: the job's messages; a revision's are marked revised,

@@ -39,12 +39,19 @@ WHERE budget_windows.job = %(job)s::VARCHAR AND budget_windows.window_start >= %
 -- error, and the attempt it took is given back (it did nothing: reconcile re-drives it, and never
 -- gives up on it for budget refusals); only the current fence holder can.
 -- parameters: error, run_id, fence, owner
-UPDATE runs SET status='pending', owner=NULL, lease_expires_at=NULL, attempts=CASE WHEN (runs.attempts > 0) THEN runs.attempts - 1 ELSE 0 END, error=%(error)s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %(run_id)s::VARCHAR AND runs.fence = %(fence)s::INTEGER AND runs.owner = %(owner)s::VARCHAR AND runs.status = 'running' RETURNING runs.attempts;
+UPDATE runs SET status='pending', owner=NULL, lease_expires_at=NULL, attempts=CASE WHEN (runs.attempts > 0) THEN runs.attempts - 1 ELSE 0 END, error=%(error)s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %(run_id)s::VARCHAR AND runs.fence = %(fence)s::INTEGER AND runs.owner = %(owner)s::VARCHAR AND runs.status = 'running' RETURNING runs.attempts, runs.status;
 
 -- name: end_over_budget_attempt
 -- The Attempt the budget refused ends released, with the refusal.
 -- parameters: error, attempt_id
 UPDATE attempts SET finished_at=statement_timestamp(), outcome='released', error=%(error)s::VARCHAR, model_calls=0 WHERE attempts.attempt_id = %(attempt_id)s::VARCHAR;
+
+-- name: read_budget_unit
+-- The unit of one of a job's budget windows (money or tokens), if the window exists.
+-- parameters: job, scope, window_start
+SELECT budget_windows.unit 
+FROM budget_windows 
+WHERE budget_windows.job = %(job)s::VARCHAR AND budget_windows.scope = %(scope)s::VARCHAR AND budget_windows.window_start = %(window_start)s::TIMESTAMP WITH TIME ZONE;
 
 -- name: configure_endpoint_limit
 -- Create an endpoint's limits (buckets full) or replace its configured ones; the adaptive rate
@@ -120,14 +127,30 @@ INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, mode
 FROM runs 
 WHERE runs.run_id = %(run_id)s::VARCHAR AND runs.fence = %(fence)s::INTEGER AND runs.owner = %(owner)s::VARCHAR AND runs.status = 'running' RETURNING model_calls.call_id;
 
+-- name: record_call_queued
+-- Record a model call queued for a provider's batch (its line's id and request body) instead of
+-- sent, only while its Attempt holds the Run's lease.
+-- parameters: call_id, run_id, attempt_id, fence, endpoint, model, position, prompt_digest, estimate, budget_period, budget_day, custom_id, request, owner
+INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, model, position, prompt_digest, started_at, estimate, budget_period, budget_day, outcome, custom_id, request) SELECT %(call_id)s::VARCHAR AS call_id, %(run_id)s::VARCHAR AS run_id, %(attempt_id)s::VARCHAR AS attempt_id, %(fence)s::INTEGER AS fence, runs.job, %(endpoint)s::VARCHAR AS endpoint, %(model)s::VARCHAR AS model, %(position)s::INTEGER AS position, %(prompt_digest)s::VARCHAR AS prompt_digest, statement_timestamp() AS started_at, %(estimate)s::BIGINT AS estimate, %(budget_period)s::TIMESTAMP WITH TIME ZONE AS budget_period, %(budget_day)s::DATE AS budget_day, 'queued' AS outcome, %(custom_id)s::VARCHAR AS custom_id, %(request)s::JSONB AS request 
+FROM runs 
+WHERE runs.run_id = %(run_id)s::VARCHAR AND runs.fence = %(fence)s::INTEGER AND runs.owner = %(owner)s::VARCHAR AND runs.status = 'running' RETURNING model_calls.call_id;
+
+-- name: find_queued_call
+-- The Run's call of this position and prompt that waits in a batch, if it queued one already (a
+-- Run queues a call once).
+-- parameters: run_id, position, prompt_digest
+SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = %(run_id)s::VARCHAR AND model_calls.position = %(position)s::INTEGER AND model_calls.prompt_digest = %(prompt_digest)s::VARCHAR AND model_calls.outcome = 'queued';
+
 -- name: record_call_answer
 -- Record a call answered with its usage and checkpoint its answer, only while its Attempt holds
 -- the Run's lease; otherwise the call is lost (another attempt may be paying for it again) and
 -- only its usage is recorded.
--- parameters: run_id, owner, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, answer, call_id
+-- parameters: run_id, owner, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, sync_cost_nanos, answer, call_id
 UPDATE model_calls SET finished_at=statement_timestamp(), outcome=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = %(run_id)s::VARCHAR AND runs.fence = model_calls.fence AND runs.owner = %(owner)s::VARCHAR AND runs.status = 'running'))) THEN 'answered' ELSE 'lost' END, prompt_tokens=%(prompt_tokens)s::INTEGER, completion_tokens=%(completion_tokens)s::INTEGER, cached_tokens=%(cached_tokens)s::INTEGER, cache_write_tokens=%(cache_write_tokens)s::INTEGER, latency_ms=%(latency_ms)s::INTEGER, cost_nanos=%(cost_nanos)s::BIGINT, currency=%(currency)s::VARCHAR, overrun=%(overrun)s::BIGINT, answer=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
+WHERE runs.run_id = %(run_id)s::VARCHAR AND runs.fence = model_calls.fence AND runs.owner = %(owner)s::VARCHAR AND runs.status = 'running'))) THEN 'answered' ELSE 'lost' END, prompt_tokens=%(prompt_tokens)s::INTEGER, completion_tokens=%(completion_tokens)s::INTEGER, cached_tokens=%(cached_tokens)s::INTEGER, cache_write_tokens=%(cache_write_tokens)s::INTEGER, latency_ms=%(latency_ms)s::INTEGER, cost_nanos=%(cost_nanos)s::BIGINT, currency=%(currency)s::VARCHAR, overrun=%(overrun)s::BIGINT, sync_cost_nanos=%(sync_cost_nanos)s::BIGINT, answer=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
 FROM runs 
 WHERE runs.run_id = %(run_id)s::VARCHAR AND runs.fence = model_calls.fence AND runs.owner = %(owner)s::VARCHAR AND runs.status = 'running'))) THEN %(answer)s::JSONB ELSE NULL END WHERE model_calls.call_id = %(call_id)s::VARCHAR AND (model_calls.outcome IS NULL OR model_calls.outcome = 'lost' AND model_calls.latency_ms IS NULL) RETURNING model_calls.outcome;
 
@@ -135,8 +158,8 @@ WHERE runs.run_id = %(run_id)s::VARCHAR AND runs.fence = model_calls.fence AND r
 -- Record a call refused by the provider (an error reply: not billed) or failed (no usable answer:
 -- timeout, connection lost, malformed reply), with its error; a call already marked lost learns
 -- what became of it.
--- parameters: outcome, error, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, call_id
-UPDATE model_calls SET finished_at=statement_timestamp(), outcome=%(outcome)s::VARCHAR, error=%(error)s::VARCHAR, prompt_tokens=%(prompt_tokens)s::INTEGER, completion_tokens=%(completion_tokens)s::INTEGER, cached_tokens=%(cached_tokens)s::INTEGER, cache_write_tokens=%(cache_write_tokens)s::INTEGER, latency_ms=%(latency_ms)s::INTEGER, cost_nanos=%(cost_nanos)s::BIGINT, currency=%(currency)s::VARCHAR, overrun=%(overrun)s::BIGINT WHERE model_calls.call_id = %(call_id)s::VARCHAR AND (model_calls.outcome IS NULL OR model_calls.outcome = 'lost' AND model_calls.latency_ms IS NULL) RETURNING model_calls.outcome;
+-- parameters: outcome, error, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, sync_cost_nanos, call_id
+UPDATE model_calls SET finished_at=statement_timestamp(), outcome=%(outcome)s::VARCHAR, error=%(error)s::VARCHAR, prompt_tokens=%(prompt_tokens)s::INTEGER, completion_tokens=%(completion_tokens)s::INTEGER, cached_tokens=%(cached_tokens)s::INTEGER, cache_write_tokens=%(cache_write_tokens)s::INTEGER, latency_ms=%(latency_ms)s::INTEGER, cost_nanos=%(cost_nanos)s::BIGINT, currency=%(currency)s::VARCHAR, overrun=%(overrun)s::BIGINT, sync_cost_nanos=%(sync_cost_nanos)s::BIGINT WHERE model_calls.call_id = %(call_id)s::VARCHAR AND (model_calls.outcome IS NULL OR model_calls.outcome = 'lost' AND model_calls.latency_ms IS NULL) RETURNING model_calls.outcome;
 
 -- name: mark_calls_lost
 -- A Run's calls in flight whose Attempt no longer holds a lease (its fence moved on: taken over
@@ -148,28 +171,29 @@ FROM runs
 WHERE runs.run_id = model_calls.run_id AND runs.fence = model_calls.fence AND runs.status = 'running')) RETURNING model_calls.call_id, model_calls.job, model_calls.estimate, model_calls.budget_period, model_calls.budget_day;
 
 -- name: list_model_calls
--- A Run's model calls, in the order they were made, without answers.
+-- A Run's model calls, in the order they were made, without answers (nor queued requests).
 -- parameters: run_id
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
 FROM model_calls 
 WHERE model_calls.run_id = %(run_id)s::VARCHAR ORDER BY model_calls.started_at, model_calls.fence, model_calls.position;
 
 -- name: list_model_calls_of_runs
--- The model calls of the Runs whose ids are given, without answers: one statement for a whole
--- tick.
+-- The model calls of the Runs whose ids are given, without answers (nor queued requests): one
+-- statement for a whole tick.
 -- parameters: ids
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
 FROM model_calls 
 WHERE model_calls.run_id IN (SELECT given.run_id 
 FROM jsonb_to_recordset(%(ids)s::JSONB) AS given(run_id VARCHAR(64))) ORDER BY model_calls.run_id, model_calls.started_at, model_calls.position;
 
 -- name: read_model_calls_since
 -- The model calls started from a moment on (optionally of one job), with their Run's revision:
--- what stats and costs add up, no answers.
+-- what stats and costs add up, no answers; not the calls still queued in a batch (neither in
+-- flight nor paid).
 -- parameters: since, job
-SELECT model_calls.run_id, model_calls.job, model_calls.model, model_calls.started_at, model_calls.outcome, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.cost_nanos, model_calls.currency, model_calls.reuses, model_calls.rejected_at, model_calls.overrun, runs.revision 
+SELECT model_calls.run_id, model_calls.job, model_calls.model, model_calls.started_at, model_calls.outcome, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.cost_nanos, model_calls.currency, model_calls.reuses, model_calls.rejected_at, model_calls.overrun, model_calls.batch_key, model_calls.sync_cost_nanos, runs.revision 
 FROM model_calls JOIN runs ON runs.run_id = model_calls.run_id 
-WHERE model_calls.started_at >= %(since)s::TIMESTAMP WITH TIME ZONE AND (CAST(%(job)s::VARCHAR AS VARCHAR(200)) IS NULL OR model_calls.job = CAST(%(job)s::VARCHAR AS VARCHAR(200)));
+WHERE model_calls.started_at >= %(since)s::TIMESTAMP WITH TIME ZONE AND (model_calls.outcome IS NULL OR model_calls.outcome != 'queued') AND (CAST(%(job)s::VARCHAR AS VARCHAR(200)) IS NULL OR model_calls.job = CAST(%(job)s::VARCHAR AS VARCHAR(200)));
 
 -- name: replay_call
 -- The checkpointed answer of a position of the Run's transform whose prompt has the same digest
@@ -488,12 +512,13 @@ WHERE (CAST(%(job)s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%(job)s
  LIMIT %(limit)s::INTEGER;
 
 -- name: list_unfinished_runs
--- Every Run neither completed nor failed (pending or running), optionally of one job, oldest
--- period first, with its lease (owner, end) and fence: what on-call reads, without documents.
+-- Every Run neither completed nor failed (pending, running or waiting for its batch), optionally
+-- of one job, oldest period first, with its lease (owner, end) and fence: what on-call reads,
+-- without documents.
 -- parameters: job
 SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.revision, runs.status, runs.owner, runs.lease_expires_at, runs.fence, runs.attempts, runs.error, runs.updated_at 
 FROM runs 
-WHERE (CAST(%(job)s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%(job)s::VARCHAR AS VARCHAR(200))) AND (runs.status = 'pending' OR runs.status = 'running') ORDER BY runs.period_start, runs.job, runs.subject, runs.revision;
+WHERE (CAST(%(job)s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%(job)s::VARCHAR AS VARCHAR(200))) AND (runs.status = 'pending' OR runs.status = 'running' OR runs.status = 'waiting') ORDER BY runs.period_start, runs.job, runs.subject, runs.revision;
 
 -- name: list_attempts
 -- A Run's Attempts in claim (fence) order.
@@ -797,8 +822,186 @@ FROM runs
 WHERE runs.status = 'failed' AND runs.created_at < %(cutoff)s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
 FROM jsonb_to_recordset(%(jobs)s::JSONB) AS given(job VARCHAR(200)))) AS failed, (SELECT count(*) AS count_8 
 FROM runs 
-WHERE (runs.status = 'pending' OR runs.status = 'running') AND runs.created_at < %(cutoff)s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
+WHERE (runs.status = 'pending' OR runs.status = 'running' OR runs.status = 'waiting') AND runs.created_at < %(cutoff)s::TIMESTAMP WITH TIME ZONE AND runs.job IN (SELECT given.job 
 FROM jsonb_to_recordset(%(jobs)s::JSONB) AS given(job VARCHAR(200)))) AS unfinished, (SELECT count(*) AS count_9 
 FROM runs 
 WHERE runs.pruned_at IS NOT NULL AND runs.job IN (SELECT given.job 
 FROM jsonb_to_recordset(%(jobs)s::JSONB) AS given(job VARCHAR(200)))) AS tombstones;
+
+-- name: wait_for_batch
+-- A running Run whose calls are queued in a batch waits for it (never claimed), its lease cleared
+-- and the attempt it took given back; pending at once when none of its calls is still queued (its
+-- batch settled already); only the current fence holder can.
+-- parameters: error, run_id, fence, owner
+UPDATE runs SET status=CASE WHEN (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'queued')) THEN 'waiting' ELSE 'pending' END, owner=NULL, lease_expires_at=NULL, attempts=CASE WHEN (runs.attempts > 0) THEN runs.attempts - 1 ELSE 0 END, error=%(error)s::VARCHAR, updated_at=statement_timestamp() WHERE runs.run_id = %(run_id)s::VARCHAR AND runs.fence = %(fence)s::INTEGER AND runs.owner = %(owner)s::VARCHAR AND runs.status = 'running' RETURNING runs.attempts, runs.status;
+
+-- name: end_waiting_attempt
+-- The Attempt of a Run that waits for its batch ends released, with its note.
+-- parameters: error, attempt_id
+UPDATE attempts SET finished_at=statement_timestamp(), outcome='released', error=%(error)s::VARCHAR, model_calls=0 WHERE attempts.attempt_id = %(attempt_id)s::VARCHAR;
+
+-- name: pick_queued_calls
+-- The oldest queued calls of a job and endpoint that no batch holds, at most the limit, skipping
+-- rows another submitter has locked (PostgreSQL).
+-- parameters: endpoint, job, limit
+SELECT model_calls.call_id, model_calls.custom_id, model_calls.request 
+FROM model_calls 
+WHERE outcome = 'queued' AND batch_key IS NULL AND model_calls.endpoint = %(endpoint)s::VARCHAR AND model_calls.job = %(job)s::VARCHAR ORDER BY model_calls.started_at, model_calls.call_id 
+ LIMIT %(limit)s::INTEGER FOR UPDATE SKIP LOCKED;
+
+-- name: open_batch
+-- Insert a batch open, its lease held by the submitter that opened it (fence 1, database clock),
+-- with how many calls it holds and the digest of its lines.
+-- parameters: batch_key, job, endpoint, model, kind, flow_run_id, period_start, input_digest, requests, owner, lease
+INSERT INTO batches (batch_key, job, endpoint, model, kind, status, flow_run_id, period_start, input_digest, requests, fence, owner, lease_expires_at, created_at) VALUES (%(batch_key)s::VARCHAR, %(job)s::VARCHAR, %(endpoint)s::VARCHAR, %(model)s::VARCHAR, %(kind)s::VARCHAR, 'open', %(flow_run_id)s::VARCHAR, %(period_start)s::TIMESTAMP WITH TIME ZONE, %(input_digest)s::VARCHAR, %(requests)s::INTEGER, 1, %(owner)s::VARCHAR, (statement_timestamp() + make_interval(secs => %(lease)s)), statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.requests;
+
+-- name: stamp_batch_calls
+-- The picked calls, still queued and in no batch, are held by the batch (given as one JSON array).
+-- parameters: batch_key, ids
+UPDATE model_calls SET batch_key=%(batch_key)s::VARCHAR WHERE model_calls.call_id IN (SELECT given.call_id 
+FROM jsonb_to_recordset(%(ids)s::JSONB) AS given(call_id VARCHAR(36))) AND model_calls.outcome = 'queued' AND model_calls.batch_key IS NULL RETURNING model_calls.call_id;
+
+-- name: claim_batch
+-- Take the lease of a batch in flight (open or submitted) whose lease is free or expired (database
+-- clock): bump its fence.
+-- parameters: owner, lease, batch_key
+UPDATE batches SET fence=(batches.fence + 1), owner=%(owner)s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %(lease)s)) WHERE batches.batch_key = %(batch_key)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.requests;
+
+-- name: claim_due_batches
+-- Lease the oldest batches in flight whose lease is free or expired (database clock), at most the
+-- limit, skipping rows another poller has locked (PostgreSQL); each claim bumps the fence.
+-- parameters: owner, lease, limit
+UPDATE batches SET fence=(batches.fence + 1), owner=%(owner)s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %(lease)s)) WHERE batches.batch_key IN (SELECT batches.batch_key 
+FROM batches 
+WHERE (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) ORDER BY batches.created_at, batches.batch_key 
+ LIMIT %(limit)s::INTEGER FOR UPDATE SKIP LOCKED) AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.requests;
+
+-- name: list_batch_lines
+-- The lines of a batch's file (its calls' ids and request bodies), in custom_id order.
+-- parameters: batch_key
+SELECT model_calls.custom_id, model_calls.request 
+FROM model_calls 
+WHERE model_calls.batch_key = %(batch_key)s::VARCHAR ORDER BY model_calls.custom_id;
+
+-- name: record_batch_file
+-- Store the id of the batch's uploaded file; only the holder of the batch's lease can.
+-- parameters: provider_file_id, batch_key, fence, owner
+UPDATE batches SET provider_file_id=%(provider_file_id)s::VARCHAR WHERE batches.batch_key = %(batch_key)s::VARCHAR AND batches.fence = %(fence)s::INTEGER AND batches.owner = %(owner)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > statement_timestamp() RETURNING batches.batch_key;
+
+-- name: record_batch_submitted
+-- The provider has the batch: its id and status stored, the batch submitted and its lease
+-- released; only the holder of the batch's lease can.
+-- parameters: provider_batch_id, provider_status, batch_key, fence, owner
+UPDATE batches SET status='submitted', provider_batch_id=%(provider_batch_id)s::VARCHAR, provider_status=%(provider_status)s::VARCHAR, owner=NULL, lease_expires_at=NULL, submitted_at=statement_timestamp() WHERE batches.batch_key = %(batch_key)s::VARCHAR AND batches.fence = %(fence)s::INTEGER AND batches.owner = %(owner)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > statement_timestamp() RETURNING batches.batch_key;
+
+-- name: record_batch_polled
+-- A batch still running at the provider: its status and counts as reported noted and its lease
+-- released; only the holder of the batch's lease can.
+-- parameters: provider_status, provider_total, provider_completed, provider_failed, batch_key, fence, owner
+UPDATE batches SET provider_status=%(provider_status)s::VARCHAR, provider_total=%(provider_total)s::INTEGER, provider_completed=%(provider_completed)s::INTEGER, provider_failed=%(provider_failed)s::INTEGER, owner=NULL, lease_expires_at=NULL, polled_at=statement_timestamp() WHERE batches.batch_key = %(batch_key)s::VARCHAR AND batches.fence = %(fence)s::INTEGER AND batches.owner = %(owner)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > statement_timestamp() RETURNING batches.batch_key;
+
+-- name: settle_batch_call
+-- A call of the batch still queued ends as its result line says (answered with its checkpoint, or
+-- refused or failed with its error), with its usage; only while the batch's lease is held.
+-- parameters: outcome, error, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, sync_cost_nanos, answer, batch_key, custom_id, fence, owner
+UPDATE model_calls SET finished_at=statement_timestamp(), outcome=%(outcome)s::VARCHAR, error=%(error)s::VARCHAR, prompt_tokens=%(prompt_tokens)s::INTEGER, completion_tokens=%(completion_tokens)s::INTEGER, cached_tokens=%(cached_tokens)s::INTEGER, cache_write_tokens=%(cache_write_tokens)s::INTEGER, latency_ms=%(latency_ms)s::INTEGER, cost_nanos=%(cost_nanos)s::BIGINT, currency=%(currency)s::VARCHAR, overrun=%(overrun)s::BIGINT, sync_cost_nanos=%(sync_cost_nanos)s::BIGINT, answer=%(answer)s::JSONB WHERE model_calls.batch_key = %(batch_key)s::VARCHAR AND model_calls.custom_id = %(custom_id)s::VARCHAR AND model_calls.outcome = 'queued' AND (EXISTS (SELECT batches.batch_key 
+FROM batches 
+WHERE batches.batch_key = %(batch_key)s::VARCHAR AND batches.fence = %(fence)s::INTEGER AND batches.owner = %(owner)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > statement_timestamp())) RETURNING model_calls.call_id, model_calls.custom_id, model_calls.job, model_calls.estimate, model_calls.budget_period, model_calls.budget_day;
+
+-- name: finish_batch
+-- The batch is settled: what became of its calls counted (answered, refused, failed, still queued)
+-- and their cost added up, the provider's last status noted, its lease released; only the holder
+-- of the batch's lease can.
+-- parameters: provider_status, error, batch_key, fence, owner
+UPDATE batches SET status='settled', provider_status=%(provider_status)s::VARCHAR, owner=NULL, lease_expires_at=NULL, settled_at=statement_timestamp(), answered=(SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'answered'), refused=(SELECT count(*) AS count_2 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'refused'), failed=(SELECT count(*) AS count_3 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'failed'), requeued=(SELECT count(*) AS count_4 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'queued'), cost_nanos=(SELECT sum(model_calls.cost_nanos) AS sum_1 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key), currency=(SELECT max(model_calls.currency) AS max_1 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key), error=%(error)s::VARCHAR WHERE batches.batch_key = %(batch_key)s::VARCHAR AND batches.fence = %(fence)s::INTEGER AND batches.owner = %(owner)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > statement_timestamp() RETURNING batches.requeued;
+
+-- name: requeue_batch_calls
+-- The calls of a finished batch that no result settled (expired, cancelled, a transient line
+-- error) go back to the queue for the next batch.
+-- parameters: batch_key
+UPDATE model_calls SET batch_key=NULL WHERE model_calls.batch_key = %(batch_key)s::VARCHAR AND model_calls.outcome = 'queued' RETURNING model_calls.call_id;
+
+-- name: fail_waiting_runs
+-- A waiting Run none of whose calls is still queued fails when one of its calls in the finished
+-- batch was refused or failed, with that call's error.
+-- parameters: batch_key
+UPDATE runs SET status='failed', error=(SELECT model_calls.error 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key = %(batch_key)s::VARCHAR AND (model_calls.outcome = 'refused' OR model_calls.outcome = 'failed') ORDER BY model_calls.finished_at, model_calls.call_id 
+ LIMIT 1), updated_at=statement_timestamp() WHERE runs.status = 'waiting' AND NOT (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'queued')) AND (EXISTS (SELECT model_calls.error 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key = %(batch_key)s::VARCHAR AND (model_calls.outcome = 'refused' OR model_calls.outcome = 'failed') ORDER BY model_calls.finished_at, model_calls.call_id 
+ LIMIT 1)) RETURNING runs.run_id, runs.job, runs.subject, runs.period_start;
+
+-- name: release_waiting_runs
+-- A waiting Run with calls in the finished batch and none still queued is pending again: a tick
+-- runs it and replays its settled answers.
+-- parameters: batch_key
+UPDATE runs SET status='pending', error=NULL, updated_at=statement_timestamp() WHERE runs.status = 'waiting' AND NOT (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'queued')) AND (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key = %(batch_key)s::VARCHAR)) RETURNING runs.run_id, runs.job, runs.subject, runs.period_start;
+
+-- name: list_batches
+-- The latest batches, newest first, optionally of one status.
+-- parameters: status, limit
+SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.cost_nanos, batches.currency, batches.error 
+FROM batches 
+WHERE CAST(%(status)s::VARCHAR AS VARCHAR(16)) IS NULL OR batches.status = CAST(%(status)s::VARCHAR AS VARCHAR(16)) ORDER BY batches.created_at DESC, batches.batch_key 
+ LIMIT %(limit)s::INTEGER;
+
+-- name: get_batch
+-- A batch by its key or by the provider's batch id.
+-- parameters: key
+SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.cost_nanos, batches.currency, batches.error 
+FROM batches 
+WHERE batches.batch_key = %(key)s::VARCHAR OR batches.provider_batch_id = %(key)s::VARCHAR ORDER BY batches.created_at 
+ LIMIT 1;
+
+-- name: list_batch_calls
+-- The model calls a batch holds or settled, in custom_id order, without answers (nor requests).
+-- parameters: batch_key
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
+FROM model_calls 
+WHERE model_calls.batch_key = %(batch_key)s::VARCHAR ORDER BY model_calls.custom_id;
+
+-- name: list_released_runs
+-- The pending Runs an answered batch call of theirs waits to be replayed by (released by a settled
+-- batch, not run again yet), oldest period first, at most the limit, without documents.
+-- parameters: limit
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs 
+WHERE runs.status = 'pending' AND (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key IS NOT NULL AND model_calls.outcome = 'answered' AND model_calls.rejected_at IS NULL)) ORDER BY runs.period_start, runs.job, runs.subject, runs.revision 
+ LIMIT %(limit)s::INTEGER;
+
+-- name: list_unsettled_tick_flow_runs
+-- The flow runs of the ticks that opened a batch not yet settled (open or submitted).
+SELECT DISTINCT batches.flow_run_id 
+FROM batches 
+WHERE batches.status != 'settled' AND batches.flow_run_id IS NOT NULL;
+
+-- name: list_waiting_runs
+-- The Runs waiting for a batch, optionally of one job, oldest period first, without documents.
+-- parameters: job
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs 
+WHERE runs.status = 'waiting' AND (CAST(%(job)s::VARCHAR AS VARCHAR(200)) IS NULL OR runs.job = CAST(%(job)s::VARCHAR AS VARCHAR(200))) ORDER BY runs.period_start, runs.job, runs.subject, runs.revision;

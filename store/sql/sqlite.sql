@@ -44,12 +44,19 @@ WHERE budget_windows.job = :job AND budget_windows.window_start >= :since ORDER 
 -- error, and the attempt it took is given back (it did nothing: reconcile re-drives it, and never
 -- gives up on it for budget refusals); only the current fence holder can.
 -- parameters: error, run_id, fence, owner
-UPDATE runs SET status='pending', owner=NULL, lease_expires_at=NULL, attempts=CASE WHEN (runs.attempts > 0) THEN runs.attempts - 1 ELSE 0 END, error=:error, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING attempts;
+UPDATE runs SET status='pending', owner=NULL, lease_expires_at=NULL, attempts=CASE WHEN (runs.attempts > 0) THEN runs.attempts - 1 ELSE 0 END, error=:error, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING attempts, status;
 
 -- name: end_over_budget_attempt
 -- The Attempt the budget refused ends released, with the refusal.
 -- parameters: error, attempt_id
 UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome='released', error=:error, model_calls=0 WHERE attempts.attempt_id = :attempt_id;
+
+-- name: read_budget_unit
+-- The unit of one of a job's budget windows (money or tokens), if the window exists.
+-- parameters: job, scope, window_start
+SELECT budget_windows.unit 
+FROM budget_windows 
+WHERE budget_windows.job = :job AND budget_windows.scope = :scope AND budget_windows.window_start = :window_start;
 
 -- name: configure_endpoint_limit
 -- Create an endpoint's limits (buckets full) or replace its configured ones; the adaptive rate
@@ -118,14 +125,30 @@ INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, mode
 FROM runs 
 WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING call_id;
 
+-- name: record_call_queued
+-- Record a model call queued for a provider's batch (its line's id and request body) instead of
+-- sent, only while its Attempt holds the Run's lease.
+-- parameters: call_id, run_id, attempt_id, fence, endpoint, model, position, prompt_digest, estimate, budget_period, budget_day, custom_id, request, owner
+INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, model, position, prompt_digest, started_at, estimate, budget_period, budget_day, outcome, custom_id, request) SELECT :call_id AS call_id, :run_id AS run_id, :attempt_id AS attempt_id, :fence AS fence, runs.job, :endpoint AS endpoint, :model AS model, :position AS position, :prompt_digest AS prompt_digest, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS started_at, :estimate AS estimate, :budget_period AS budget_period, :budget_day AS budget_day, 'queued' AS outcome, :custom_id AS custom_id, :request AS request 
+FROM runs 
+WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING call_id;
+
+-- name: find_queued_call
+-- The Run's call of this position and prompt that waits in a batch, if it queued one already (a
+-- Run queues a call once).
+-- parameters: run_id, position, prompt_digest
+SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = :run_id AND model_calls.position = :position AND model_calls.prompt_digest = :prompt_digest AND model_calls.outcome = 'queued';
+
 -- name: record_call_answer
 -- Record a call answered with its usage and checkpoint its answer, only while its Attempt holds
 -- the Run's lease; otherwise the call is lost (another attempt may be paying for it again) and
 -- only its usage is recorded.
--- parameters: run_id, owner, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, answer, call_id
+-- parameters: run_id, owner, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, sync_cost_nanos, answer, call_id
 UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
 FROM runs 
-WHERE runs.run_id = :run_id AND runs.fence = model_calls.fence AND runs.owner = :owner AND runs.status = 'running'))) THEN 'answered' ELSE 'lost' END, prompt_tokens=:prompt_tokens, completion_tokens=:completion_tokens, cached_tokens=:cached_tokens, cache_write_tokens=:cache_write_tokens, latency_ms=:latency_ms, cost_nanos=:cost_nanos, currency=:currency, overrun=:overrun, answer=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
+WHERE runs.run_id = :run_id AND runs.fence = model_calls.fence AND runs.owner = :owner AND runs.status = 'running'))) THEN 'answered' ELSE 'lost' END, prompt_tokens=:prompt_tokens, completion_tokens=:completion_tokens, cached_tokens=:cached_tokens, cache_write_tokens=:cache_write_tokens, latency_ms=:latency_ms, cost_nanos=:cost_nanos, currency=:currency, overrun=:overrun, sync_cost_nanos=:sync_cost_nanos, answer=CASE WHEN (model_calls.outcome IS NULL AND (EXISTS (SELECT runs.run_id 
 FROM runs 
 WHERE runs.run_id = :run_id AND runs.fence = model_calls.fence AND runs.owner = :owner AND runs.status = 'running'))) THEN :answer ELSE NULL END WHERE model_calls.call_id = :call_id AND (model_calls.outcome IS NULL OR model_calls.outcome = 'lost' AND model_calls.latency_ms IS NULL) RETURNING outcome;
 
@@ -133,8 +156,8 @@ WHERE runs.run_id = :run_id AND runs.fence = model_calls.fence AND runs.owner = 
 -- Record a call refused by the provider (an error reply: not billed) or failed (no usable answer:
 -- timeout, connection lost, malformed reply), with its error; a call already marked lost learns
 -- what became of it.
--- parameters: outcome, error, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, call_id
-UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=:outcome, error=:error, prompt_tokens=:prompt_tokens, completion_tokens=:completion_tokens, cached_tokens=:cached_tokens, cache_write_tokens=:cache_write_tokens, latency_ms=:latency_ms, cost_nanos=:cost_nanos, currency=:currency, overrun=:overrun WHERE model_calls.call_id = :call_id AND (model_calls.outcome IS NULL OR model_calls.outcome = 'lost' AND model_calls.latency_ms IS NULL) RETURNING outcome;
+-- parameters: outcome, error, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, sync_cost_nanos, call_id
+UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=:outcome, error=:error, prompt_tokens=:prompt_tokens, completion_tokens=:completion_tokens, cached_tokens=:cached_tokens, cache_write_tokens=:cache_write_tokens, latency_ms=:latency_ms, cost_nanos=:cost_nanos, currency=:currency, overrun=:overrun, sync_cost_nanos=:sync_cost_nanos WHERE model_calls.call_id = :call_id AND (model_calls.outcome IS NULL OR model_calls.outcome = 'lost' AND model_calls.latency_ms IS NULL) RETURNING outcome;
 
 -- name: mark_calls_lost
 -- A Run's calls in flight whose Attempt no longer holds a lease (its fence moved on: taken over
@@ -146,28 +169,29 @@ FROM runs
 WHERE runs.run_id = model_calls.run_id AND runs.fence = model_calls.fence AND runs.status = 'running')) RETURNING call_id, job, estimate, budget_period, budget_day;
 
 -- name: list_model_calls
--- A Run's model calls, in the order they were made, without answers.
+-- A Run's model calls, in the order they were made, without answers (nor queued requests).
 -- parameters: run_id
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
 FROM model_calls 
 WHERE model_calls.run_id = :run_id ORDER BY model_calls.started_at, model_calls.fence, model_calls.position;
 
 -- name: list_model_calls_of_runs
--- The model calls of the Runs whose ids are given, without answers: one statement for a whole
--- tick.
+-- The model calls of the Runs whose ids are given, without answers (nor queued requests): one
+-- statement for a whole tick.
 -- parameters: ids
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
 FROM model_calls 
 WHERE model_calls.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
 FROM json_each(:ids) AS item) ORDER BY model_calls.run_id, model_calls.started_at, model_calls.position;
 
 -- name: read_model_calls_since
 -- The model calls started from a moment on (optionally of one job), with their Run's revision:
--- what stats and costs add up, no answers.
+-- what stats and costs add up, no answers; not the calls still queued in a batch (neither in
+-- flight nor paid).
 -- parameters: since, job
-SELECT model_calls.run_id, model_calls.job, model_calls.model, model_calls.started_at, model_calls.outcome, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.cost_nanos, model_calls.currency, model_calls.reuses, model_calls.rejected_at, model_calls.overrun, runs.revision 
+SELECT model_calls.run_id, model_calls.job, model_calls.model, model_calls.started_at, model_calls.outcome, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.cost_nanos, model_calls.currency, model_calls.reuses, model_calls.rejected_at, model_calls.overrun, model_calls.batch_key, model_calls.sync_cost_nanos, runs.revision 
 FROM model_calls JOIN runs ON runs.run_id = model_calls.run_id 
-WHERE model_calls.started_at >= :since AND (CAST(:job AS VARCHAR(200)) IS NULL OR model_calls.job = CAST(:job AS VARCHAR(200)));
+WHERE model_calls.started_at >= :since AND (model_calls.outcome IS NULL OR model_calls.outcome != 'queued') AND (CAST(:job AS VARCHAR(200)) IS NULL OR model_calls.job = CAST(:job AS VARCHAR(200)));
 
 -- name: replay_call
 -- The checkpointed answer of a position of the Run's transform whose prompt has the same digest
@@ -498,12 +522,13 @@ WHERE (CAST(:job AS VARCHAR(200)) IS NULL OR runs.job = CAST(:job AS VARCHAR(200
  LIMIT :limit OFFSET 0;
 
 -- name: list_unfinished_runs
--- Every Run neither completed nor failed (pending or running), optionally of one job, oldest
--- period first, with its lease (owner, end) and fence: what on-call reads, without documents.
+-- Every Run neither completed nor failed (pending, running or waiting for its batch), optionally
+-- of one job, oldest period first, with its lease (owner, end) and fence: what on-call reads,
+-- without documents.
 -- parameters: job
 SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.revision, runs.status, runs.owner, runs.lease_expires_at, runs.fence, runs.attempts, runs.error, runs.updated_at 
 FROM runs 
-WHERE (CAST(:job AS VARCHAR(200)) IS NULL OR runs.job = CAST(:job AS VARCHAR(200))) AND (runs.status = 'pending' OR runs.status = 'running') ORDER BY runs.period_start, runs.job, runs.subject, runs.revision;
+WHERE (CAST(:job AS VARCHAR(200)) IS NULL OR runs.job = CAST(:job AS VARCHAR(200))) AND (runs.status = 'pending' OR runs.status = 'running' OR runs.status = 'waiting') ORDER BY runs.period_start, runs.job, runs.subject, runs.revision;
 
 -- name: list_attempts
 -- A Run's Attempts in claim (fence) order.
@@ -769,8 +794,186 @@ FROM runs
 WHERE runs.status = 'failed' AND runs.created_at < :cutoff AND runs.job IN (SELECT json_extract(item.value, '$.job') AS job 
 FROM json_each(:jobs) AS item)) AS failed, (SELECT count(*) AS count_8 
 FROM runs 
-WHERE (runs.status = 'pending' OR runs.status = 'running') AND runs.created_at < :cutoff AND runs.job IN (SELECT json_extract(item.value, '$.job') AS job 
+WHERE (runs.status = 'pending' OR runs.status = 'running' OR runs.status = 'waiting') AND runs.created_at < :cutoff AND runs.job IN (SELECT json_extract(item.value, '$.job') AS job 
 FROM json_each(:jobs) AS item)) AS unfinished, (SELECT count(*) AS count_9 
 FROM runs 
 WHERE runs.pruned_at IS NOT NULL AND runs.job IN (SELECT json_extract(item.value, '$.job') AS job 
 FROM json_each(:jobs) AS item)) AS tombstones;
+
+-- name: wait_for_batch
+-- A running Run whose calls are queued in a batch waits for it (never claimed), its lease cleared
+-- and the attempt it took given back; pending at once when none of its calls is still queued (its
+-- batch settled already); only the current fence holder can.
+-- parameters: error, run_id, fence, owner
+UPDATE runs SET status=CASE WHEN (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'queued')) THEN 'waiting' ELSE 'pending' END, owner=NULL, lease_expires_at=NULL, attempts=CASE WHEN (runs.attempts > 0) THEN runs.attempts - 1 ELSE 0 END, error=:error, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING attempts, status;
+
+-- name: end_waiting_attempt
+-- The Attempt of a Run that waits for its batch ends released, with its note.
+-- parameters: error, attempt_id
+UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome='released', error=:error, model_calls=0 WHERE attempts.attempt_id = :attempt_id;
+
+-- name: pick_queued_calls
+-- The oldest queued calls of a job and endpoint that no batch holds, at most the limit, skipping
+-- rows another submitter has locked (PostgreSQL).
+-- parameters: endpoint, job, limit
+SELECT model_calls.call_id, model_calls.custom_id, model_calls.request 
+FROM model_calls 
+WHERE outcome = 'queued' AND batch_key IS NULL AND model_calls.endpoint = :endpoint AND model_calls.job = :job ORDER BY model_calls.started_at, model_calls.call_id
+ LIMIT :limit OFFSET 0;
+
+-- name: open_batch
+-- Insert a batch open, its lease held by the submitter that opened it (fence 1, database clock),
+-- with how many calls it holds and the digest of its lines.
+-- parameters: batch_key, job, endpoint, model, kind, flow_run_id, period_start, input_digest, requests, owner, lease
+INSERT INTO batches (batch_key, job, endpoint, model, kind, status, flow_run_id, period_start, input_digest, requests, fence, owner, lease_expires_at, created_at) VALUES (:batch_key, :job, :endpoint, :model, :kind, 'open', :flow_run_id, :period_start, :input_digest, :requests, 1, :owner, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000'), (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, requests;
+
+-- name: stamp_batch_calls
+-- The picked calls, still queued and in no batch, are held by the batch (given as one JSON array).
+-- parameters: batch_key, ids
+UPDATE model_calls SET batch_key=:batch_key WHERE model_calls.call_id IN (SELECT json_extract(item.value, '$.call_id') AS call_id 
+FROM json_each(:ids) AS item) AND model_calls.outcome = 'queued' AND model_calls.batch_key IS NULL RETURNING call_id;
+
+-- name: claim_batch
+-- Take the lease of a batch in flight (open or submitted) whose lease is free or expired (database
+-- clock): bump its fence.
+-- parameters: owner, lease, batch_key
+UPDATE batches SET fence=(batches.fence + 1), owner=:owner, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') WHERE batches.batch_key = :batch_key AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, requests;
+
+-- name: claim_due_batches
+-- Lease the oldest batches in flight whose lease is free or expired (database clock), at most the
+-- limit, skipping rows another poller has locked (PostgreSQL); each claim bumps the fence.
+-- parameters: owner, lease, limit
+UPDATE batches SET fence=(batches.fence + 1), owner=:owner, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') WHERE batches.batch_key IN (SELECT batches.batch_key 
+FROM batches 
+WHERE (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ORDER BY batches.created_at, batches.batch_key
+ LIMIT :limit OFFSET 0) AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, requests;
+
+-- name: list_batch_lines
+-- The lines of a batch's file (its calls' ids and request bodies), in custom_id order.
+-- parameters: batch_key
+SELECT model_calls.custom_id, model_calls.request 
+FROM model_calls 
+WHERE model_calls.batch_key = :batch_key ORDER BY model_calls.custom_id;
+
+-- name: record_batch_file
+-- Store the id of the batch's uploaded file; only the holder of the batch's lease can.
+-- parameters: provider_file_id, batch_key, fence, owner
+UPDATE batches SET provider_file_id=:provider_file_id WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') RETURNING batch_key;
+
+-- name: record_batch_submitted
+-- The provider has the batch: its id and status stored, the batch submitted and its lease
+-- released; only the holder of the batch's lease can.
+-- parameters: provider_batch_id, provider_status, batch_key, fence, owner
+UPDATE batches SET status='submitted', provider_batch_id=:provider_batch_id, provider_status=:provider_status, owner=NULL, lease_expires_at=NULL, submitted_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') RETURNING batch_key;
+
+-- name: record_batch_polled
+-- A batch still running at the provider: its status and counts as reported noted and its lease
+-- released; only the holder of the batch's lease can.
+-- parameters: provider_status, provider_total, provider_completed, provider_failed, batch_key, fence, owner
+UPDATE batches SET provider_status=:provider_status, provider_total=:provider_total, provider_completed=:provider_completed, provider_failed=:provider_failed, owner=NULL, lease_expires_at=NULL, polled_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') RETURNING batch_key;
+
+-- name: settle_batch_call
+-- A call of the batch still queued ends as its result line says (answered with its checkpoint, or
+-- refused or failed with its error), with its usage; only while the batch's lease is held.
+-- parameters: outcome, error, prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, latency_ms, cost_nanos, currency, overrun, sync_cost_nanos, answer, batch_key, custom_id, fence, owner
+UPDATE model_calls SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome=:outcome, error=:error, prompt_tokens=:prompt_tokens, completion_tokens=:completion_tokens, cached_tokens=:cached_tokens, cache_write_tokens=:cache_write_tokens, latency_ms=:latency_ms, cost_nanos=:cost_nanos, currency=:currency, overrun=:overrun, sync_cost_nanos=:sync_cost_nanos, answer=:answer WHERE model_calls.batch_key = :batch_key AND model_calls.custom_id = :custom_id AND model_calls.outcome = 'queued' AND (EXISTS (SELECT batches.batch_key 
+FROM batches 
+WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'))) RETURNING call_id, custom_id, job, estimate, budget_period, budget_day;
+
+-- name: finish_batch
+-- The batch is settled: what became of its calls counted (answered, refused, failed, still queued)
+-- and their cost added up, the provider's last status noted, its lease released; only the holder
+-- of the batch's lease can.
+-- parameters: provider_status, error, batch_key, fence, owner
+UPDATE batches SET status='settled', provider_status=:provider_status, owner=NULL, lease_expires_at=NULL, settled_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), answered=(SELECT count(*) AS count_1 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'answered'), refused=(SELECT count(*) AS count_2 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'refused'), failed=(SELECT count(*) AS count_3 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'failed'), requeued=(SELECT count(*) AS count_4 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'queued'), cost_nanos=(SELECT sum(model_calls.cost_nanos) AS sum_1 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key), currency=(SELECT max(model_calls.currency) AS max_1 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key), error=:error WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') RETURNING requeued;
+
+-- name: requeue_batch_calls
+-- The calls of a finished batch that no result settled (expired, cancelled, a transient line
+-- error) go back to the queue for the next batch.
+-- parameters: batch_key
+UPDATE model_calls SET batch_key=NULL WHERE model_calls.batch_key = :batch_key AND model_calls.outcome = 'queued' RETURNING call_id;
+
+-- name: fail_waiting_runs
+-- A waiting Run none of whose calls is still queued fails when one of its calls in the finished
+-- batch was refused or failed, with that call's error.
+-- parameters: batch_key
+UPDATE runs SET status='failed', error=(SELECT model_calls.error 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key = :batch_key AND (model_calls.outcome = 'refused' OR model_calls.outcome = 'failed') ORDER BY model_calls.finished_at, model_calls.call_id
+ LIMIT 1 OFFSET 0), updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.status = 'waiting' AND NOT (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'queued')) AND (EXISTS (SELECT model_calls.error 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key = :batch_key AND (model_calls.outcome = 'refused' OR model_calls.outcome = 'failed') ORDER BY model_calls.finished_at, model_calls.call_id
+ LIMIT 1 OFFSET 0)) RETURNING run_id, job, subject, period_start;
+
+-- name: release_waiting_runs
+-- A waiting Run with calls in the finished batch and none still queued is pending again: a tick
+-- runs it and replays its settled answers.
+-- parameters: batch_key
+UPDATE runs SET status='pending', error=NULL, updated_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE runs.status = 'waiting' AND NOT (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'queued')) AND (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key = :batch_key)) RETURNING run_id, job, subject, period_start;
+
+-- name: list_batches
+-- The latest batches, newest first, optionally of one status.
+-- parameters: status, limit
+SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.cost_nanos, batches.currency, batches.error 
+FROM batches 
+WHERE CAST(:status AS VARCHAR(16)) IS NULL OR batches.status = CAST(:status AS VARCHAR(16)) ORDER BY batches.created_at DESC, batches.batch_key
+ LIMIT :limit OFFSET 0;
+
+-- name: get_batch
+-- A batch by its key or by the provider's batch id.
+-- parameters: key
+SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.cost_nanos, batches.currency, batches.error 
+FROM batches 
+WHERE batches.batch_key = :key OR batches.provider_batch_id = :key ORDER BY batches.created_at
+ LIMIT 1 OFFSET 0;
+
+-- name: list_batch_calls
+-- The model calls a batch holds or settled, in custom_id order, without answers (nor requests).
+-- parameters: batch_key
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
+FROM model_calls 
+WHERE model_calls.batch_key = :batch_key ORDER BY model_calls.custom_id;
+
+-- name: list_released_runs
+-- The pending Runs an answered batch call of theirs waits to be replayed by (released by a settled
+-- batch, not run again yet), oldest period first, at most the limit, without documents.
+-- parameters: limit
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs 
+WHERE runs.status = 'pending' AND (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key IS NOT NULL AND model_calls.outcome = 'answered' AND model_calls.rejected_at IS NULL)) ORDER BY runs.period_start, runs.job, runs.subject, runs.revision
+ LIMIT :limit OFFSET 0;
+
+-- name: list_unsettled_tick_flow_runs
+-- The flow runs of the ticks that opened a batch not yet settled (open or submitted).
+SELECT DISTINCT batches.flow_run_id 
+FROM batches 
+WHERE batches.status != 'settled' AND batches.flow_run_id IS NOT NULL;
+
+-- name: list_waiting_runs
+-- The Runs waiting for a batch, optionally of one job, oldest period first, without documents.
+-- parameters: job
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
+FROM runs 
+WHERE runs.status = 'waiting' AND (CAST(:job AS VARCHAR(200)) IS NULL OR runs.job = CAST(:job AS VARCHAR(200))) ORDER BY runs.period_start, runs.job, runs.subject, runs.revision;

@@ -15,8 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from tests.support.loopback import Answer, LoopbackServer, Request, json_answer
-from tests.support.structured import answer_text
+from bench.loopback import Answer, LoopbackServer, Request, json_answer
+from bench.structured import answer_text
 
 DELAY = re.compile(r"delay=([0-9.]+)")
 

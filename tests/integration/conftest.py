@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
+from bench.batch_provider import BatchServer
 from flows.cli import app
 from tests.support.pipeline import Env, ModelServer, pipeline_env
 
@@ -50,6 +51,14 @@ def server() -> Iterator[ModelServer]:
     """An OpenAI-compatible server on loopback that no setting selects: the test builds the
     client it asks (``model_server`` selects one through the settings)."""
     with ModelServer() as running:
+        yield running
+
+
+@pytest.fixture
+def batch_server() -> Iterator[BatchServer]:
+    """OpenAI's Files and Batches API on loopback (batches end when created unless the test
+    sets ``polls_until_done``); the test builds the batch client it asks."""
+    with BatchServer() as running:
         yield running
 
 

@@ -94,6 +94,19 @@ def test_the_outbox_claim_bench_compares_a_backlog_with_a_small_outbox_on_both_l
                          r"claim; ratio \d+\.\d\d", out), out
 
 
+def test_the_batch_price_bench_meets_its_targets_on_both_ledgers(run_bench: RunBench) -> None:
+    """Reduced (4 subjects, a provider that answers at the second poll): batch mode costs half
+    the synchronous tick on each ledger, one create per batch key, one answered call per Run,
+    every Run completed."""
+    out = run_bench("batch_price.py", "--subjects", "4", "--polls", "1", "--poll-interval",
+                    "0.1", "--dialects", "sqlite", "postgres")
+    for dialect in ("sqlite", "postgres"):
+        assert f"{dialect:8} N=4: cost ratio batch : synchronous 0.5000" in out, out
+        assert f"{dialect:8} N=4: creates per batch key [1] (target [1]): met" in out, out
+        assert f"{dialect:8} N=4: Runs completed 8 of 8: met" in out, out
+    assert "MISSED" not in out
+
+
 def test_the_pipeline_bench_reruns_a_completed_tick_without_model_calls_or_task_runs(
         run_bench: RunBench, postgres_databases: Any) -> None:
     """Only Prefect-native's rerun creates task runs (cached); neither calls a model again."""

@@ -11,9 +11,9 @@ import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from typer.testing import CliRunner
 
+from bench.loopback import Answer, LoopbackServer, Request
 from flows.cli import app
 from flows.mail.sink import Sink
-from tests.support.loopback import Answer, LoopbackServer, Request
 
 RUNNER = CliRunner()
 

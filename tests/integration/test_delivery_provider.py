@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from bench.loopback import Answer, LoopbackServer, Request, json_answer
 from flows.delivery.policy import RetryPolicy
 from flows.errors import DeliveryConfigurationError
 from flows.mail.errors import MailConfigurationError
 from flows.mail.letter import message_id_for
 from store import Ledger
 from tests.support.delivery import API_KEY, deliver, queue, statuses, transport
-from tests.support.loopback import Answer, LoopbackServer, Request, json_answer
 
 
 @dataclass

@@ -127,6 +127,13 @@ def assert_finished_once(ledger: Ledger, c: Crash, sink: Sink) -> str:
     taken = ledger.get(fw.identity(c.subject, 4).run_id)
     assert (taken.status, taken.fence, taken.owner) == ("pending", 2, None), taken
     assert [a.outcome for a in ledger.attempts(taken.run_id)] == ["released"]
+    batched = ledger.get(fw.identity(c.subject, 6).run_id)
+    assert (batched.status, batched.output) == ("completed", {"text": "batched"}), batched
+    assert [r["outcome"] for r in model_calls(ledger) if r["run_id"] == batched.run_id] == [
+        "answered"]
+    batch = ledger.batches.get(fw.batch_key(fw.identity(c.subject, 6)))
+    assert batch is not None and (batch.status, batch.answered, batch.requeued) == (
+        "settled", 1, 0), batch
     reviewed = ledger.outbox.messages(run_id=fw.identity(c.subject, 5).run_id)
     assert [(m.status, m.decision) for m in reviewed] == [("rejected", "rejected")], reviewed
     pruned = ledger.get(RunIdentity(fw.PRUNED_JOB, c.subject, fw.PERIOD, "1").run_id)

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from bench.loopback import Answer, LoopbackServer, Request
 from flows.mail.errors import MailConfigurationError
 from store import Ledger
 from tests.support.delivery import deliver, queue, transport
-from tests.support.loopback import Answer, LoopbackServer, Request
 
 BODIES = st.sampled_from([
     b'{"id": "e-1"}', b'{"id": 12345}', b'{"id": {"nested": true}}',

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.loopback import Answer, LoopbackServer, Request
 from flows.errors import is_transient
 from flows.jobs import PermanentError, TransientError
 from flows.jobs import competitor_summary as summary
 from store import InvalidInput
-from tests.support.loopback import Answer, LoopbackServer, Request
 
 PERIOD = summary.job.parse_period("2026-01-05")
 

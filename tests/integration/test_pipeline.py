@@ -29,6 +29,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.states import Scheduled
 from prefect.utilities.collections import visit_collection
 
+from bench.loopback import Answer, LoopbackServer, Request, json_answer
 from flows.board import Board
 from flows.errors import PeriodNotDue
 from flows.jobs.competitor_summary import job as competitor_summary
@@ -46,7 +47,6 @@ from flows.stats import daily_stats
 from store import Intent, Ledger, Registration, Run
 from tests.support.alerts import quiet_job
 from tests.support.ledger import wait_for_db_clock, write_locked
-from tests.support.loopback import Answer, LoopbackServer, Request, json_answer
 from tests.support.pipeline import (
     ACME,
     SUMMARY,
@@ -740,8 +740,9 @@ def test_the_completed_event_carries_what_the_run_spent_over_every_attempt(
     state, report = env.run(probe.name, None, "2026-01-05")
     assert state.name == "Completed" and outcomes(report) == {"acme": "new", "globex": "new"}
     one_call = {"calls_paid": 1, "calls_lost": 0, "calls_failed": 0, "calls_refused": 0,
-                "calls_in_flight": 0, "calls_reused": 0, "tokens": 150,
-                "cached_tokens": 0, "cache_write_tokens": 0, "cost": {"USD": "0.000036"}, "calls_without_price": 0,
+                "calls_in_flight": 0, "calls_queued": 0, "calls_batched": 0, "batch_saved": {},
+                "calls_reused": 0, "tokens": 150, "cached_tokens": 0, "cache_write_tokens": 0,
+                "cost": {"USD": "0.000036"}, "calls_without_price": 0,
                 "calls_of_unknown_cost": 0, "calls_over_bound": 0, "tokens_over_bound": 0}
     expected = {"acme": {**one_call, "calls_paid": 2, "calls_lost": 1,
                          "calls_of_unknown_cost": 1}, "globex": one_call}

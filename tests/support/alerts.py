@@ -15,11 +15,11 @@ from uuid import UUID
 
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
+from bench.loopback import Answer, LoopbackServer, Request
 from flows.jobs import Candidate, Job
 from flows.registry import register
 from flows.stack.prefect_server import client
 from store import OutboxMessage, Period
-from tests.support.loopback import Answer, LoopbackServer, Request
 
 T = TypeVar("T")
 

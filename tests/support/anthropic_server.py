@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.loopback import Answer, Request, ScriptedServer, json_answer
+from bench.loopback import Answer, Request, ScriptedServer, json_answer
 
 USAGE = {"input_tokens": 100, "output_tokens": 30}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",

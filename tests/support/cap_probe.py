@@ -11,15 +11,15 @@ import json
 from decimal import Decimal
 from typing import Any
 
+from bench.loopback import Answer, Request, json_answer
+from bench.structured import answer_text
 from flows.jobs import Job
 from flows.jobs.budget import Budget
 from flows.model import CallBound, call_bound
 from flows.model.bound import byte_bound
 from flows.prices import ModelPrice, PriceList, money
 from tests.support import reconcile_probe
-from tests.support.loopback import Answer, Request, json_answer
 from tests.support.pipeline import ModelServer
-from tests.support.structured import answer_text
 
 ENV = "RUNLEDGER_TEST_CAP_PROBE"  # the job's name
 CALLS = "RUNLEDGER_TEST_CAP_CALLS"  # how many calls' bound its budget has room for

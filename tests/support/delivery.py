@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.loopback import LoopbackServer
 from flows.delivery.dispatcher import Dispatcher
 from flows.delivery.policy import RetryPolicy
 from flows.delivery.report import DeliveryReport
@@ -24,7 +25,6 @@ from flows.mail.smtp import SmtpTransport
 from flows.transport import Transport
 from store import Ledger, OutboxMessage, QueuedMessage, RunIdentity
 from tests.support.killed import run_killed
-from tests.support.loopback import LoopbackServer
 
 SENDER = "jobs@example.com"
 # Tiny delays so that a retried message is due again within a test.

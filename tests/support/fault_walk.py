@@ -7,7 +7,9 @@ recovered, and counted as a duplicate with its cost; a side Run spends (a call a
 refused, its answers rejected, one refused by the budget, released over budget, claimed again:
 its calls in flight marked lost, its checkpoint looked up, its last call made through a
 limited endpoint's slot, completed); another side Run is
-claimed, failed, requeued and given up; a Run of another job is completed and
+claimed, failed, requeued and given up; another's call is queued for a provider's batch
+(it waits, the batch is opened, submitted, polled, settled and finished, and it completes
+with the batch's answer); a Run of another job is completed and
 pruned to its tombstone; the decisions' events are claimed and recorded emitted; the mail is delivered to a sink that
 answers 451 once, drops the connection once and refuses one recipient (550), and the refused
 message is requeued once.
@@ -45,17 +47,28 @@ from flows.model import (
 )
 from flows.prices import NO_PRICES
 from store import (
+    AFTER_BATCH_CREATE,
+    AFTER_BATCH_UPLOAD,
+    MID_RESULTS_DOWNLOAD,
+    AlreadyQueued,
+    BatchClaim,
+    BatchCounts,
     BudgetExhausted,
     Charge,
     Claim,
+    End,
     Intent,
+    LeaseLost,
     Ledger,
     Limits,
     OutboxMessage,
+    Queued,
     QueuedMessage,
     Run,
     RunIdentity,
+    Usage,
     Window,
+    fault_point,
     unemitted,
 )
 from tests.support.ledger import register_and_claim, wait_for_db_clock
@@ -119,6 +132,7 @@ def walk(ledger: Ledger, subject: str, host: str, port: int) -> None:
     _operate(ledger, identity(subject, 2), owner)
     _take_over(ledger, identity(subject, 4), owner)
     _review(ledger, identity(subject, 5), owner)
+    _batch(ledger, identity(subject, 6), owner)
     _prune(ledger, RunIdentity(PRUNED_JOB, subject, PERIOD, "1"), owner)
     _emit(ledger)
     _deliver(ledger, main.run_id, host, port)
@@ -187,6 +201,83 @@ def _review(ledger: Ledger, side: RunIdentity, owner: str) -> None:
             if m.status == "held"]
     if held:
         ledger.outbox.decide(held, "rejected", f"walk:{side.subject}", "walk: not to be sent")
+
+
+BATCH_LEASE = 3.0  # a batch's lease; a dead walker's is waited out by the rerun
+BATCH_DIGEST = "b" * 64
+BATCH_ENDPOINT = "walk-batch"
+
+
+def batch_key(side: RunIdentity) -> str:
+    return f"walk-{side.subject}"[:64]
+
+
+def _batch(ledger: Ledger, side: RunIdentity, owner: str) -> None:
+    """A side Run whose one call is queued for a provider's batch: the Run waits; the batch is
+    opened, its file uploaded and the provider's batch created (no provider here: the ids are
+    made up), polled once while running, its result line settled and the batch finished; the
+    released Run is claimed again, replays the batch's answer and completes."""
+    while (run := ledger.register(side)).status != "completed":
+        if run.status == "waiting":
+            _drive_batch(ledger, batch_key(side), owner)
+            continue
+        claim = _claim_when_free(ledger, run, owner)
+        found = ledger.calls.replay(claim, 0, BATCH_DIGEST)
+        if found is not None:
+            ledger.complete(claim, {"text": found.answer["text"]})
+            return
+        with suppress(AlreadyQueued):
+            ledger.calls.record_intent(claim, Intent(
+                BATCH_ENDPOINT, "m", 0, BATCH_DIGEST,
+                queued=Queued(f"{side.subject}-0"[:64], {"messages": ["batched"]})))
+        ledger.batches.wait_for_batch(claim, "walk: waiting for its batch")
+
+
+def _drive_batch(ledger: Ledger, key: str, owner: str) -> None:
+    """The submitter's and the poller's steps on the batch ``key``, from wherever an earlier
+    walk left it, until it is settled (a lease lost on the way: the next round starts over)."""
+    while True:
+        batch = ledger.batches.get(key)
+        if batch is None:
+            opened = ledger.batches.open_batch(key, job=JOB, endpoint=BATCH_ENDPOINT, model="m",
+                                               kind="openai", owner=owner, lease=BATCH_LEASE,
+                                               max_requests=10)
+            assert opened is not None, key
+            claim: BatchClaim | None = opened.claim
+        elif batch.status == "settled":
+            return
+        elif (claim := ledger.batches.claim_batch(key, owner, BATCH_LEASE)) is None:
+            assert batch.lease_expires_at is not None, batch
+            wait_for_db_clock(ledger, batch.lease_expires_at)
+            continue
+        assert claim is not None
+        _batch_step(ledger, claim)
+
+
+def _batch_step(ledger: Ledger, claim: BatchClaim) -> None:
+    """One holder's step: upload and create an open batch, poll a submitted one once, then
+    settle its results and finish it."""
+    book = ledger.batches
+    if claim.status == "open":
+        if claim.provider_file_id is None:
+            book.lines(claim.key)  # what the file would hold
+            fault_point(AFTER_BATCH_UPLOAD)
+            if not book.record_file(claim, f"file-{claim.key}"):
+                return
+        fault_point(AFTER_BATCH_CREATE)
+        book.record_submitted(claim, f"batch-{claim.key}", "validating")
+        return
+    batch = book.get(claim.key)
+    assert batch is not None
+    if batch.polled_at is None:
+        book.record_polled(claim, "in_progress", BatchCounts(total=1, completed=0, failed=0))
+        return
+    fault_point(MID_RESULTS_DOWNLOAD)
+    ends = [(call.custom_id, End("answered", Usage(10, 5), answer={"text": "batched"}))
+            for call in book.calls_of(claim.key) if call.custom_id is not None]
+    book.settle_results(claim, ends)
+    with suppress(LeaseLost):
+        book.finish_batch(claim, "completed")
 
 
 def _prune(ledger: Ledger, old: RunIdentity, owner: str) -> None:

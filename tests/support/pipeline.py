@@ -20,18 +20,18 @@ from typing import Any, cast
 import pytest
 from prefect.client.schemas.objects import State
 
+from bench.loopback import Answer, Request, ScriptedServer, json_answer
+from bench.structured import answer_text
 from flows.jobs import Candidate, Job
 from flows.jobs.competitor_summary import SAMPLE_DATA
 from flows.jobs.competitor_summary import job as competitor_summary
 from flows.model import Model
 from flows.registry import register, upgrade_ledger
 from flows.run_job.flow import run_job
-from flows.run_job.outcomes import TickReport
+from flows.run_job.outcomes import TickReport, state_value
 from store import Ledger, OutboxMessage, Period, Run
 from tests.support import waiting
 from tests.support.ledger import model_calls
-from tests.support.loopback import Answer, Request, ScriptedServer, json_answer
-from tests.support.structured import answer_text
 
 RUNLEDGER = [sys.executable, "-c", "from flows.cli import main; main()"]
 SUMMARY = "competitor-summary"
@@ -219,7 +219,7 @@ class Env:
     def run(self, job: str, subjects: list[str] | None = None,
             period: str | None = None) -> tuple[State[Any], TickReport | BaseException]:
         state = final_state(run_job(job=job, subjects=subjects, period=period, return_state=True))
-        return state, state.result(raise_on_failure=False)
+        return state, state_value(state)
 
     def the_run(self, subject: str, period: str, job: Job = competitor_summary) -> Run:
         return self.ledger.get(job.identity(subject, job.parse_period(period)).run_id)

@@ -240,6 +240,9 @@ def acceptance_stack(root: Path, admin: sa.Engine, ledger_url: str,
 
         stack = AcceptanceStack(supervisor, api, ledger_url, mail_dir, worker_env)
         stack.pause_schedules("deliver-outbox")
+        # Batch tests poll themselves, with the model their flow runs are given: a scheduled
+        # poll under the workers' offline model would hold their batches' leases, failing.
+        stack.pause_schedules("settle-batches")
         for name in WORKER_QUEUES:
             stack.start_worker(name)
         stack.wait_online(*WORKER_QUEUES)

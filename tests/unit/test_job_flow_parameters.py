@@ -16,7 +16,8 @@ def test_the_flow_is_called_run_job() -> None:
 def test_every_parameter_has_a_description_for_the_custom_run_form() -> None:
     """The Custom run form shows each parameter's description from the docstring."""
     properties = run_job.parameters.properties
-    assert set(properties) == {"job", "subjects", "period", "allow_not_due", "shard_size"}
+    assert set(properties) == {"job", "subjects", "period", "allow_not_due", "shard_size",
+                               "batch"}
     assert all(properties[name].get("description") for name in properties)
 
 
@@ -25,7 +26,8 @@ def test_a_deployment_of_the_flow_shows_only_what_a_person_sets() -> None:
     sharded tick tells its shards which they are through their idempotency keys."""
     [spec] = [s for s in load_deployments() if s.job == "competitor-summary"]
     properties = runner_deployment(spec)._parameter_openapi_schema.properties
-    assert set(properties) == {"job", "subjects", "period", "allow_not_due", "shard_size"}
+    assert set(properties) == {"job", "subjects", "period", "allow_not_due", "shard_size",
+                               "batch"}
 
 
 def test_the_period_description_explains_both_formats_and_the_default() -> None:

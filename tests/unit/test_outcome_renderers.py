@@ -79,7 +79,9 @@ def test_the_tick_artifact_event_and_flow_run_state_name_every_outcome(outcome: 
     assert EVENTS[outcome].startswith("runledger.run.")
     state = report.final_state()
     assert outcome_name(state) == STATE_NAMES[outcome]
-    assert state.is_completed() == (outcome not in ("failed", "stopped", "over-budget"))
+    assert state.is_completed() == (outcome not in ("failed", "stopped", "over-budget",
+                                                    "waiting"))
+    assert state.is_paused() == (outcome == "waiting")
 
 
 @pytest.mark.parametrize("outcome", OUTCOMES)

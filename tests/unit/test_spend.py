@@ -54,7 +54,8 @@ def test_a_completed_runs_outcome_reports_this_attempts_calls_and_the_runs_over_
     assert (shown["model_calls"], shown["tokens"], shown["cost"]) == (1, 150, "0.000036")
     assert shown["run_spend"] == {
         "calls_paid": 2, "calls_lost": 1, "calls_failed": 0, "calls_refused": 0,
-        "calls_in_flight": 0, "calls_reused": 0, "tokens": 150, "cached_tokens": 0,
+        "calls_in_flight": 0, "calls_queued": 0, "calls_batched": 0, "batch_saved": {},
+        "calls_reused": 0, "tokens": 150, "cached_tokens": 0,
         "cache_write_tokens": 0, "cost": {"EUR": "0.000036"},
         "calls_without_price": 0, "calls_of_unknown_cost": 1, "calls_over_bound": 0,
         "tokens_over_bound": 0}

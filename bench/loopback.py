@@ -29,6 +29,7 @@ class Answer:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0  # seconds to wait before answering (a slow server)
+    drop: bool = False  # close the connection without a reply (the request was handled)
 
 
 def json_answer(status: int, body: Any, headers: dict[str, str] | None = None,
@@ -52,6 +53,9 @@ class LoopbackServer:
                 answer = owner.answer(Request(self.command, self.path, dict(self.headers),
                                               self.rfile.read(length)))
                 time.sleep(answer.delay)
+                if answer.drop:
+                    self.close_connection = True
+                    return
                 try:
                     self.send_response(answer.status)
                     for name, value in answer.headers.items():

@@ -1,0 +1,86 @@
+"""Submitting a batch: its intent (key, calls, input digest) committed first, then the file
+uploaded and the batch created at the provider, each id stored as soon as it is known. A batch
+is created at most once per key: a submitter that finds a batch without a provider id (a worker
+died between ``create`` and storing the id, or ``create`` lost its reply) asks the provider for
+the batch carrying its key before creating it."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from flows.model.batch.protocol import BatchClient, RemoteBatch
+from flows.model.errors import ModelUnavailable
+from store import (
+    AFTER_BATCH_CREATE,
+    AFTER_BATCH_UPLOAD,
+    BatchClaim,
+    BatchLine,
+    Ledger,
+    fault_point,
+)
+
+log = logging.getLogger(__name__)
+
+BATCH_KEY_PREFIX = "rb-"
+
+
+def new_batch_key() -> str:
+    """A batch's key: what its provider batch carries in its metadata (``runledger_batch``)."""
+    return f"{BATCH_KEY_PREFIX}{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A batch at its provider: the ledger's key, the provider's id and status, its calls."""
+
+    key: str
+    provider_batch_id: str
+    status: str
+    requests: int
+
+
+def submit_queued(ledger: Ledger, client: BatchClient, *, job: str, endpoint: str, model: str,
+                  owner: str, lease_seconds: float, flow_run_id: str | None,
+                  period_start: datetime | None) -> list[Submitted]:
+    """Open and submit batches of ``job``'s queued calls to ``endpoint`` until none waits
+    (several when they pass the provider's requests per batch)."""
+    submitted: list[Submitted] = []
+    while True:
+        opened = ledger.batches.open_batch(
+            new_batch_key(), job=job, endpoint=endpoint, model=model, kind=client.kind,
+            owner=owner, lease=lease_seconds, max_requests=client.max_requests,
+            flow_run_id=flow_run_id, period_start=period_start)
+        if opened is None:
+            return submitted
+        remote = submit(ledger, client, opened.claim, opened.lines)
+        submitted.append(Submitted(opened.claim.key, remote.id, remote.status,
+                                   len(opened.lines)))
+
+
+def submit(ledger: Ledger, client: BatchClient, claim: BatchClaim,
+           lines: list[BatchLine]) -> RemoteBatch:
+    """Create the batch at its provider once, under the batch's lease: a claim that took over
+    a batch (fence above 1) adopts the provider's batch carrying its key before creating one;
+    a create whose reply was lost is settled the same way. The provider's batch."""
+    remote = client.find(claim.key) if claim.fence > 1 else None
+    if remote is None:
+        file_id = claim.provider_file_id
+        if file_id is None:
+            file_id = client.upload(claim.key, [(line.custom_id, line.request) for line in lines])
+            fault_point(AFTER_BATCH_UPLOAD)  # uploaded, its id not stored
+            ledger.batches.record_file(claim, file_id)
+        try:
+            remote = client.create(claim.key, file_id)
+        except ModelUnavailable:
+            # The reply was lost, not necessarily the batch: ask before anything else creates.
+            remote = client.find(claim.key)
+            if remote is None:
+                raise
+            log.info("batch %s: create lost its reply; the provider has it as %s", claim.key,
+                     remote.id)
+        fault_point(AFTER_BATCH_CREATE)  # created, its id not stored
+    ledger.batches.record_submitted(claim, remote.id, remote.status)
+    return remote

@@ -1,0 +1,8 @@
+"""Batch mode's side of the providers: a provider's Batch API as a ``BatchClient`` (lines
+built as the synchronous client builds its requests, a file uploaded, a batch created under
+our key and found again by it, polled, its result lines read as answers or errors)."""
+
+from flows.model.batch.openai import OpenAIBatchClient
+from flows.model.batch.protocol import BATCH_KEY, BatchClient, RemoteBatch, ResultLine
+
+__all__ = ["BATCH_KEY", "BatchClient", "OpenAIBatchClient", "RemoteBatch", "ResultLine"]

@@ -1,0 +1,100 @@
+"""What a provider's Batch API offers the batch mode: lines built from model requests, a file
+of them uploaded, a batch created under our key (its metadata, so that a batch whose create
+got no reply is found again rather than created twice), polled, its results read line by
+line, cancelled. One client per endpoint; ``kind`` names the provider's API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from flows.model.client import Kind
+from flows.model.protocol import Generation
+from flows.model.request import Request
+
+# The metadata key naming our batch key on the provider's batch (what ``find`` matches).
+BATCH_KEY = "runledger_batch"
+
+
+@dataclass(frozen=True)
+class RemoteBatch:
+    """A batch as its provider last reported it: its id and status (the provider's word),
+    ``ended`` once no more results will come (completed, expired, cancelled or failed), the
+    files of its results and of its failed lines (None until there are), its request counts
+    (0 when the provider reports none), its metadata and, for a batch that failed as a whole,
+    the provider's reasons (``error``)."""
+
+    id: str
+    status: str
+    ended: bool
+    output_file_id: str | None
+    error_file_id: str | None
+    total: int
+    completed: int
+    failed: int
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def key(self) -> str | None:
+        """The batch key we created it under (None: a batch we did not create)."""
+        return self.metadata.get(BATCH_KEY)
+
+
+@dataclass(frozen=True)
+class ResultLine:
+    """One request's result in an ended batch: its ``generation`` (a refusal by the model is
+    an answer: ``Generation.refusal``), or its ``error`` with the HTTP ``status`` the line
+    carried (None when the line names an error code, not a response) and whether asking again
+    may succeed (``transient``: 408, 429, 5xx, a request the batch ended before it ran)."""
+
+    custom_id: str
+    generation: Generation | None
+    error: str | None = None
+    status: int | None = None
+    transient: bool = False
+
+
+class BatchClient(Protocol):
+    """A provider's Batch API for one endpoint (``endpoint`` as model call records name it;
+    ``max_requests`` the most lines one batch takes). Failures raise ``ModelUnavailable``
+    (transient: ask again later) or ``ModelRejected`` (permanent), naming the provider and
+    what failed."""
+
+    kind: Kind
+    endpoint: str
+    max_requests: int
+
+    def line(self, request: Request) -> dict[str, Any]:
+        """The body a batch line sends for ``request`` (what the ledger keeps as the queued
+        call's request), as the synchronous client would send it."""
+        ...
+
+    def find(self, key: str) -> RemoteBatch | None:
+        """The batch created under ``key`` (newest first), or None when there is none."""
+        ...
+
+    def upload(self, key: str, lines: Sequence[tuple[str, dict[str, Any]]]) -> str:
+        """Upload the batch file of ``lines`` (custom_id, body) for batch ``key``; its id."""
+        ...
+
+    def create(self, key: str, file_id: str) -> RemoteBatch:
+        """Create the batch of the uploaded file ``file_id`` under ``key``."""
+        ...
+
+    def retrieve(self, batch_id: str) -> RemoteBatch:
+        """The batch as the provider reports it now."""
+        ...
+
+    def results(self, batch: RemoteBatch) -> Iterator[ResultLine]:
+        """The result lines of an ended batch (a request without a line got no result)."""
+        ...
+
+    def cancel(self, batch_id: str) -> RemoteBatch:
+        """Ask the provider to cancel the batch; it ends ``cancelled`` with what was done."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; the client is not used afterwards."""
+        ...

@@ -1,0 +1,1 @@
+"""The settle-batches flow: batches polled, settled and their Runs finished (``flow``)."""

@@ -1,0 +1,588 @@
+"""Provider batches: a job's model calls queued (``store.model_calls``, outcome ``queued``)
+are sent through a provider's Batch API together, and the Runs that queued them wait
+(``waiting``: never claimed) until the batch's results settle their calls.
+
+A Run goes ``running -> waiting`` (``wait_for_batch_txn``). A submitter opens a batch of one
+job and endpoint (``open_batch_txn``: its queued calls that no batch holds, stamped with the
+batch's key, and the batch row holding its lease), stores the provider's file id and batch id
+(``record_file_txn``, ``record_submitted_txn``). A poller leases a batch (``claim_batch_txn``,
+``claim_due_batches_txn``: fenced, database clock), notes the provider's status while it runs
+(``record_polled_txn``), settles each result line once (``settle_results_txn``) and finishes it
+(``finish_batch_txn``: calls without a result queued again, waiting Runs released or failed).
+Every write to a batch or its calls is guarded by the batch's lease (key, fence, owner, not
+expired by the database clock), judged in the statement itself. Each ``*_txn`` function takes
+an open connection and never commits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from store import budgets
+from store.batch_tables import BATCH_KINDS, LEASED_STATUSES, Batch, batches_table
+from store.call_plan import CALL_FAILURES, End, reserved_windows, settle_end
+from store.call_tables import UNBATCHED_WHERE, ModelCall, model_calls_table
+from store.dialect import db_now, json_rows, skip_locked
+from store.errors import InvalidInput, LeaseLost
+from store.identity import document_digest
+from store.lease import lease_until
+from store.model_calls import WITHOUT_DOCUMENTS, end_values
+from store.models import Run, runs_table
+from store.run_reads import run_from_row
+from store.statement import EVERYWHERE, NOWHERE, Statement, one_of, optional, param, transition
+from store.validators import check_owner, check_seconds, error_text
+
+batches = batches_table
+calls = model_calls_table
+runs = runs_table
+
+MAX_KEY = 64
+
+
+@dataclass(frozen=True)
+class BatchClaim:
+    """Proof of holding a batch's lease: every write to it presents (key, fence, owner); with
+    what its holder needs to submit or poll it."""
+
+    key: str
+    fence: int
+    owner: str
+    status: str
+    job: str
+    endpoint: str
+    model: str
+    kind: str
+    provider_file_id: str | None
+    provider_batch_id: str | None
+    flow_run_id: str | None
+    period_start: datetime | None
+    requests: int
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One line of a batch's file: its id and the request body it sends."""
+
+    custom_id: str
+    request: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OpenedBatch:
+    """A batch just opened: its lease, and the lines of its file in ``custom_id`` order."""
+
+    claim: BatchClaim
+    lines: list[BatchLine]
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """The provider's counts of a batch's requests as it reported them (None: not reported)."""
+
+    total: int | None = None
+    completed: int | None = None
+    failed: int | None = None
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A Run a finished batch released or failed."""
+
+    run_id: str
+    job: str
+    subject: str
+    period_start: datetime
+
+
+@dataclass(frozen=True)
+class FinishedBatch:
+    """What finishing a batch did: the waiting Runs it released (pending again) and failed (a
+    call refused or failed), and how many of its calls went back to the queue."""
+
+    released: list[RunRef]
+    failed: list[RunRef]
+    requeued: int
+
+
+# --- statements: one name and one rule each (store/sql/<dialect>.sql shows what they send) ---
+
+_CLAIM_COLUMNS = [batches.c.batch_key, *(batches.c[f.name] for f in fields(BatchClaim)
+                                         if f.name != "key")]
+_REF_COLUMNS = [runs.c[f.name] for f in fields(RunRef)]
+_LINEAGE = [c for c in runs.c if c.key not in ("raw_input", "output")]
+
+
+def _held() -> sa.ColumnElement[bool]:
+    """The batch is held under exactly the presented key, fence and owner, its lease not
+    expired by the database clock."""
+    return sa.and_(
+        batches.c.batch_key == param(batches.c.batch_key),
+        batches.c.fence == param(batches.c.fence),
+        batches.c.owner == param(batches.c.owner),
+        one_of(batches.c.status, LEASED_STATUSES),
+        batches.c.lease_expires_at > db_now(),
+    )
+
+
+def _batch_held() -> sa.Exists:
+    """The presented claim holds the batch (as a subquery: a guard of a write to its calls)."""
+    return sa.exists(sa.select(batches.c.batch_key).where(_held()))
+
+
+def _free() -> sa.ColumnElement[bool]:
+    """A batch in flight whose lease is free or expired (database clock)."""
+    return sa.and_(one_of(batches.c.status, LEASED_STATUSES),
+                   sa.or_(batches.c.lease_expires_at.is_(None),
+                          batches.c.lease_expires_at <= db_now()))
+
+
+def _lease_taken() -> dict[str, Any]:
+    return {"fence": batches.c.fence + 1, "owner": param(batches.c.owner),
+            "lease_expires_at": lease_until()}
+
+
+def _queued_of(run_id: Any) -> sa.Exists:
+    return sa.exists(sa.select(calls.c.call_id).where(calls.c.run_id == run_id,
+                                                      calls.c.outcome == "queued"))
+
+
+_WAIT = Statement(
+    "wait_for_batch", "A running Run whose calls are queued in a batch waits for it (never "
+    "claimed), its lease cleared and the attempt it took given back; pending at once when "
+    "none of its calls is still queued (its batch settled already); only the current fence "
+    "holder can.",
+    lambda d: budgets.give_back(sa.case((_queued_of(runs.c.run_id), "waiting"),
+                                        else_="pending")))
+
+_END_WAITING_ATTEMPT = Statement(
+    "end_waiting_attempt", "The Attempt of a Run that waits for its batch ends released, with "
+    "its note.",
+    lambda d: budgets.end_released_attempt())
+
+_PICK = Statement(
+    "pick_queued_calls", "The oldest queued calls of a job and endpoint that no batch holds, at "
+    "most the limit, skipping rows another submitter has locked (PostgreSQL).",
+    lambda d: skip_locked(
+        sa.select(calls.c.call_id, calls.c.custom_id, calls.c.request)
+        .where(sa.text(UNBATCHED_WHERE), calls.c.endpoint == param(calls.c.endpoint),
+               calls.c.job == param(calls.c.job))
+        .order_by(calls.c.started_at, calls.c.call_id)
+        .limit(sa.bindparam("limit", type_=sa.Integer())), d))
+
+_OPEN = Statement(
+    "open_batch", "Insert a batch open, its lease held by the submitter that opened it (fence "
+    "1, database clock), with how many calls it holds and the digest of its lines.",
+    lambda d: sa.insert(batches).values(
+        batch_key=param(batches.c.batch_key), job=param(batches.c.job),
+        endpoint=param(batches.c.endpoint), model=param(batches.c.model),
+        kind=param(batches.c.kind), status="open", flow_run_id=param(batches.c.flow_run_id),
+        period_start=param(batches.c.period_start), input_digest=param(batches.c.input_digest),
+        requests=param(batches.c.requests), fence=1, owner=param(batches.c.owner),
+        lease_expires_at=lease_until(), created_at=db_now(),
+    ).returning(*_CLAIM_COLUMNS))
+
+_STAMP = Statement(
+    "stamp_batch_calls", "The picked calls, still queued and in no batch, are held by the batch "
+    "(given as one JSON array).",
+    lambda d: sa.update(calls)
+    .where(calls.c.call_id.in_(json_rows(d, "ids", [calls.c.call_id])),
+           calls.c.outcome == "queued", calls.c.batch_key.is_(None))
+    .values(batch_key=param(calls.c.batch_key))
+    .returning(calls.c.call_id))
+
+_CLAIM = Statement(
+    "claim_batch", "Take the lease of a batch in flight (open or submitted) whose lease is free "
+    "or expired (database clock): bump its fence.",
+    lambda d: sa.update(batches)
+    .where(batches.c.batch_key == param(batches.c.batch_key), _free())
+    .values(**_lease_taken())
+    .returning(*_CLAIM_COLUMNS))
+
+
+def _claim_due(d: str) -> Any:
+    due = skip_locked(
+        sa.select(batches.c.batch_key).where(_free())
+        .order_by(batches.c.created_at, batches.c.batch_key)
+        .limit(sa.bindparam("limit", type_=sa.Integer())), d)
+    return (sa.update(batches)
+            .where(batches.c.batch_key.in_(due.scalar_subquery()), _free())
+            .values(**_lease_taken())
+            .returning(*_CLAIM_COLUMNS))
+
+
+_CLAIM_DUE = Statement(
+    "claim_due_batches", "Lease the oldest batches in flight whose lease is free or expired "
+    "(database clock), at most the limit, skipping rows another poller has locked "
+    "(PostgreSQL); each claim bumps the fence.", _claim_due)
+
+_LINES = Statement(
+    "list_batch_lines", "The lines of a batch's file (its calls' ids and request bodies), in "
+    "custom_id order.",
+    lambda d: sa.select(calls.c.custom_id, calls.c.request)
+    .where(calls.c.batch_key == param(calls.c.batch_key))
+    .order_by(calls.c.custom_id))
+
+_FILE = Statement(
+    "record_batch_file", "Store the id of the batch's uploaded file; only the holder of the "
+    "batch's lease can.",
+    lambda d: sa.update(batches).where(_held())
+    .values(provider_file_id=param(batches.c.provider_file_id))
+    .returning(batches.c.batch_key))
+
+_SUBMITTED = Statement(
+    "record_batch_submitted", "The provider has the batch: its id and status stored, the batch "
+    "submitted and its lease released; only the holder of the batch's lease can.",
+    lambda d: sa.update(batches).where(_held())
+    .values(status="submitted", provider_batch_id=param(batches.c.provider_batch_id),
+            provider_status=param(batches.c.provider_status), submitted_at=db_now(),
+            owner=sa.null(), lease_expires_at=sa.null())
+    .returning(batches.c.batch_key))
+
+_POLLED = Statement(
+    "record_batch_polled", "A batch still running at the provider: its status and counts as "
+    "reported noted and its lease released; only the holder of the batch's lease can.",
+    lambda d: sa.update(batches).where(_held())
+    .values(provider_status=param(batches.c.provider_status),
+            provider_total=param(batches.c.provider_total),
+            provider_completed=param(batches.c.provider_completed),
+            provider_failed=param(batches.c.provider_failed), polled_at=db_now(),
+            owner=sa.null(), lease_expires_at=sa.null())
+    .returning(batches.c.batch_key))
+
+_SETTLE_LINE = Statement(
+    "settle_batch_call", "A call of the batch still queued ends as its result line says "
+    "(answered with its checkpoint, or refused or failed with its error), with its usage; "
+    "only while the batch's lease is held.",
+    lambda d: sa.update(calls)
+    .where(calls.c.batch_key == param(calls.c.batch_key),
+           calls.c.custom_id == param(calls.c.custom_id), calls.c.outcome == "queued",
+           _batch_held())
+    .values(outcome=param(calls.c.outcome), answer=param(calls.c.answer),
+            error=param(calls.c.error), **end_values())
+    .returning(calls.c.call_id, calls.c.custom_id, calls.c.job, calls.c.estimate,
+               calls.c.budget_period, calls.c.budget_day))
+
+
+def _of_batch(*where: Any) -> sa.Select[Any]:
+    return sa.select(sa.func.count()).where(calls.c.batch_key == batches.c.batch_key, *where)
+
+
+def _finish(d: str) -> Any:
+    in_batch = calls.c.batch_key == batches.c.batch_key
+    return (
+        sa.update(batches).where(_held())
+        .values(status="settled", provider_status=param(batches.c.provider_status),
+                error=param(batches.c.error), settled_at=db_now(), owner=sa.null(),
+                lease_expires_at=sa.null(),
+                answered=_of_batch(calls.c.outcome == "answered").scalar_subquery(),
+                refused=_of_batch(calls.c.outcome == "refused").scalar_subquery(),
+                failed=_of_batch(calls.c.outcome == "failed").scalar_subquery(),
+                requeued=_of_batch(calls.c.outcome == "queued").scalar_subquery(),
+                cost_nanos=sa.select(sa.func.sum(calls.c.cost_nanos)).where(in_batch)
+                .scalar_subquery(),
+                currency=sa.select(sa.func.max(calls.c.currency)).where(in_batch)
+                .scalar_subquery())
+        .returning(batches.c.requeued))
+
+
+_FINISH = Statement(
+    "finish_batch", "The batch is settled: what became of its calls counted (answered, refused, "
+    "failed, still queued) and their cost added up, the provider's last status noted, its "
+    "lease released; only the holder of the batch's lease can.", _finish)
+
+_REQUEUE = Statement(
+    "requeue_batch_calls", "The calls of a finished batch that no result settled (expired, "
+    "cancelled, a transient line error) go back to the queue for the next batch.",
+    lambda d: sa.update(calls)
+    .where(calls.c.batch_key == param(calls.c.batch_key), calls.c.outcome == "queued")
+    .values(batch_key=sa.null())
+    .returning(calls.c.call_id))
+
+
+def _refused_in_batch(run_id: Any) -> sa.Select[Any]:
+    return (sa.select(calls.c.error)
+            .where(calls.c.run_id == run_id, calls.c.batch_key == param(calls.c.batch_key),
+                   one_of(calls.c.outcome, CALL_FAILURES))
+            .order_by(calls.c.finished_at, calls.c.call_id).limit(1))
+
+
+def _in_batch(run_id: Any) -> sa.Exists:
+    return sa.exists(sa.select(calls.c.call_id).where(
+        calls.c.run_id == run_id, calls.c.batch_key == param(calls.c.batch_key)))
+
+
+_FAIL_WAITING = Statement(
+    "fail_waiting_runs", "A waiting Run none of whose calls is still queued fails when one of "
+    "its calls in the finished batch was refused or failed, with that call's error.",
+    lambda d: sa.update(runs)
+    .where(runs.c.status == "waiting", ~_queued_of(runs.c.run_id),
+           sa.exists(_refused_in_batch(runs.c.run_id)))
+    .values(status="failed", error=_refused_in_batch(runs.c.run_id).scalar_subquery(),
+            updated_at=db_now())
+    .returning(*_REF_COLUMNS))
+
+_RELEASE_WAITING = Statement(
+    "release_waiting_runs", "A waiting Run with calls in the finished batch and none still "
+    "queued is pending again: a tick runs it and replays its settled answers.",
+    lambda d: sa.update(runs)
+    .where(runs.c.status == "waiting", ~_queued_of(runs.c.run_id), _in_batch(runs.c.run_id))
+    .values(status="pending", error=sa.null(), updated_at=db_now())
+    .returning(*_REF_COLUMNS))
+
+_LIST = Statement(
+    "list_batches", "The latest batches, newest first, optionally of one status.",
+    lambda d: sa.select(batches).where(optional(batches.c.status))
+    .order_by(batches.c.created_at.desc(), batches.c.batch_key)
+    .limit(sa.bindparam("limit", type_=sa.Integer())))
+
+_GET = Statement(
+    "get_batch", "A batch by its key or by the provider's batch id.",
+    lambda d: sa.select(batches)
+    .where(sa.or_(batches.c.batch_key == sa.bindparam("key", type_=sa.String()),
+                  batches.c.provider_batch_id == sa.bindparam("key", type_=sa.String())))
+    .order_by(batches.c.created_at).limit(1))
+
+_CALLS_OF = Statement(
+    "list_batch_calls", "The model calls a batch holds or settled, in custom_id order, without "
+    "answers (nor requests).",
+    lambda d: sa.select(*WITHOUT_DOCUMENTS)
+    .where(calls.c.batch_key == param(calls.c.batch_key))
+    .order_by(calls.c.custom_id))
+
+_RELEASED = Statement(
+    "list_released_runs", "The pending Runs an answered batch call of theirs waits to be "
+    "replayed by (released by a settled batch, not run again yet), oldest period first, at "
+    "most the limit, without documents.",
+    lambda d: sa.select(*_LINEAGE)
+    .where(runs.c.status == "pending", sa.exists(
+        sa.select(calls.c.call_id).where(calls.c.run_id == runs.c.run_id,
+                                         calls.c.batch_key.is_not(None),
+                                         calls.c.outcome == "answered",
+                                         calls.c.rejected_at.is_(None))))
+    .order_by(runs.c.period_start, runs.c.job, runs.c.subject, runs.c.revision)
+    .limit(sa.bindparam("limit", type_=sa.Integer())))
+
+_UNSETTLED_TICKS = Statement(
+    "list_unsettled_tick_flow_runs", "The flow runs of the ticks that opened a batch not yet "
+    "settled (open or submitted).",
+    lambda d: sa.select(batches.c.flow_run_id).distinct()
+    .where(batches.c.status != "settled", batches.c.flow_run_id.is_not(None)))
+
+_WAITING = Statement(
+    "list_waiting_runs", "The Runs waiting for a batch, optionally of one job, oldest period "
+    "first, without documents.",
+    lambda d: sa.select(*_LINEAGE)
+    .where(runs.c.status == "waiting", optional(runs.c.job))
+    .order_by(runs.c.period_start, runs.c.job, runs.c.subject, runs.c.revision))
+
+
+# --- transitions ----------------------------------------------------------------------------
+
+
+def _ref_order(ref: RunRef) -> tuple[datetime, str, str]:
+    return ref.period_start, ref.job, ref.subject
+
+
+def _claim_from(row: dict[str, Any]) -> BatchClaim:
+    return BatchClaim(key=row["batch_key"], **{f.name: row[f.name] for f in fields(BatchClaim)
+                                               if f.name != "key"})
+
+
+def _presented(claim: BatchClaim) -> dict[str, Any]:
+    return {"batch_key": claim.key, "fence": claim.fence, "owner": claim.owner}
+
+
+def _check_key(key: str) -> str:
+    if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY:
+        raise InvalidInput(f"a batch key is non-empty text of at most {MAX_KEY} characters, "
+                           f"got {key!r}")
+    return key
+
+
+@transition(one_statement_on=NOWHERE)
+def wait_for_batch_txn(conn: Connection, run_id: str, fence: int, owner: str, attempt_id: str,
+                       note: str) -> bool:
+    """A running Run whose calls are queued waits for its batch (pending when none is still
+    queued), its attempt given back and its Attempt ended released with ``note``; False
+    (nothing written) when this fence no longer holds it."""
+    row = _WAIT.first(conn, run_id=run_id, fence=fence, owner=owner, error=note)
+    if row is None:
+        return False
+    _END_WAITING_ATTEMPT.rows(conn, attempt_id=attempt_id, error=note)
+    return True
+
+
+@transition(one_statement_on=NOWHERE)
+def open_batch_txn(conn: Connection, key: str, *, job: str, endpoint: str, model: str, kind: str,
+                   owner: str, lease_seconds: float, max_requests: int,
+                   flow_run_id: str | None, period_start: datetime | None) -> OpenedBatch | None:
+    """Open a batch of the oldest queued calls of ``job`` and ``endpoint`` that no batch holds
+    (at most ``max_requests``), its lease held by ``owner``; None (nothing written) when no
+    call waits."""
+    _check_key(key)
+    check_owner(owner)
+    lease = check_seconds(lease_seconds, "lease")
+    if kind not in BATCH_KINDS:
+        raise InvalidInput(f"a batch's kind is one of {', '.join(BATCH_KINDS)}, got {kind!r}")
+    if isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1:
+        raise InvalidInput(f"max_requests must be a positive integer, got {max_requests!r}")
+    picked = _PICK.rows(conn, job=job, endpoint=endpoint, limit=max_requests)
+    if not picked:
+        return None
+    lines = sorted((BatchLine(row["custom_id"], row["request"]) for row in picked),
+                   key=lambda line: line.custom_id)
+    digest = document_digest([{"custom_id": line.custom_id, "request": line.request}
+                              for line in lines], "batch lines")
+    row = _OPEN.first(conn, batch_key=key, job=job, endpoint=endpoint, model=model, kind=kind,
+                      flow_run_id=flow_run_id, period_start=period_start, input_digest=digest,
+                      requests=len(lines), owner=owner, lease=lease)
+    assert row is not None  # an insert returns its row
+    _STAMP.rows(conn, batch_key=key, ids=[{"call_id": r["call_id"]} for r in picked])
+    return OpenedBatch(_claim_from(row), lines)
+
+
+@transition(one_statement_on=EVERYWHERE)
+def claim_batch_txn(conn: Connection, key: str, owner: str,
+                    lease_seconds: float) -> BatchClaim | None:
+    """Take the lease of the batch ``key`` in flight (open or submitted) if it is free or
+    expired (database clock), bumping its fence; None otherwise."""
+    check_owner(owner)
+    row = _CLAIM.first(conn, batch_key=key, owner=owner,
+                       lease=check_seconds(lease_seconds, "lease"))
+    return None if row is None else _claim_from(row)
+
+
+@transition(one_statement_on=EVERYWHERE)
+def claim_due_batches_txn(conn: Connection, owner: str, lease_seconds: float,
+                          limit: int) -> list[BatchClaim]:
+    """Lease up to ``limit`` batches in flight whose lease is free or expired, oldest first,
+    skipping those another poller is taking (PostgreSQL); each claim bumps the fence."""
+    check_owner(owner)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidInput(f"limit must be a positive integer, got {limit!r}")
+    rows = _CLAIM_DUE.rows(conn, owner=owner, lease=check_seconds(lease_seconds, "lease"),
+                           limit=limit)
+    return sorted((_claim_from(row) for row in rows), key=lambda c: c.key)
+
+
+def batch_lines(conn: Connection, key: str) -> list[BatchLine]:
+    """The lines of a batch's file in ``custom_id`` order (an open batch taken over rebuilds
+    its file from them)."""
+    return [BatchLine(row["custom_id"], row["request"]) for row in _LINES.rows(conn, batch_key=key)]
+
+
+@transition(one_statement_on=EVERYWHERE)
+def record_file_txn(conn: Connection, claim: BatchClaim, file_id: str) -> bool:
+    """Store the id of the batch's uploaded file; False when the lease is no longer held."""
+    return _FILE.first(conn, **_presented(claim), provider_file_id=file_id) is not None
+
+
+@transition(one_statement_on=EVERYWHERE)
+def record_submitted_txn(conn: Connection, claim: BatchClaim, provider_batch_id: str,
+                         provider_status: str) -> bool:
+    """open -> submitted with the provider's batch id and status, the lease released; False
+    when the lease is no longer held."""
+    return _SUBMITTED.first(conn, **_presented(claim), provider_batch_id=provider_batch_id,
+                            provider_status=provider_status) is not None
+
+
+@transition(one_statement_on=EVERYWHERE)
+def record_polled_txn(conn: Connection, claim: BatchClaim, provider_status: str,
+                      counts: BatchCounts) -> bool:
+    """A batch still running: the provider's status and counts noted, the lease released;
+    False when the lease is no longer held."""
+    return _POLLED.first(conn, **_presented(claim), provider_status=provider_status,
+                         provider_total=counts.total, provider_completed=counts.completed,
+                         provider_failed=counts.failed) is not None
+
+
+@transition(one_statement_on=NOWHERE)
+def settle_results_txn(conn: Connection, claim: BatchClaim,
+                       ends: Sequence[tuple[str, End]]) -> list[str]:
+    """Each result line's call of this batch, still queued, ends as its End says (answered
+    with its checkpoint, refused or failed with its error, with its usage) and its budget
+    reservation is settled to the real cost; only while the batch's lease is held. The
+    custom_ids settled now (not those settled before, nor any under a lost lease)."""
+    settled: list[str] = []
+    for custom_id, end in ends:
+        answered = end.outcome == "answered"
+        row = _SETTLE_LINE.first(
+            conn, **_presented(claim), custom_id=custom_id, outcome=end.outcome,
+            answer=end.answer if answered else None,
+            error=None if answered else error_text(end.error or end.outcome),
+            **end.usage.params())
+        if row is None:
+            continue
+        windows = reserved_windows(row)
+        if row["estimate"] and windows:
+            scope, start = windows[0]
+            unit = budgets.window_unit(conn, row["job"], scope, start)
+            if unit is not None:
+                settle_end(conn, row["job"], unit, row["estimate"], windows, end)
+        settled.append(custom_id)
+    return settled
+
+
+@transition(one_statement_on=NOWHERE)
+def finish_batch_txn(conn: Connection, claim: BatchClaim, provider_status: str,
+                     error: str | None = None) -> FinishedBatch:
+    """Settle the batch: its calls still queued go back to the queue, its counts and cost are
+    recorded, its lease released; each waiting Run none of whose calls is still queued is
+    pending again, or failed when one of its calls in this batch was refused or failed.
+    ``LeaseLost`` (nothing written) when the lease is no longer held."""
+    row = _FINISH.first(conn, **_presented(claim), provider_status=provider_status,
+                        error=None if error is None else error_text(error))
+    if row is None:
+        raise LeaseLost(f"batch {claim.key}: fence {claim.fence} of {claim.owner} no longer "
+                        "holds its lease; nothing was finished")
+    _REQUEUE.rows(conn, batch_key=claim.key)
+    failed = [RunRef(**r) for r in _FAIL_WAITING.rows(conn, batch_key=claim.key)]
+    released = [RunRef(**r) for r in _RELEASE_WAITING.rows(conn, batch_key=claim.key)]
+    return FinishedBatch(sorted(released, key=_ref_order), sorted(failed, key=_ref_order),
+                         int(row["requeued"]))
+
+
+# --- reads ----------------------------------------------------------------------------------
+
+
+def _batch(row: dict[str, Any]) -> Batch:
+    return Batch.model_construct(**row)
+
+
+def list_batches(conn: Connection, limit: int, status: str | None = None) -> list[Batch]:
+    """The latest batches, newest first, optionally of one status."""
+    return [_batch(row) for row in _LIST.rows(conn, limit=limit, status=status)]
+
+
+def get_batch(conn: Connection, key_or_provider_id: str) -> Batch | None:
+    """The batch with this key, or this provider batch id; None if there is none."""
+    row = _GET.first(conn, key=key_or_provider_id)
+    return None if row is None else _batch(row)
+
+
+def calls_of_batch(conn: Connection, key: str) -> list[ModelCall]:
+    """The model calls a batch holds or settled, in custom_id order (no answers, no requests;
+    a call its batch ended without is queued again and no longer its)."""
+    return [ModelCall.model_construct(**row) for row in _CALLS_OF.rows(conn, batch_key=key)]
+
+
+def released_runs(conn: Connection, limit: int) -> list[Run]:
+    """The pending Runs released by a settled batch and not run again yet, oldest period
+    first: what a poll runs again, whoever released them."""
+    return [run_from_row(row) for row in _RELEASED.rows(conn, limit=limit)]
+
+
+def unsettled_flow_runs(conn: Connection) -> set[str]:
+    """The flow runs of the ticks that opened a batch not yet settled."""
+    return {row["flow_run_id"] for row in _UNSETTLED_TICKS.rows(conn)}
+
+
+def waiting_runs(conn: Connection, job: str | None = None) -> list[Run]:
+    """The Runs waiting for a batch (of ``job``, if given), oldest period first, without
+    documents."""
+    return [run_from_row(row) for row in _WAITING.rows(conn, job=job)]

@@ -1,0 +1,108 @@
+"""Batch mode killed at each of its fault points: a real `runledger run --batch` or `runledger
+batches poll` process SIGKILLed right after a batch's intent commit, its file upload, the
+provider's create (its id not stored), mid-download of the results, mid-settlement and after
+the settlement commit; then polls until every Run completes. On both ledgers: the provider saw
+one create per batch key, each request answered once, every Run completed with its emails
+queued once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections import Counter
+
+import pytest
+
+from bench.batch_provider import BatchServer
+from tests.support.killed import run_killed
+from tests.support.pipeline import ACME, RUNLEDGER, SUMMARY, Env, final_state, wait_until
+
+PERIOD = "2026-12-01"
+SUBJECTS = ("acme", "globex")
+# Where each point is reached: in the tick that submits (run --batch) or in the poll.
+TICK_POINTS = ("after_batch_intent_commit", "after_batch_upload", "after_batch_create")
+POLL_POINTS = ("mid_results_download", "after_settle_results_commit",
+               "after_finish_batch_commit")
+
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("subprocesses_use_the_session_server")]
+
+
+@pytest.fixture
+def selected(env: Env, batch_server: BatchServer) -> BatchServer:
+    """The batch server, selected through RUNLEDGER_MODEL=openai; a batch's lease of 2 s, so
+    that a killed holder's batch is taken over soon."""
+    env.set(model="openai", model_base_url=batch_server.base_url, model_name="probe-model",
+            model_api_key="sk-test", batch_lease_seconds=2)
+    return batch_server
+
+
+def run_batch_tick(faults: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`runledger run competitor-summary --batch` for the two subjects, killed at ``faults``."""
+    env = dict(os.environ)
+    if faults:
+        env["RUNLEDGER_FAULTS"] = faults
+    args = [*RUNLEDGER, "run", SUMMARY, "--batch", "--period", PERIOD, "--json"]
+    for subject in SUBJECTS:
+        args += ["--subject", subject]
+    return run_killed(args, env, timeout=180)
+
+
+def poll_killed(faults: str) -> int:
+    """`runledger batches poll`, killed at ``faults``; its exit status."""
+    env = {**os.environ, "RUNLEDGER_FAULTS": faults}
+    return run_killed([*RUNLEDGER, "batches", "poll"], env, timeout=180).returncode
+
+
+def poll_until_completed(env: Env) -> None:
+    """Poll in this process until every Run of the tick completed (a killed holder's batch is
+    taken over once its 2-second lease ended)."""
+    from flows.settle.flow import settle_batches
+
+    def completed() -> bool:
+        final_state(settle_batches(return_state=True))
+        runs = env.ledger.runs(job=SUMMARY)
+        return len(runs) == len(SUBJECTS) and all(r.status == "completed" for r in runs)
+
+    wait_until(completed, 90, "every Run of the batch tick completed by polls")
+
+
+def assert_settled_once(env: Env, server: BatchServer) -> None:
+    """One create per batch key, one answered call per Run, every Run completed with its
+    emails queued once."""
+    assert server.creates_by_key and set(server.creates_by_key.values()) == {1}, \
+        server.creates_by_key
+    calls = env.calls()
+    assert Counter(c["outcome"] for c in calls) == {"answered": len(SUBJECTS)}, calls
+    assert len({c["custom_id"] for c in calls}) == len(SUBJECTS)
+    acme = next(r for r in env.ledger.runs(job=SUMMARY) if r.subject == "acme")
+    recipients = sorted(m.recipient for m in env.ledger.outbox.messages(run_id=acme.run_id,
+                                                                         limit=10))
+    assert recipients == ACME
+
+
+@pytest.mark.parametrize("point", TICK_POINTS)
+def test_a_batch_tick_killed_while_submitting_leaves_one_batch_that_polls_settle_once(
+        env: Env, selected: BatchServer, point: str) -> None:
+    """The submitting tick dies at ``point``: the Runs wait, the batch is taken over by a
+    poll (found at the provider by its key when it was created), created once, settled once."""
+    done = run_batch_tick(point)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert {r.status for r in env.ledger.runs(job=SUMMARY)} == {"waiting"}
+    poll_until_completed(env)
+    assert_settled_once(env, selected)
+
+
+@pytest.mark.parametrize("point", POLL_POINTS)
+def test_a_poll_killed_while_settling_leaves_each_result_settled_once(
+        env: Env, selected: BatchServer, point: str) -> None:
+    """The tick submits; the first poll dies at ``point``; later polls settle every result
+    once and complete every Run."""
+    done = run_batch_tick()
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["state"] == "AwaitingBatch" and len(report["batches"]) == 1, report
+    assert poll_killed(point) == -signal.SIGKILL
+    poll_until_completed(env)
+    assert_settled_once(env, selected)

@@ -93,7 +93,9 @@ class BatchServer(LoopbackServer):
     when created), ``expire_after`` (the batch ends ``expired`` with only that many lines
     run), ``line_errors`` (custom_id -> (HTTP status, message): that line's error response),
     ``drop_after_create`` (the next N creates create the batch, then close the connection
-    without a reply), ``completion`` (a line's body -> its chat completion). What it saw:
+    without a reply), ``queue_full`` (the next N creates fail the batch as a whole with
+    ``token_limit_exceeded``, as OpenAI does when the model's enqueued tokens are at their
+    limit), ``completion`` (a line's body -> its chat completion). What it saw:
     ``creates_by_key`` (creates per ``runledger_batch`` metadata, dropped ones included),
     ``created`` (batch ids, oldest first), ``requests`` (method and path)."""
 
@@ -103,6 +105,7 @@ class BatchServer(LoopbackServer):
         self.expire_after: int | None = None
         self.line_errors: dict[str, tuple[int, str]] = {}
         self.drop_after_create = 0
+        self.queue_full = 0
         self.completion: Callable[[dict[str, Any]], dict[str, Any]] = self.chat_completion
         self.creates_by_key: Counter[str] = Counter()
         self.created: list[str] = []
@@ -197,6 +200,14 @@ class BatchServer(LoopbackServer):
         metadata = dict(asked.get("metadata") or {})
         batch = Batch(self._new_id("batch"), source.id, metadata, [], int(time.time()))
         self._validate(batch, source.data)
+        if self.queue_full > 0 and batch.status != "failed":
+            self.queue_full -= 1
+            batch.errors.append({"code": "token_limit_exceeded", "line": None, "param": None,
+                                 "message": "Enqueued token limit reached for probe-model. "
+                                            "Please try again once some in_progress batches "
+                                            "have been completed."})
+            batch.status = "failed"
+            batch.times["failed"] = int(time.time())
         self.batches[batch.id] = batch
         self.created.append(batch.id)
         self.creates_by_key[metadata.get("runledger_batch", "")] += 1

@@ -26,6 +26,11 @@ class EndpointLimits(BaseModel):
         default=None, gt=0, description="Tokens (prompt and completion) per minute it allows.")
     max_concurrent: int | None = Field(
         default=None, gt=0, description="Requests it allows in flight at once.")
+    batch_queue_tokens: int | None = Field(
+        default=None, gt=0, description="Prompt tokens its model may hold in batches in flight "
+                                        "at once (the provider's enqueued-token limit, e.g. "
+                                        "OpenAI's batch queue limit); a batch takes only what "
+                                        "fits, the rest waits for the next poll.")
 
 
 class EndpointSettings(EndpointLimits):
@@ -107,6 +112,10 @@ class RunledgerSettings(BaseSettings):
     model_tokens_per_minute: int | None = Field(
         default=None, gt=0, json_schema_extra={UNSET: "no limit"},
         description="The default endpoint's tokens per minute, shared by every worker.")
+    model_batch_queue_tokens: int | None = Field(
+        default=None, gt=0, json_schema_extra={UNSET: "no limit"},
+        description="The default endpoint's enqueued-token limit for batches: prompt tokens its "
+                    "model may hold in batches in flight at once (OpenAI's batch queue limit).")
     model_max_concurrent: int | None = Field(
         default=None, gt=0, json_schema_extra={UNSET: "no limit"},
         description="The default endpoint's requests in flight at once, shared by every "
@@ -159,6 +168,16 @@ class RunledgerSettings(BaseSettings):
         default=300.0, gt=0, description="How long a poller or submitter holds a batch (judged "
                                          "by the database clock): one that dies leaves it to "
                                          "the next poll after that long.")
+    batch_deadline_seconds: float = Field(
+        default=86_400.0, gt=0, description="How long past its tick's due time (or start, for a "
+                                            "late tick) a batch call may wait for batches: a "
+                                            "batch still running then is cancelled, and the "
+                                            "calls it ends without are called synchronously.")
+    batch_margin_seconds: float = Field(
+        default=3_600.0, ge=0, description="The calls a batch ended without (expired, "
+                                           "cancelled) go into a new batch while their deadline "
+                                           "is further than this; nearer, they are called "
+                                           "synchronously (most batches end within an hour).")
 
     @model_validator(mode="after")
     def _prices_have_a_currency(self) -> RunledgerSettings:

@@ -14,6 +14,7 @@ from datetime import date, datetime
 from typing import Any
 
 from flows.prices import format_money, money
+from store import WITHDRAWN
 
 PAID = frozenset({"answered", "failed", "lost"})
 
@@ -50,8 +51,8 @@ class Spend:
         if outcome == "queued":
             self.queued += 1
             return
-        if outcome == "refused":
-            self.refused += 1
+        if outcome in ("refused", WITHDRAWN):
+            self.refused += outcome == "refused"
             return
         self.paid += 1
         self.lost += outcome == "lost"

@@ -18,11 +18,14 @@ from store.batches import (
     BatchLine,
     FinishedBatch,
     OpenedBatch,
+    OrphanedQueue,
+    ReleasedRun,
     RunRef,
+    TickRef,
 )
 from store.budgets import BudgetExhausted, Charge, Window
 from store.call_book import CallBook
-from store.call_plan import End, InFlight, Intent, Queued, Usage
+from store.call_plan import WITHDRAWN, End, InFlight, Intent, Queued, Usage
 from store.call_tables import ModelCall
 from store.channels import (
     CHANNELS,
@@ -112,6 +115,7 @@ __all__ = [
     "RUN_STATUSES",
     "UNFINISHED_KINDS",
     "WEBHOOK",
+    "WITHDRAWN",
     "Activity",
     "AlreadyQueued",
     "Announcement",
@@ -149,6 +153,7 @@ __all__ = [
     "Occurrence",
     "OccurrenceBook",
     "OpenedBatch",
+    "OrphanedQueue",
     "OutboxBook",
     "OutboxMessage",
     "OutputPruned",
@@ -158,6 +163,7 @@ __all__ = [
     "Queued",
     "QueuedMessage",
     "Registration",
+    "ReleasedRun",
     "Reply",
     "RetentionBook",
     "RevisionInProgress",
@@ -171,6 +177,7 @@ __all__ = [
     "Slot",
     "SlotUnavailable",
     "Storage",
+    "TickRef",
     "UnfinishedRun",
     "Usage",
     "Window",

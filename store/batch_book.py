@@ -9,7 +9,15 @@ from datetime import datetime, timedelta
 from store import batches as bt
 from store import faults
 from store.batch_tables import Batch
-from store.batches import BatchClaim, BatchCounts, BatchLine, FinishedBatch, OpenedBatch
+from store.batches import (
+    BatchClaim,
+    BatchCounts,
+    BatchLine,
+    FinishedBatch,
+    OpenedBatch,
+    OrphanedQueue,
+    ReleasedRun,
+)
 from store.call_plan import End
 from store.call_tables import ModelCall
 from store.errors import LeaseLost
@@ -38,16 +46,22 @@ class BatchBook:
 
     def open_batch(self, key: str, *, job: str, endpoint: str, model: str, kind: str,
                    owner: str, lease: timedelta | float, max_requests: int,
-                   flow_run_id: str | None = None,
-                   period_start: datetime | None = None) -> OpenedBatch | None:
+                   flow_run_id: str | None = None, period_start: datetime | None = None,
+                   deadline_at: datetime | None = None,
+                   queued_before: datetime | None = None,
+                   max_tokens: int | None = None) -> OpenedBatch | None:
         """Open the batch ``key`` of the oldest queued calls of ``job`` and ``endpoint`` that no
-        batch holds, at most ``max_requests``, its lease held by ``owner``: its intent, committed
-        before its file is uploaded; None (nothing written) when no call waits."""
+        batch holds, at most ``max_requests``, its lease held by ``owner``, its calls waiting
+        for batches until ``deadline_at`` (only calls queued before ``queued_before``, if
+        given; with ``max_tokens``, as many as the endpoint's enqueued-token limit leaves room
+        for): its intent, committed before its file is uploaded; None (nothing written) when
+        no call waits or none fits."""
         return self._ledger._write(
             faults.AFTER_BATCH_INTENT_COMMIT, bt.open_batch_txn, key, job=job,
             endpoint=endpoint, model=model, kind=kind, owner=owner,
             lease_seconds=lease_seconds(lease), max_requests=max_requests,
-            flow_run_id=flow_run_id, period_start=period_start)
+            flow_run_id=flow_run_id, period_start=period_start, deadline_at=deadline_at,
+            queued_before=queued_before, max_tokens=max_tokens)
 
     def claim_batch(self, key: str, owner: str, lease: timedelta | float) -> BatchClaim | None:
         """Take the lease of the batch ``key`` if it is in flight and its lease is free or
@@ -121,10 +135,16 @@ class BatchBook:
         """The Runs waiting for a batch, optionally of one job, oldest period first."""
         return self._ledger._read(bt.waiting_runs, job)
 
+    def orphaned_queues(self, queued_before: datetime) -> list[OrphanedQueue]:
+        """The jobs and endpoints with queued calls no batch holds, queued before
+        ``queued_before`` (their tick died before it opened their batch)."""
+        return self._ledger._read(bt.orphaned_queues, queued_before)
+
     def unsettled_flow_runs(self) -> set[str]:
-        """The flow runs of the ticks that opened a batch not yet settled."""
+        """The flow runs of the ticks a queued call of which still waits."""
         return self._ledger._read(bt.unsettled_flow_runs)
 
-    def released_runs(self, limit: int = 1000) -> list[Run]:
-        """The pending Runs a settled batch released and nothing ran again yet."""
+    def released_runs(self, limit: int = 1000) -> list[ReleasedRun]:
+        """The pending Runs a settled batch released and nothing ran again yet, each saying
+        whether it runs again synchronously (a call of its withdrawn from batch mode)."""
         return self._ledger._read(bt.released_runs, limit)

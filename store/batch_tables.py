@@ -57,15 +57,20 @@ class Batch(SQLModel, table=True):
     fence: int = 0
     owner: str | None = Field(default=None, max_length=MAX_OWNER)
     lease_expires_at: datetime | None = ts()
+    # When its calls stop waiting for batches: past it, a batch still running is cancelled and
+    # the calls it ends without are called synchronously (NULL: no deadline).
+    deadline_at: datetime | None = ts()
     created_at: datetime | None = ts(nullable=False)
     submitted_at: datetime | None = ts()
     polled_at: datetime | None = ts()
     settled_at: datetime | None = ts()
-    # Once settled: its calls answered, refused, failed, and queued again (no result line).
+    # Once settled: its calls answered, refused, failed, queued again (no result line) and
+    # withdrawn (no result line, its deadline near: called synchronously instead).
     answered: int = count()
     refused: int = count()
     failed: int = count()
     requeued: int = count()
+    withdrawn: int = count()
     cost_nanos: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
     currency: str | None = Field(default=None, max_length=3)
     error: str | None = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 
 from store import budgets
 from store.batch_tables import BATCH_KINDS, LEASED_STATUSES, Batch, batches_table
-from store.call_plan import CALL_FAILURES, End, reserved_windows, settle_end
+from store.call_plan import CALL_FAILURES, WITHDRAWN, End, reserved_windows, settle_end
 from store.call_tables import UNBATCHED_WHERE, ModelCall, model_calls_table
 from store.dialect import db_now, json_rows, skip_locked
 from store.errors import InvalidInput, LeaseLost
@@ -61,6 +61,7 @@ class BatchClaim:
     provider_batch_id: str | None
     flow_run_id: str | None
     period_start: datetime | None
+    deadline_at: datetime | None
     requests: int
 
 
@@ -100,13 +101,44 @@ class RunRef:
 
 
 @dataclass(frozen=True)
+class ReleasedRun:
+    """A pending Run a settled batch released: ``synchronous`` when one of its calls was
+    withdrawn from batch mode (its deadline near), to be called without a batch."""
+
+    run: Run
+    synchronous: bool
+
+
+@dataclass(frozen=True)
+class TickRef:
+    """A tick whose calls a batch held: its flow run, job and period."""
+
+    flow_run_id: str
+    job: str
+    period_start: datetime
+
+
+@dataclass(frozen=True)
+class OrphanedQueue:
+    """Queued calls of a job and endpoint no batch holds, left by a tick that died before it
+    opened their batch: the model and when the oldest was queued."""
+
+    job: str
+    endpoint: str
+    model: str
+    oldest: datetime
+
+
+@dataclass(frozen=True)
 class FinishedBatch:
     """What finishing a batch did: the waiting Runs it released (pending again) and failed (a
-    call refused or failed), and how many of its calls went back to the queue."""
+    call refused or failed), how many of its calls went back to the queue, and the ticks
+    whose calls it held."""
 
     released: list[RunRef]
     failed: list[RunRef]
     requeued: int
+    ticks: list[TickRef]
 
 
 # --- statements: one name and one rule each (store/sql/<dialect>.sql shows what they send) ---
@@ -164,24 +196,38 @@ _END_WAITING_ATTEMPT = Statement(
     "its note.",
     lambda d: budgets.end_released_attempt())
 
+_QUEUED_BEFORE = sa.bindparam("queued_before", type_=sa.DateTime(timezone=True))
+
 _PICK = Statement(
-    "pick_queued_calls", "The oldest queued calls of a job and endpoint that no batch holds, at "
-    "most the limit, skipping rows another submitter has locked (PostgreSQL).",
+    "pick_queued_calls", "The oldest queued calls of a job and endpoint that no batch holds "
+    "(queued before the given time, if one is given), at most the limit, skipping rows another "
+    "submitter has locked (PostgreSQL).",
     lambda d: skip_locked(
-        sa.select(calls.c.call_id, calls.c.custom_id, calls.c.request)
+        sa.select(calls.c.call_id, calls.c.custom_id, calls.c.request, calls.c.queued_tokens)
         .where(sa.text(UNBATCHED_WHERE), calls.c.endpoint == param(calls.c.endpoint),
-               calls.c.job == param(calls.c.job))
+               calls.c.job == param(calls.c.job),
+               sa.or_(_QUEUED_BEFORE.is_(None), calls.c.started_at < _QUEUED_BEFORE))
         .order_by(calls.c.started_at, calls.c.call_id)
         .limit(sa.bindparam("limit", type_=sa.Integer())), d))
 
+_ENQUEUED = Statement(
+    "count_enqueued_tokens", "The prompt tokens an endpoint's calls hold in its batches open or "
+    "submitted (what its provider's enqueued-token limit counts).",
+    lambda d: sa.select(sa.func.coalesce(sa.func.sum(calls.c.queued_tokens), 0).label("tokens"))
+    .select_from(calls.join(batches, batches.c.batch_key == calls.c.batch_key))
+    .where(batches.c.endpoint == param(batches.c.endpoint),
+           one_of(batches.c.status, LEASED_STATUSES), calls.c.outcome == "queued"))
+
 _OPEN = Statement(
     "open_batch", "Insert a batch open, its lease held by the submitter that opened it (fence "
-    "1, database clock), with how many calls it holds and the digest of its lines.",
+    "1, database clock), with how many calls it holds, the digest of its lines and its "
+    "deadline.",
     lambda d: sa.insert(batches).values(
         batch_key=param(batches.c.batch_key), job=param(batches.c.job),
         endpoint=param(batches.c.endpoint), model=param(batches.c.model),
         kind=param(batches.c.kind), status="open", flow_run_id=param(batches.c.flow_run_id),
-        period_start=param(batches.c.period_start), input_digest=param(batches.c.input_digest),
+        period_start=param(batches.c.period_start), deadline_at=param(batches.c.deadline_at),
+        input_digest=param(batches.c.input_digest),
         requests=param(batches.c.requests), fence=1, owner=param(batches.c.owner),
         lease_expires_at=lease_until(), created_at=db_now(),
     ).returning(*_CLAIM_COLUMNS))
@@ -283,6 +329,7 @@ def _finish(d: str) -> Any:
                 refused=_of_batch(calls.c.outcome == "refused").scalar_subquery(),
                 failed=_of_batch(calls.c.outcome == "failed").scalar_subquery(),
                 requeued=_of_batch(calls.c.outcome == "queued").scalar_subquery(),
+                withdrawn=_of_batch(calls.c.outcome == WITHDRAWN).scalar_subquery(),
                 cost_nanos=sa.select(sa.func.sum(calls.c.cost_nanos)).where(in_batch)
                 .scalar_subquery(),
                 currency=sa.select(sa.func.max(calls.c.currency)).where(in_batch)
@@ -292,7 +339,7 @@ def _finish(d: str) -> Any:
 
 _FINISH = Statement(
     "finish_batch", "The batch is settled: what became of its calls counted (answered, refused, "
-    "failed, still queued) and their cost added up, the provider's last status noted, its "
+    "failed, still queued, withdrawn) and their cost added up, the provider's last status noted, its "
     "lease released; only the holder of the batch's lease can.", _finish)
 
 _REQUEUE = Statement(
@@ -334,6 +381,24 @@ _RELEASE_WAITING = Statement(
     .values(status="pending", error=sa.null(), updated_at=db_now())
     .returning(*_REF_COLUMNS))
 
+_ORPHANS = Statement(
+    "list_orphaned_queues", "The jobs and endpoints with queued calls that no batch holds, "
+    "queued before the given time (their tick died before it opened their batch): each with "
+    "its model and when its oldest such call was queued.",
+    lambda d: sa.select(calls.c.job, calls.c.endpoint, sa.func.max(calls.c.model).label("model"),
+                        sa.func.min(calls.c.started_at).label("oldest"))
+    .where(sa.text(UNBATCHED_WHERE), calls.c.started_at < _QUEUED_BEFORE)
+    .group_by(calls.c.job, calls.c.endpoint)
+    .order_by(calls.c.job, calls.c.endpoint))
+
+_TICKS_OF = Statement(
+    "list_batch_ticks", "The ticks whose calls a batch holds or settled: each flow run that "
+    "queued them, with its job and period.",
+    lambda d: sa.select(calls.c.flow_run_id, runs.c.job, runs.c.period_start).distinct()
+    .select_from(calls.join(runs, runs.c.run_id == calls.c.run_id))
+    .where(calls.c.batch_key == param(calls.c.batch_key), calls.c.flow_run_id.is_not(None))
+    .order_by(calls.c.flow_run_id))
+
 _LIST = Statement(
     "list_batches", "The latest batches, newest first, optionally of one status.",
     lambda d: sa.select(batches).where(optional(batches.c.status))
@@ -354,24 +419,32 @@ _CALLS_OF = Statement(
     .where(calls.c.batch_key == param(calls.c.batch_key))
     .order_by(calls.c.custom_id))
 
+
+
+def _withdrawn_of(run_id: Any) -> sa.Exists:
+    return sa.exists(sa.select(calls.c.call_id).where(calls.c.run_id == run_id,
+                                                      calls.c.outcome == WITHDRAWN))
+
+
 _RELEASED = Statement(
-    "list_released_runs", "The pending Runs an answered batch call of theirs waits to be "
-    "replayed by (released by a settled batch, not run again yet), oldest period first, at "
-    "most the limit, without documents.",
-    lambda d: sa.select(*_LINEAGE)
-    .where(runs.c.status == "pending", sa.exists(
+    "list_released_runs", "The pending Runs a settled batch released and no attempt ran yet: "
+    "an answered batch call of theirs waits to be replayed, or a withdrawn one to be called "
+    "synchronously; oldest period first, at most the limit, without documents; ``withdrawn`` "
+    "tells the latter.",
+    lambda d: sa.select(*_LINEAGE, _withdrawn_of(runs.c.run_id).label("withdrawn"))
+    .where(runs.c.status == "pending", sa.or_(_withdrawn_of(runs.c.run_id), sa.exists(
         sa.select(calls.c.call_id).where(calls.c.run_id == runs.c.run_id,
                                          calls.c.batch_key.is_not(None),
                                          calls.c.outcome == "answered",
-                                         calls.c.rejected_at.is_(None))))
+                                         calls.c.rejected_at.is_(None)))))
     .order_by(runs.c.period_start, runs.c.job, runs.c.subject, runs.c.revision)
     .limit(sa.bindparam("limit", type_=sa.Integer())))
 
 _UNSETTLED_TICKS = Statement(
-    "list_unsettled_tick_flow_runs", "The flow runs of the ticks that opened a batch not yet "
-    "settled (open or submitted).",
-    lambda d: sa.select(batches.c.flow_run_id).distinct()
-    .where(batches.c.status != "settled", batches.c.flow_run_id.is_not(None)))
+    "list_unsettled_tick_flow_runs", "The flow runs of the ticks a queued call of which still "
+    "waits (in a batch, or for one).",
+    lambda d: sa.select(calls.c.flow_run_id).distinct()
+    .where(calls.c.outcome == "queued", calls.c.flow_run_id.is_not(None)))
 
 _WAITING = Statement(
     "list_waiting_runs", "The Runs waiting for a batch, optionally of one job, oldest period "
@@ -397,6 +470,17 @@ def _presented(claim: BatchClaim) -> dict[str, Any]:
     return {"batch_key": claim.key, "fence": claim.fence, "owner": claim.owner}
 
 
+def _fitting(picked: list[dict[str, Any]], room: int) -> list[dict[str, Any]]:
+    """The oldest of ``picked`` whose tokens fit in ``room``, in order."""
+    fitting: list[dict[str, Any]] = []
+    for row in picked:
+        room -= row["queued_tokens"] or 0
+        if room < 0:
+            break
+        fitting.append(row)
+    return fitting
+
+
 def _check_key(key: str) -> str:
     if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY:
         raise InvalidInput(f"a batch key is non-empty text of at most {MAX_KEY} characters, "
@@ -420,10 +504,15 @@ def wait_for_batch_txn(conn: Connection, run_id: str, fence: int, owner: str, at
 @transition(one_statement_on=NOWHERE)
 def open_batch_txn(conn: Connection, key: str, *, job: str, endpoint: str, model: str, kind: str,
                    owner: str, lease_seconds: float, max_requests: int,
-                   flow_run_id: str | None, period_start: datetime | None) -> OpenedBatch | None:
+                   flow_run_id: str | None, period_start: datetime | None,
+                   deadline_at: datetime | None = None,
+                   queued_before: datetime | None = None,
+                   max_tokens: int | None = None) -> OpenedBatch | None:
     """Open a batch of the oldest queued calls of ``job`` and ``endpoint`` that no batch holds
-    (at most ``max_requests``), its lease held by ``owner``; None (nothing written) when no
-    call waits."""
+    (at most ``max_requests``; only those queued before ``queued_before``, if given; with
+    ``max_tokens``, only as many as the endpoint's batches in flight leave room for), its lease
+    held by ``owner``, its calls waiting for batches until ``deadline_at``; None (nothing
+    written) when no call waits, or none fits."""
     _check_key(key)
     check_owner(owner)
     lease = check_seconds(lease_seconds, "lease")
@@ -431,7 +520,15 @@ def open_batch_txn(conn: Connection, key: str, *, job: str, endpoint: str, model
         raise InvalidInput(f"a batch's kind is one of {', '.join(BATCH_KINDS)}, got {kind!r}")
     if isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1:
         raise InvalidInput(f"max_requests must be a positive integer, got {max_requests!r}")
-    picked = _PICK.rows(conn, job=job, endpoint=endpoint, limit=max_requests)
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                   or max_tokens < 1):
+        raise InvalidInput(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
+    picked = _PICK.rows(conn, job=job, endpoint=endpoint, limit=max_requests,
+                        queued_before=queued_before)
+    if max_tokens is not None and picked:
+        enqueued = _ENQUEUED.first(conn, endpoint=endpoint)
+        assert enqueued is not None  # an aggregate returns one row
+        picked = _fitting(picked, max_tokens - int(enqueued["tokens"]))
     if not picked:
         return None
     lines = sorted((BatchLine(row["custom_id"], row["request"]) for row in picked),
@@ -439,7 +536,8 @@ def open_batch_txn(conn: Connection, key: str, *, job: str, endpoint: str, model
     digest = document_digest([{"custom_id": line.custom_id, "request": line.request}
                               for line in lines], "batch lines")
     row = _OPEN.first(conn, batch_key=key, job=job, endpoint=endpoint, model=model, kind=kind,
-                      flow_run_id=flow_run_id, period_start=period_start, input_digest=digest,
+                      flow_run_id=flow_run_id, period_start=period_start,
+                      deadline_at=deadline_at, input_digest=digest,
                       requests=len(lines), owner=owner, lease=lease)
     assert row is not None  # an insert returns its row
     _STAMP.rows(conn, batch_key=key, ids=[{"call_id": r["call_id"]} for r in picked])
@@ -544,7 +642,8 @@ def finish_batch_txn(conn: Connection, claim: BatchClaim, provider_status: str,
     failed = [RunRef(**r) for r in _FAIL_WAITING.rows(conn, batch_key=claim.key)]
     released = [RunRef(**r) for r in _RELEASE_WAITING.rows(conn, batch_key=claim.key)]
     return FinishedBatch(sorted(released, key=_ref_order), sorted(failed, key=_ref_order),
-                         int(row["requeued"]))
+                         int(row["requeued"]),
+                         [TickRef(**r) for r in _TICKS_OF.rows(conn, batch_key=claim.key)])
 
 
 # --- reads ----------------------------------------------------------------------------------
@@ -571,14 +670,22 @@ def calls_of_batch(conn: Connection, key: str) -> list[ModelCall]:
     return [ModelCall.model_construct(**row) for row in _CALLS_OF.rows(conn, batch_key=key)]
 
 
-def released_runs(conn: Connection, limit: int) -> list[Run]:
+def released_runs(conn: Connection, limit: int) -> list[ReleasedRun]:
     """The pending Runs released by a settled batch and not run again yet, oldest period
-    first: what a poll runs again, whoever released them."""
-    return [run_from_row(row) for row in _RELEASED.rows(conn, limit=limit)]
+    first: what a poll runs again, whoever released them (synchronously when a call of theirs
+    was withdrawn from batch mode)."""
+    return [ReleasedRun(run_from_row(row), bool(row["withdrawn"]))
+            for row in _RELEASED.rows(conn, limit=limit)]
+
+
+def orphaned_queues(conn: Connection, queued_before: datetime) -> list[OrphanedQueue]:
+    """The jobs and endpoints with queued calls no batch holds, queued before
+    ``queued_before``."""
+    return [OrphanedQueue(**row) for row in _ORPHANS.rows(conn, queued_before=queued_before)]
 
 
 def unsettled_flow_runs(conn: Connection) -> set[str]:
-    """The flow runs of the ticks that opened a batch not yet settled."""
+    """The flow runs of the ticks a queued call of which still waits."""
     return {row["flow_run_id"] for row in _UNSETTLED_TICKS.rows(conn)}
 
 

@@ -32,6 +32,9 @@ MAX_NAME = 300
 DIGEST_CHARS = 64
 MAX_CUSTOM_ID = 64
 CALL_FAILURES = ("refused", "failed")
+# A queued call its batch ended without, taken out of batch mode to be called synchronously
+# (its deadline near): never paid, its reservation released.
+WITHDRAWN = "withdrawn"
 
 
 def _check_count(value: int | None, name: str) -> int | None:
@@ -151,10 +154,14 @@ def _midnight(day: date) -> datetime:
 @dataclass(frozen=True)
 class Queued:
     """A call queued for a provider's batch instead of sent: the id of its line in the batch's
-    file (``custom_id``) and the request body the line sends (a JSON object)."""
+    file (``custom_id``), the request body the line sends (a JSON object), the flow run of
+    the tick that queued it (None: none known) and its prompt's tokens, bounded from above
+    (what it holds of the provider's enqueued-token limit; None: not counted)."""
 
     custom_id: str
     request: dict[str, Any]
+    flow_run_id: str | None = None
+    tokens: int | None = None
 
     def __post_init__(self) -> None:
         if (not isinstance(self.custom_id, str) or not self.custom_id.strip()
@@ -164,6 +171,7 @@ class Queued:
         if not isinstance(self.request, dict):
             raise InvalidInput("a queued call's request is a JSON object, "
                                f"got {type(self.request).__name__}")
+        _check_count(self.tokens, "a queued call's tokens")
 
 
 @dataclass(frozen=True)
@@ -265,8 +273,8 @@ NO_USAGE = Usage()  # a call that ended without a usage report
 @dataclass(frozen=True)
 class End:
     """How a call ended: ``answered`` with its ``answer`` (a JSON object), or ``refused`` (the
-    provider's error reply: not billed) or ``failed`` (no usable answer) with its ``error``;
-    its usage either way."""
+    provider's error reply: not billed), ``failed`` (no usable answer) or, for a queued call,
+    ``withdrawn`` (its batch ended without it) with its ``error``; its usage either way."""
 
     outcome: str
     usage: Usage = NO_USAGE
@@ -278,9 +286,9 @@ class End:
             if not isinstance(self.answer, dict):
                 raise InvalidInput("a checkpointed answer is a JSON object, "
                                    f"got {type(self.answer).__name__}")
-        elif self.outcome not in CALL_FAILURES:
-            raise InvalidInput(f"a failed call's outcome is one of {', '.join(CALL_FAILURES)}, "
-                               f"got {self.outcome!r}")
+        elif self.outcome not in (*CALL_FAILURES, WITHDRAWN):
+            raise InvalidInput(f"an unanswered call's outcome is one of "
+                               f"{', '.join((*CALL_FAILURES, WITHDRAWN))}, got {self.outcome!r}")
 
 
 @dataclass(frozen=True)

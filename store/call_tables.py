@@ -15,7 +15,7 @@ from store.columns import Real, UTCDateTime, check_in, count, json_doc, ts
 from store.identity import MAX_CHARS
 
 # queued: waiting in a provider's batch (neither in flight nor paid until its batch settles it).
-CALL_OUTCOMES = ("answered", "refused", "failed", "lost", "queued")
+CALL_OUTCOMES = ("answered", "refused", "failed", "lost", "queued", "withdrawn")
 QUEUED_WHERE = "outcome = 'queued'"
 UNBATCHED_WHERE = "outcome = 'queued' AND batch_key IS NULL"  # queued calls no batch holds
 BUDGET_UNITS = ("money", "tokens")
@@ -96,12 +96,17 @@ class ModelCall(SQLModel, table=True):
     budget_day: date | None = Field(default=None, sa_column=sa.Column(sa.Date, nullable=True))
     # A call queued for a provider's batch: the batch that holds it (NULL: none yet, or its
     # batch ended without its answer), the id of its line in the batch's file, and the request
-    # body the line sends.
+    # body the line sends, and the flow run of the tick that queued it (whose story ends when
+    # none of its calls waits).
     batch_key: str | None = Field(
         default=None, sa_column=sa.Column(sa.String(64), sa.ForeignKey("batches.batch_key"),
                                           nullable=True))
     custom_id: str | None = Field(default=None, max_length=64)
     request: dict[str, Any] | None = json_doc()
+    flow_run_id: str | None = Field(default=None, max_length=36)
+    # A queued call's prompt tokens (bounded from above): what it holds of its provider's queue
+    # of enqueued batch tokens while its batch is open or submitted.
+    queued_tokens: int | None = None
 
 
 class BudgetWindow(SQLModel, table=True):

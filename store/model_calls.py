@@ -60,8 +60,9 @@ def _intent(d: str, queued: bool = False) -> Any:
         param(calls.c.position), param(calls.c.prompt_digest), db_now(),
         param(calls.c.estimate), param(calls.c.budget_period), param(calls.c.budget_day)]
     if queued:
-        names += ["outcome", "custom_id", "request"]
-        values += [sa.literal("queued"), param(calls.c.custom_id), param(calls.c.request)]
+        names += ["outcome", "custom_id", "request", "flow_run_id", "queued_tokens"]
+        values += [sa.literal("queued"), param(calls.c.custom_id), param(calls.c.request),
+                   param(calls.c.flow_run_id), param(calls.c.queued_tokens)]
     rows = sa.select(*values).where(RUN_LEASE.holder())
     return insert_rows(sa.insert(calls), names, rows).returning(calls.c.call_id)
 
@@ -217,7 +218,9 @@ def record_intent_txn(conn: Connection, claim: Claim, intent: Intent) -> InFligh
         row = _INTENT.first(conn, **given)
     else:
         row = _QUEUE.first(conn, **given, custom_id=intent.queued.custom_id,
-                           request=intent.queued.request)
+                           request=intent.queued.request,
+                           flow_run_id=intent.queued.flow_run_id,
+                           queued_tokens=intent.queued.tokens)
     if row is None:
         raise LeaseLost(f"run {claim.run_id}: fence {claim.fence} of {claim.owner} no longer "
                         "holds a lease; the model call was not made")

@@ -44,15 +44,20 @@ class Submitted:
 
 def submit_queued(ledger: Ledger, client: BatchClient, *, job: str, endpoint: str, model: str,
                   owner: str, lease_seconds: float, flow_run_id: str | None,
-                  period_start: datetime | None) -> list[Submitted]:
-    """Open and submit batches of ``job``'s queued calls to ``endpoint`` until none waits
-    (several when they pass the provider's requests per batch)."""
+                  period_start: datetime | None, deadline_at: datetime | None,
+                  queued_before: datetime | None = None,
+                  max_tokens: int | None = None) -> list[Submitted]:
+    """Open and submit batches of ``job``'s queued calls to ``endpoint`` (those queued before
+    ``queued_before``, if given) until none waits (several when they pass the provider's
+    requests per batch; with ``max_tokens``, what the endpoint's enqueued-token limit leaves
+    room for: the rest waits for a later poll), each with ``deadline_at``."""
     submitted: list[Submitted] = []
     while True:
         opened = ledger.batches.open_batch(
             new_batch_key(), job=job, endpoint=endpoint, model=model, kind=client.kind,
             owner=owner, lease=lease_seconds, max_requests=client.max_requests,
-            flow_run_id=flow_run_id, period_start=period_start)
+            flow_run_id=flow_run_id, period_start=period_start, deadline_at=deadline_at,
+            queued_before=queued_before, max_tokens=max_tokens)
         if opened is None:
             return submitted
         remote = submit(ledger, client, opened.claim, opened.lines)

@@ -23,10 +23,11 @@ if TYPE_CHECKING:
     from flows.settle.flow import SettleReport
 
 LIST_COLUMNS = [Col("batch"), Col("provider id", fold=FOLD), Col("status"),
-                Col("requests"), Col("answered / refused / failed / again", fold=FOLD, drop=2),
+                Col("requests"), Col("answered / refused / failed / again / sync", fold=FOLD, drop=2),
                 Col("tick", fold=FOLD), Col("age", drop=1), Col("cost", fold=FOLD, drop=3)]
 POLL_COLUMNS = [Col("batch"), Col("provider id", fold=FOLD), Col("now"), Col("provider status"),
-                Col("settled"), Col("requeued", drop=2), Col("Runs released", drop=1),
+                Col("settled"), Col("requeued", drop=2), Col("withdrawn", drop=2),
+                Col("Runs released", drop=1),
                 Col("Runs failed", drop=1), Col("error", fold=FOLD, optional=True)]
 
 
@@ -38,8 +39,10 @@ def poll(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = 
     created at its provider is created (found there first, by its key, if an earlier
     submitter may have created it); one still running is left to run; one that ended has
     each result settled once (answers checkpointed at the batch price), its calls without a
-    result queued into a new batch, and its Runs run again: each transform replays its
-    answer, and the Run completes with its outbox rows. A tick whose Runs no longer wait is
+    result queued into a new batch (or, their deadline near, withdrawn and called
+    synchronously: RUNLEDGER_BATCH_DEADLINE_SECONDS), and its Runs run again: each transform
+    replays its answer, and the Run completes with its outbox rows. One still running past its
+    deadline is cancelled. A tick whose Runs no longer wait is
     marked completed in the Prefect UI. Uses the Prefect server at PREFECT_API_URL, or a
     temporary local one.
 
@@ -74,7 +77,7 @@ def poll(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = 
 def _polled_dict(p: Any) -> dict[str, Any]:
     return {"key": p.key, "job": p.job, "endpoint": p.endpoint, "action": p.action,
             "provider_batch_id": p.provider_batch_id, "provider_status": p.provider_status,
-            "settled": p.settled, "requeued": p.requeued,
+            "settled": p.settled, "requeued": p.requeued, "withdrawn": p.withdrawn,
             "released": [r.run_id for r in p.released], "failed": [r.run_id for r in p.failed],
             "resubmitted": [s.key for s in p.resubmitted], "error": p.error}
 
@@ -83,7 +86,7 @@ def _print_poll(report: SettleReport) -> None:
     out = console()
     print_table(out, POLL_COLUMNS, [
         [p.key, p.provider_batch_id or "-", p.action, p.provider_status or "-", str(p.settled),
-         str(p.requeued), str(len(p.released)), str(len(p.failed)), p.error or ""]
+         str(p.requeued), str(p.withdrawn), str(len(p.released)), str(len(p.failed)), p.error or ""]
         for p in report.polled], title=f"settle-batches: {report.summary()}")
 
 
@@ -155,7 +158,7 @@ def _status(b: Batch) -> str:
 
 
 def _batch_row(b: Batch, now: datetime) -> list[str]:
-    settled = (f"{b.answered} / {b.refused} / {b.failed} / {b.requeued}"
+    settled = (f"{b.answered} / {b.refused} / {b.failed} / {b.requeued} / {b.withdrawn}"
                if b.status == "settled" else
                f"provider: {b.provider_completed or 0} done, {b.provider_failed or 0} failed")
     return [b.batch_key, b.provider_batch_id or "-", _status(b), str(b.requests), settled,
@@ -172,6 +175,7 @@ def _batch_dict(b: Batch, now: datetime) -> dict[str, Any]:
             "provider_total": b.provider_total, "provider_completed": b.provider_completed,
             "provider_failed": b.provider_failed, "answered": b.answered,
             "refused": b.refused, "failed": b.failed, "requeued": b.requeued,
+            "withdrawn": b.withdrawn, "deadline_at": utc(b.deadline_at),
             "cost": format_money(b.cost_nanos, b.currency), "created_at": utc(b.created_at),
             "submitted_at": utc(b.submitted_at), "polled_at": utc(b.polled_at),
             "settled_at": utc(b.settled_at), "age": _age(b, now), "error": b.error}

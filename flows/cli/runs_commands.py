@@ -24,6 +24,7 @@ from flows.run_job.outcomes import outcome_name
 from flows.spend import Spend, cache_text, spend_of
 from store import (
     RUN_STATUSES,
+    WITHDRAWN,
     Attempt,
     InvalidInput,
     ModelCall,
@@ -160,6 +161,8 @@ def _call_cost(call: ModelCall) -> str:
         return "not billed"
     if call.outcome == "queued":
         return "queued for a batch"
+    if call.outcome == WITHDRAWN:
+        return "not billed (withdrawn from its batch)"
     if call.cost_nanos is None and call.prompt_tokens is None and call.completion_tokens is None:
         return "in flight" if call.outcome is None else "unknown"
     return format_money(call.cost_nanos, call.currency)

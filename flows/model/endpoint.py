@@ -72,6 +72,13 @@ class Endpoint:
         return Limits(g.requests_per_minute, g.tokens_per_minute, g.max_concurrent)
 
     @property
+    def batch_queue_tokens(self) -> int | None:
+        """The prompt tokens its model may hold in batches in flight (None: no limit)."""
+        if self.given is None:
+            return self.settings.model_batch_queue_tokens
+        return self.given.batch_queue_tokens
+
+    @property
     def timeout_seconds(self) -> float:
         if self.given is not None and self.given.timeout_seconds is not None:
             return self.given.timeout_seconds

@@ -20,6 +20,7 @@ from flows.model.asking import answer_of, parameters_of, plain_prompt, request_o
 from flows.model.bound import INPUT_BOUND, CallBound, InputBound, request_bound
 from flows.model.errors import (
     EndpointRefusing,
+    InvalidModelRequest,
     ModelRefused,
     ModelRejected,
     ModelUnavailable,
@@ -81,10 +82,14 @@ def custom_id_of(run_id: str, position: int, digest: str) -> str:
 @dataclass(frozen=True)
 class BatchQueue:
     """Where a batch tick's calls go instead of leaving: the endpoint whose next batch takes
-    them, and how its provider writes one request (``BatchClient.line``)."""
+    them, how its provider writes one request (``BatchClient.line``) and the tick's flow run
+    (the one the poll ends once none of its calls waits) and the endpoint's enqueued-token
+    limit (None: none)."""
 
     endpoint: str
     line: Callable[[Request], dict[str, Any]]
+    flow_run_id: str | None = None
+    queue_tokens: int | None = None
 
 
 @dataclass
@@ -229,14 +234,22 @@ class RecordedModel:
         """Queue the call for the endpoint's next batch (recorded with the request its provider
         is sent, its charge reserved at the batch price), then end the transform. A call this
         Run queued already (an attempt that stopped before its Run waited) is not queued twice."""
-        self.queued = True
         bound = request_bound(self.inner.name, request, self.inner.max_tokens, self.inputs)
+        if batch.queue_tokens is not None and bound.input_tokens > batch.queue_tokens:
+            raise InvalidModelRequest(
+                f"model call {position} of run {self.claim.run_id} holds up to "
+                f"{bound.input_tokens} prompt tokens, more than endpoint {batch.endpoint}'s "
+                f"enqueued-token limit for batches ({batch.queue_tokens}): it could never enter "
+                "a batch; shorten its prompt, raise the endpoint's batch_queue_tokens, or run "
+                "the job without batch")
+        self.queued = True
         charge = None if self.budgeting is None else self.budgeting.charge(self.inner.name, bound)
         custom_id = custom_id_of(self.claim.run_id, position, digest)
         try:
             call = self.book.record_intent(self.claim, Intent(
                 batch.endpoint, self.inner.name, position, digest, charge,
-                queued=Queued(custom_id, batch.line(request))))
+                queued=Queued(custom_id, batch.line(request), batch.flow_run_id,
+                              bound.input_tokens)))
         except AlreadyQueued as exc:
             call_id = exc.call_id
         else:

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from prefect import State, flow, get_run_logger
@@ -246,20 +246,30 @@ def run_ledgered_tick(job: Job, period: Period, identities: dict[str, RunIdentit
                               plan=ShardPlan(list(identities), outcomes, split(to_run, shard_size)))
         report = run_tick(tick, identities, outcomes, to_run)
         if tick.batch is not None:
-            report.batches = submit_tick_batches(tick)
+            report.batches = submit_tick_batches(tick, tick.ledger.now())
         return TickResult.of_report(report, after_tick(tick.ledger, job, report))
 
 
-def submit_tick_batches(tick: Tick) -> list[Submitted]:
+def batch_deadline(job: Job, period: Period, settings: RunledgerSettings,
+                   now: datetime) -> datetime:
+    """Until when a tick's calls may wait for batches: its due time, or ``now`` when the tick
+    runs late (a backfill, a missed run), plus ``RUNLEDGER_BATCH_DEADLINE_SECONDS``."""
+    return max(job.due_at(period), now) + timedelta(seconds=settings.batch_deadline_seconds)
+
+
+def submit_tick_batches(tick: Tick, now: datetime) -> list[Submitted]:
     """Submit the calls the tick's subjects queued (and any its job's endpoint still has
-    queued from before), as batches of the provider's size; each names this tick."""
+    queued from before), as batches of the provider's size; each names this tick and its
+    deadline (``batch_deadline``)."""
     assert tick.batch_client is not None and tick.batch is not None  # a batch tick's
     try:
         return submit_queued(
             tick.ledger, tick.batch_client, job=tick.job.name, endpoint=tick.batch.endpoint,
             model=tick.model.name, owner=tick.owner("submit"),
             lease_seconds=tick.settings.batch_lease_seconds, flow_run_id=tick.flow_run_id,
-            period_start=tick.period.start)
+            period_start=tick.period.start,
+            deadline_at=batch_deadline(tick.job, tick.period, tick.settings, now),
+            max_tokens=tick.batch.queue_tokens)
     except RunledgerError as exc:
         # The calls are queued in the ledger: the next poll submits them once this lease ends.
         log.warning("job %s: could not submit its batch now (%s); `runledger batches poll` "
@@ -327,7 +337,8 @@ def ledgered(job: Job, period: Period, settings: RunledgerSettings, flow_run_id:
                        revising, limiter=limiter,
                        endpoint_concurrency=None if limits is None else limits.max_concurrent,
                        batch=None if batch_client is None
-                       else BatchQueue(endpoint.name, batch_client.line),
+                       else BatchQueue(endpoint.name, batch_client.line, flow_run_id,
+                                       endpoint.batch_queue_tokens),
                        batch_client=batch_client)
         finally:
             if batch_client is not None:

@@ -1,7 +1,8 @@
 """The ``settle-batches`` flow: one poll of every due batch (``poll``), then the Runs each
 settled batch released run again, one ``run-job`` subflow per job and period (named after the
 tick, as a tick is): each transform replays its checkpointed answer and goes on, and a second
-call goes into the next batch. A tick's flow run, Paused as AwaitingBatch while its Runs wait,
+call goes into the next batch; Runs with a call withdrawn from batch mode (its deadline near)
+run in a subflow of their own without batch mode, their calls sent synchronously. A tick's flow run, Paused as AwaitingBatch while its Runs wait,
 is completed once none of them waits any more: its story ends when its Runs are settled.
 
 A scheduled deployment rather than the tick's own flow run suspended and resumed: one path
@@ -31,7 +32,7 @@ from flows.run_job.flow import run_job
 from flows.run_job.outcomes import TickReport, state_value
 from flows.run_job.stages import AWAITING_BATCH_STATE
 from flows.settings import RunledgerSettings
-from store import Ledger, Run
+from store import Ledger, ReleasedRun, Run, TickRef
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +69,25 @@ async def settle_batches() -> State[Any]:
     polled, pending = await asyncio.to_thread(_poll, settings, owner)
     # Every Run a batch released, by this poll or by one that died before running it again,
     # up to its job's attempts (reconcile gives up on the rest).
-    released: dict[tuple[str, datetime], list[Run]] = defaultdict(list)
+    released: dict[tuple[str, datetime, bool], list[Run]] = defaultdict(list)
     jobs = registered_jobs()
-    for run in pending:
+    for rel in pending:
+        run = rel.run
         if run.job in jobs and run.attempts < jobs[run.job].max_attempts:
-            released[(run.job, run.period_start)].append(run)
-    names = sorted({f"{job}/{get_job(job).period_at(start).label}" for job, start in released})
+            released[(run.job, run.period_start, not rel.synchronous)].append(run)
+    names = sorted({f"{job}/{get_job(job).period_at(start).label}"
+                    for job, start, _ in released})
     if names:
         await _rename(f"settle-batches: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}")
     reruns: list[TickReport] = []
     rerun_states: dict[tuple[str, datetime], State[Any]] = {}
-    for (job, start), refs in sorted(released.items()):
+    for (job, start, batch), refs in sorted(released.items()):
         state = await cast("Coroutine[Any, Any, State[Any]]", run_job(
             job=job, subjects=sorted({r.subject for r in refs}), period=start.isoformat(),
-            allow_not_due=True, batch=True, return_state=True))
-        rerun_states[(job, start)] = state
+            allow_not_due=True, batch=batch, return_state=True))
+        # The tick's story follows the worse of its reruns (a paused or failed one).
+        if (job, start) not in rerun_states or not state.is_completed():
+            rerun_states[(job, start)] = state
         rerun = state_value(state)
         if isinstance(rerun, TickReport):
             reruns.append(rerun)
@@ -91,7 +96,8 @@ async def settle_batches() -> State[Any]:
             emit_job_event("batch.settled", jobs[p.job], batch=p.key,
                            provider_batch_id=p.provider_batch_id,
                            provider_status=p.provider_status, settled=p.settled,
-                           requeued=p.requeued, released=len(p.released), failed=len(p.failed))
+                           requeued=p.requeued, withdrawn=p.withdrawn, released=len(p.released),
+                           failed=len(p.failed))
     await _end_settled_ticks(polled, rerun_states)
     report = SettleReport(polled, reruns)
     logger.info(report.summary())
@@ -103,11 +109,13 @@ async def settle_batches() -> State[Any]:
     return Completed(message=report.summary(), data=report)
 
 
-def _poll(settings: RunledgerSettings, owner: str) -> tuple[list[Polled], list[Run]]:
-    """The due batches polled, then the Runs batches released that wait to run again."""
+def _poll(settings: RunledgerSettings, owner: str) -> tuple[list[Polled], list[ReleasedRun]]:
+    """The due batches polled (deadlines judged by the database clock), then the Runs batches
+    released that wait to run again."""
     ledger = Ledger.connect()
     try:
-        return poll_batches(ledger, settings, owner), ledger.batches.released_runs()
+        return (poll_batches(ledger, settings, owner, ledger.now()),
+                ledger.batches.released_runs())
     finally:
         ledger.close()
 
@@ -122,34 +130,37 @@ async def _rename(name: str) -> None:
 
 async def _end_settled_ticks(polled: list[Polled],
                              reruns: dict[tuple[str, datetime], State[Any]]) -> None:
-    """End each tick flow run of a settled batch that is still AwaitingBatch and opened no
-    batch still unsettled (the requeued calls of an expired batch keep it Paused) as its
-    Runs' run again ended: Failed when that failed or the provider refused a Run's request,
-    else Completed; still Paused when a further call of its Runs waits in a batch (that
-    run-job flow run then carries the wait)."""
-    ticks = {p.flow_run_id: p for p in polled if p.action == "settled" and p.flow_run_id}
+    """End each tick flow run whose calls a settled batch held, that is still AwaitingBatch
+    and none of whose calls still waits (the requeued calls of an expired batch keep it
+    Paused), as its Runs' run again ended: Failed when that failed or the provider refused a
+    Run's request, else Completed; still Paused when a further call of its Runs waits in a
+    batch (that run-job flow run then carries the wait)."""
+    ticks: dict[str, tuple[TickRef, list[Polled]]] = {}
+    for p in polled:
+        for tick in p.ticks if p.action == "settled" else []:
+            ticks.setdefault(tick.flow_run_id, (tick, []))[1].append(p)
     if not ticks:
         return
     waiting = await asyncio.to_thread(_waiting_ticks)
     async with get_client() as client:
-        for flow_run_id in ticks:
+        for flow_run_id, (tick, by) in ticks.items():
             if flow_run_id in waiting:
                 continue
             try:
                 run = await client.read_flow_run(flow_run_id)  # type: ignore[arg-type]
                 if run.state is None or run.state.name != AWAITING_BATCH_STATE:
                     continue
-                p = ticks[flow_run_id]
-                rerun = (None if p.period_start is None
-                         else reruns.get((p.job, p.period_start)))
+                rerun = reruns.get((tick.job, tick.period_start))
                 if rerun is not None and rerun.is_paused():
                     continue
-                told = "its batch settled" + (
+                refused = sum(1 for p in by for ref in p.failed
+                              if (ref.job, ref.period_start) == (tick.job, tick.period_start))
+                told = f"its batch{'es' if len(by) > 1 else ''} settled" + (
                     "" if rerun is None else f"; its Runs ran again in run-job flow run "
                     f"{rerun.state_details.flow_run_id}: {rerun.message}") + (
-                    "" if not p.failed else f"; {len(p.failed)} Run(s) failed: the provider "
+                    "" if not refused else f"; {refused} Run(s) failed: the provider "
                     "refused their requests (`runledger runs show RUN`)")
-                failed = bool(p.failed) or (rerun is not None and rerun.is_failed())
+                failed = bool(refused) or (rerun is not None and rerun.is_failed())
                 await client.set_flow_run_state(
                     run.id, Failed(message=told) if failed else Completed(message=told),
                     force=True)

@@ -130,8 +130,8 @@ WHERE runs.run_id = %(run_id)s::VARCHAR AND runs.fence = %(fence)s::INTEGER AND 
 -- name: record_call_queued
 -- Record a model call queued for a provider's batch (its line's id and request body) instead of
 -- sent, only while its Attempt holds the Run's lease.
--- parameters: call_id, run_id, attempt_id, fence, endpoint, model, position, prompt_digest, estimate, budget_period, budget_day, custom_id, request, owner
-INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, model, position, prompt_digest, started_at, estimate, budget_period, budget_day, outcome, custom_id, request) SELECT %(call_id)s::VARCHAR AS call_id, %(run_id)s::VARCHAR AS run_id, %(attempt_id)s::VARCHAR AS attempt_id, %(fence)s::INTEGER AS fence, runs.job, %(endpoint)s::VARCHAR AS endpoint, %(model)s::VARCHAR AS model, %(position)s::INTEGER AS position, %(prompt_digest)s::VARCHAR AS prompt_digest, statement_timestamp() AS started_at, %(estimate)s::BIGINT AS estimate, %(budget_period)s::TIMESTAMP WITH TIME ZONE AS budget_period, %(budget_day)s::DATE AS budget_day, 'queued' AS outcome, %(custom_id)s::VARCHAR AS custom_id, %(request)s::JSONB AS request 
+-- parameters: call_id, run_id, attempt_id, fence, endpoint, model, position, prompt_digest, estimate, budget_period, budget_day, custom_id, request, flow_run_id, queued_tokens, owner
+INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, model, position, prompt_digest, started_at, estimate, budget_period, budget_day, outcome, custom_id, request, flow_run_id, queued_tokens) SELECT %(call_id)s::VARCHAR AS call_id, %(run_id)s::VARCHAR AS run_id, %(attempt_id)s::VARCHAR AS attempt_id, %(fence)s::INTEGER AS fence, runs.job, %(endpoint)s::VARCHAR AS endpoint, %(model)s::VARCHAR AS model, %(position)s::INTEGER AS position, %(prompt_digest)s::VARCHAR AS prompt_digest, statement_timestamp() AS started_at, %(estimate)s::BIGINT AS estimate, %(budget_period)s::TIMESTAMP WITH TIME ZONE AS budget_period, %(budget_day)s::DATE AS budget_day, 'queued' AS outcome, %(custom_id)s::VARCHAR AS custom_id, %(request)s::JSONB AS request, %(flow_run_id)s::VARCHAR AS flow_run_id, %(queued_tokens)s::INTEGER AS queued_tokens 
 FROM runs 
 WHERE runs.run_id = %(run_id)s::VARCHAR AND runs.fence = %(fence)s::INTEGER AND runs.owner = %(owner)s::VARCHAR AND runs.status = 'running' RETURNING model_calls.call_id;
 
@@ -173,7 +173,7 @@ WHERE runs.run_id = model_calls.run_id AND runs.fence = model_calls.fence AND ru
 -- name: list_model_calls
 -- A Run's model calls, in the order they were made, without answers (nor queued requests).
 -- parameters: run_id
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id, model_calls.flow_run_id, model_calls.queued_tokens 
 FROM model_calls 
 WHERE model_calls.run_id = %(run_id)s::VARCHAR ORDER BY model_calls.started_at, model_calls.fence, model_calls.position;
 
@@ -181,7 +181,7 @@ WHERE model_calls.run_id = %(run_id)s::VARCHAR ORDER BY model_calls.started_at, 
 -- The model calls of the Runs whose ids are given, without answers (nor queued requests): one
 -- statement for a whole tick.
 -- parameters: ids
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id, model_calls.flow_run_id, model_calls.queued_tokens 
 FROM model_calls 
 WHERE model_calls.run_id IN (SELECT given.run_id 
 FROM jsonb_to_recordset(%(ids)s::JSONB) AS given(run_id VARCHAR(64))) ORDER BY model_calls.run_id, model_calls.started_at, model_calls.position;
@@ -843,19 +843,27 @@ WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'queued')) THEN
 UPDATE attempts SET finished_at=statement_timestamp(), outcome='released', error=%(error)s::VARCHAR, model_calls=0 WHERE attempts.attempt_id = %(attempt_id)s::VARCHAR;
 
 -- name: pick_queued_calls
--- The oldest queued calls of a job and endpoint that no batch holds, at most the limit, skipping
--- rows another submitter has locked (PostgreSQL).
--- parameters: endpoint, job, limit
-SELECT model_calls.call_id, model_calls.custom_id, model_calls.request 
+-- The oldest queued calls of a job and endpoint that no batch holds (queued before the given time,
+-- if one is given), at most the limit, skipping rows another submitter has locked (PostgreSQL).
+-- parameters: endpoint, job, queued_before, limit
+SELECT model_calls.call_id, model_calls.custom_id, model_calls.request, model_calls.queued_tokens 
 FROM model_calls 
-WHERE outcome = 'queued' AND batch_key IS NULL AND model_calls.endpoint = %(endpoint)s::VARCHAR AND model_calls.job = %(job)s::VARCHAR ORDER BY model_calls.started_at, model_calls.call_id 
+WHERE outcome = 'queued' AND batch_key IS NULL AND model_calls.endpoint = %(endpoint)s::VARCHAR AND model_calls.job = %(job)s::VARCHAR AND (%(queued_before)s::TIMESTAMP WITH TIME ZONE IS NULL OR model_calls.started_at < %(queued_before)s::TIMESTAMP WITH TIME ZONE) ORDER BY model_calls.started_at, model_calls.call_id 
  LIMIT %(limit)s::INTEGER FOR UPDATE SKIP LOCKED;
+
+-- name: count_enqueued_tokens
+-- The prompt tokens an endpoint's calls hold in its batches open or submitted (what its provider's
+-- enqueued-token limit counts).
+-- parameters: endpoint
+SELECT coalesce(sum(model_calls.queued_tokens), 0) AS tokens 
+FROM model_calls JOIN batches ON batches.batch_key = model_calls.batch_key 
+WHERE batches.endpoint = %(endpoint)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND model_calls.outcome = 'queued';
 
 -- name: open_batch
 -- Insert a batch open, its lease held by the submitter that opened it (fence 1, database clock),
--- with how many calls it holds and the digest of its lines.
--- parameters: batch_key, job, endpoint, model, kind, flow_run_id, period_start, input_digest, requests, owner, lease
-INSERT INTO batches (batch_key, job, endpoint, model, kind, status, flow_run_id, period_start, input_digest, requests, fence, owner, lease_expires_at, created_at) VALUES (%(batch_key)s::VARCHAR, %(job)s::VARCHAR, %(endpoint)s::VARCHAR, %(model)s::VARCHAR, %(kind)s::VARCHAR, 'open', %(flow_run_id)s::VARCHAR, %(period_start)s::TIMESTAMP WITH TIME ZONE, %(input_digest)s::VARCHAR, %(requests)s::INTEGER, 1, %(owner)s::VARCHAR, (statement_timestamp() + make_interval(secs => %(lease)s)), statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.requests;
+-- with how many calls it holds, the digest of its lines and its deadline.
+-- parameters: batch_key, job, endpoint, model, kind, flow_run_id, period_start, input_digest, requests, owner, lease, deadline_at
+INSERT INTO batches (batch_key, job, endpoint, model, kind, status, flow_run_id, period_start, input_digest, requests, fence, owner, lease_expires_at, deadline_at, created_at) VALUES (%(batch_key)s::VARCHAR, %(job)s::VARCHAR, %(endpoint)s::VARCHAR, %(model)s::VARCHAR, %(kind)s::VARCHAR, 'open', %(flow_run_id)s::VARCHAR, %(period_start)s::TIMESTAMP WITH TIME ZONE, %(input_digest)s::VARCHAR, %(requests)s::INTEGER, 1, %(owner)s::VARCHAR, (statement_timestamp() + make_interval(secs => %(lease)s)), %(deadline_at)s::TIMESTAMP WITH TIME ZONE, statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.deadline_at, batches.requests;
 
 -- name: stamp_batch_calls
 -- The picked calls, still queued and in no batch, are held by the batch (given as one JSON array).
@@ -867,7 +875,7 @@ FROM jsonb_to_recordset(%(ids)s::JSONB) AS given(call_id VARCHAR(36))) AND model
 -- Take the lease of a batch in flight (open or submitted) whose lease is free or expired (database
 -- clock): bump its fence.
 -- parameters: owner, lease, batch_key
-UPDATE batches SET fence=(batches.fence + 1), owner=%(owner)s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %(lease)s)) WHERE batches.batch_key = %(batch_key)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.requests;
+UPDATE batches SET fence=(batches.fence + 1), owner=%(owner)s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %(lease)s)) WHERE batches.batch_key = %(batch_key)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.deadline_at, batches.requests;
 
 -- name: claim_due_batches
 -- Lease the oldest batches in flight whose lease is free or expired (database clock), at most the
@@ -876,7 +884,7 @@ UPDATE batches SET fence=(batches.fence + 1), owner=%(owner)s::VARCHAR, lease_ex
 UPDATE batches SET fence=(batches.fence + 1), owner=%(owner)s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %(lease)s)) WHERE batches.batch_key IN (SELECT batches.batch_key 
 FROM batches 
 WHERE (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) ORDER BY batches.created_at, batches.batch_key 
- LIMIT %(limit)s::INTEGER FOR UPDATE SKIP LOCKED) AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.requests;
+ LIMIT %(limit)s::INTEGER FOR UPDATE SKIP LOCKED) AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.deadline_at, batches.requests;
 
 -- name: list_batch_lines
 -- The lines of a batch's file (its calls' ids and request bodies), in custom_id order.
@@ -911,9 +919,9 @@ FROM batches
 WHERE batches.batch_key = %(batch_key)s::VARCHAR AND batches.fence = %(fence)s::INTEGER AND batches.owner = %(owner)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > statement_timestamp())) RETURNING model_calls.call_id, model_calls.custom_id, model_calls.job, model_calls.estimate, model_calls.budget_period, model_calls.budget_day;
 
 -- name: finish_batch
--- The batch is settled: what became of its calls counted (answered, refused, failed, still queued)
--- and their cost added up, the provider's last status noted, its lease released; only the holder
--- of the batch's lease can.
+-- The batch is settled: what became of its calls counted (answered, refused, failed, still queued,
+-- withdrawn) and their cost added up, the provider's last status noted, its lease released; only
+-- the holder of the batch's lease can.
 -- parameters: provider_status, error, batch_key, fence, owner
 UPDATE batches SET status='settled', provider_status=%(provider_status)s::VARCHAR, owner=NULL, lease_expires_at=NULL, settled_at=statement_timestamp(), answered=(SELECT count(*) AS count_1 
 FROM model_calls 
@@ -923,7 +931,9 @@ WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'refus
 FROM model_calls 
 WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'failed'), requeued=(SELECT count(*) AS count_4 
 FROM model_calls 
-WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'queued'), cost_nanos=(SELECT sum(model_calls.cost_nanos) AS sum_1 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'queued'), withdrawn=(SELECT count(*) AS count_5 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'withdrawn'), cost_nanos=(SELECT sum(model_calls.cost_nanos) AS sum_1 
 FROM model_calls 
 WHERE model_calls.batch_key = batches.batch_key), currency=(SELECT max(model_calls.currency) AS max_1 
 FROM model_calls 
@@ -959,10 +969,27 @@ WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'queued')) AND 
 FROM model_calls 
 WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key = %(batch_key)s::VARCHAR)) RETURNING runs.run_id, runs.job, runs.subject, runs.period_start;
 
+-- name: list_orphaned_queues
+-- The jobs and endpoints with queued calls that no batch holds, queued before the given time
+-- (their tick died before it opened their batch): each with its model and when its oldest such
+-- call was queued.
+-- parameters: queued_before
+SELECT model_calls.job, model_calls.endpoint, max(model_calls.model) AS model, min(model_calls.started_at) AS oldest 
+FROM model_calls 
+WHERE outcome = 'queued' AND batch_key IS NULL AND model_calls.started_at < %(queued_before)s::TIMESTAMP WITH TIME ZONE GROUP BY model_calls.job, model_calls.endpoint ORDER BY model_calls.job, model_calls.endpoint;
+
+-- name: list_batch_ticks
+-- The ticks whose calls a batch holds or settled: each flow run that queued them, with its job and
+-- period.
+-- parameters: batch_key
+SELECT DISTINCT model_calls.flow_run_id, runs.job, runs.period_start 
+FROM model_calls JOIN runs ON runs.run_id = model_calls.run_id 
+WHERE model_calls.batch_key = %(batch_key)s::VARCHAR AND model_calls.flow_run_id IS NOT NULL ORDER BY model_calls.flow_run_id;
+
 -- name: list_batches
 -- The latest batches, newest first, optionally of one status.
 -- parameters: status, limit
-SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.cost_nanos, batches.currency, batches.error 
+SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.deadline_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.withdrawn, batches.cost_nanos, batches.currency, batches.error 
 FROM batches 
 WHERE CAST(%(status)s::VARCHAR AS VARCHAR(16)) IS NULL OR batches.status = CAST(%(status)s::VARCHAR AS VARCHAR(16)) ORDER BY batches.created_at DESC, batches.batch_key 
  LIMIT %(limit)s::INTEGER;
@@ -970,7 +997,7 @@ WHERE CAST(%(status)s::VARCHAR AS VARCHAR(16)) IS NULL OR batches.status = CAST(
 -- name: get_batch
 -- A batch by its key or by the provider's batch id.
 -- parameters: key
-SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.cost_nanos, batches.currency, batches.error 
+SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.deadline_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.withdrawn, batches.cost_nanos, batches.currency, batches.error 
 FROM batches 
 WHERE batches.batch_key = %(key)s::VARCHAR OR batches.provider_batch_id = %(key)s::VARCHAR ORDER BY batches.created_at 
  LIMIT 1;
@@ -978,26 +1005,31 @@ WHERE batches.batch_key = %(key)s::VARCHAR OR batches.provider_batch_id = %(key)
 -- name: list_batch_calls
 -- The model calls a batch holds or settled, in custom_id order, without answers (nor requests).
 -- parameters: batch_key
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id, model_calls.flow_run_id, model_calls.queued_tokens 
 FROM model_calls 
 WHERE model_calls.batch_key = %(batch_key)s::VARCHAR ORDER BY model_calls.custom_id;
 
 -- name: list_released_runs
--- The pending Runs an answered batch call of theirs waits to be replayed by (released by a settled
--- batch, not run again yet), oldest period first, at most the limit, without documents.
+-- The pending Runs a settled batch released and no attempt ran yet: an answered batch call of
+-- theirs waits to be replayed, or a withdrawn one to be called synchronously; oldest period first,
+-- at most the limit, without documents; ``withdrawn`` tells the latter.
 -- parameters: limit
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
-FROM runs 
-WHERE runs.status = 'pending' AND (EXISTS (SELECT model_calls.call_id 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest, EXISTS (SELECT model_calls.call_id 
 FROM model_calls 
-WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key IS NOT NULL AND model_calls.outcome = 'answered' AND model_calls.rejected_at IS NULL)) ORDER BY runs.period_start, runs.job, runs.subject, runs.revision 
+WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'withdrawn') AS withdrawn 
+FROM runs 
+WHERE runs.status = 'pending' AND ((EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'withdrawn')) OR (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key IS NOT NULL AND model_calls.outcome = 'answered' AND model_calls.rejected_at IS NULL))) ORDER BY runs.period_start, runs.job, runs.subject, runs.revision 
  LIMIT %(limit)s::INTEGER;
 
 -- name: list_unsettled_tick_flow_runs
--- The flow runs of the ticks that opened a batch not yet settled (open or submitted).
-SELECT DISTINCT batches.flow_run_id 
-FROM batches 
-WHERE batches.status != 'settled' AND batches.flow_run_id IS NOT NULL;
+-- The flow runs of the ticks a queued call of which still waits (in a batch, or for one).
+SELECT DISTINCT model_calls.flow_run_id 
+FROM model_calls 
+WHERE model_calls.outcome = 'queued' AND model_calls.flow_run_id IS NOT NULL;
 
 -- name: list_waiting_runs
 -- The Runs waiting for a batch, optionally of one job, oldest period first, without documents.

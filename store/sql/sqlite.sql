@@ -128,8 +128,8 @@ WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND 
 -- name: record_call_queued
 -- Record a model call queued for a provider's batch (its line's id and request body) instead of
 -- sent, only while its Attempt holds the Run's lease.
--- parameters: call_id, run_id, attempt_id, fence, endpoint, model, position, prompt_digest, estimate, budget_period, budget_day, custom_id, request, owner
-INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, model, position, prompt_digest, started_at, estimate, budget_period, budget_day, outcome, custom_id, request) SELECT :call_id AS call_id, :run_id AS run_id, :attempt_id AS attempt_id, :fence AS fence, runs.job, :endpoint AS endpoint, :model AS model, :position AS position, :prompt_digest AS prompt_digest, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS started_at, :estimate AS estimate, :budget_period AS budget_period, :budget_day AS budget_day, 'queued' AS outcome, :custom_id AS custom_id, :request AS request 
+-- parameters: call_id, run_id, attempt_id, fence, endpoint, model, position, prompt_digest, estimate, budget_period, budget_day, custom_id, request, flow_run_id, queued_tokens, owner
+INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, model, position, prompt_digest, started_at, estimate, budget_period, budget_day, outcome, custom_id, request, flow_run_id, queued_tokens) SELECT :call_id AS call_id, :run_id AS run_id, :attempt_id AS attempt_id, :fence AS fence, runs.job, :endpoint AS endpoint, :model AS model, :position AS position, :prompt_digest AS prompt_digest, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AS started_at, :estimate AS estimate, :budget_period AS budget_period, :budget_day AS budget_day, 'queued' AS outcome, :custom_id AS custom_id, :request AS request, :flow_run_id AS flow_run_id, :queued_tokens AS queued_tokens 
 FROM runs 
 WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING call_id;
 
@@ -171,7 +171,7 @@ WHERE runs.run_id = model_calls.run_id AND runs.fence = model_calls.fence AND ru
 -- name: list_model_calls
 -- A Run's model calls, in the order they were made, without answers (nor queued requests).
 -- parameters: run_id
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id, model_calls.flow_run_id, model_calls.queued_tokens 
 FROM model_calls 
 WHERE model_calls.run_id = :run_id ORDER BY model_calls.started_at, model_calls.fence, model_calls.position;
 
@@ -179,7 +179,7 @@ WHERE model_calls.run_id = :run_id ORDER BY model_calls.started_at, model_calls.
 -- The model calls of the Runs whose ids are given, without answers (nor queued requests): one
 -- statement for a whole tick.
 -- parameters: ids
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id, model_calls.flow_run_id, model_calls.queued_tokens 
 FROM model_calls 
 WHERE model_calls.run_id IN (SELECT json_extract(item.value, '$.run_id') AS run_id 
 FROM json_each(:ids) AS item) ORDER BY model_calls.run_id, model_calls.started_at, model_calls.position;
@@ -815,19 +815,27 @@ WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'queued')) THEN
 UPDATE attempts SET finished_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), outcome='released', error=:error, model_calls=0 WHERE attempts.attempt_id = :attempt_id;
 
 -- name: pick_queued_calls
--- The oldest queued calls of a job and endpoint that no batch holds, at most the limit, skipping
--- rows another submitter has locked (PostgreSQL).
--- parameters: endpoint, job, limit
-SELECT model_calls.call_id, model_calls.custom_id, model_calls.request 
+-- The oldest queued calls of a job and endpoint that no batch holds (queued before the given time,
+-- if one is given), at most the limit, skipping rows another submitter has locked (PostgreSQL).
+-- parameters: endpoint, job, queued_before, limit
+SELECT model_calls.call_id, model_calls.custom_id, model_calls.request, model_calls.queued_tokens 
 FROM model_calls 
-WHERE outcome = 'queued' AND batch_key IS NULL AND model_calls.endpoint = :endpoint AND model_calls.job = :job ORDER BY model_calls.started_at, model_calls.call_id
+WHERE outcome = 'queued' AND batch_key IS NULL AND model_calls.endpoint = :endpoint AND model_calls.job = :job AND (:queued_before IS NULL OR model_calls.started_at < :queued_before) ORDER BY model_calls.started_at, model_calls.call_id
  LIMIT :limit OFFSET 0;
+
+-- name: count_enqueued_tokens
+-- The prompt tokens an endpoint's calls hold in its batches open or submitted (what its provider's
+-- enqueued-token limit counts).
+-- parameters: endpoint
+SELECT coalesce(sum(model_calls.queued_tokens), 0) AS tokens 
+FROM model_calls JOIN batches ON batches.batch_key = model_calls.batch_key 
+WHERE batches.endpoint = :endpoint AND (batches.status = 'open' OR batches.status = 'submitted') AND model_calls.outcome = 'queued';
 
 -- name: open_batch
 -- Insert a batch open, its lease held by the submitter that opened it (fence 1, database clock),
--- with how many calls it holds and the digest of its lines.
--- parameters: batch_key, job, endpoint, model, kind, flow_run_id, period_start, input_digest, requests, owner, lease
-INSERT INTO batches (batch_key, job, endpoint, model, kind, status, flow_run_id, period_start, input_digest, requests, fence, owner, lease_expires_at, created_at) VALUES (:batch_key, :job, :endpoint, :model, :kind, 'open', :flow_run_id, :period_start, :input_digest, :requests, 1, :owner, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000'), (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, requests;
+-- with how many calls it holds, the digest of its lines and its deadline.
+-- parameters: batch_key, job, endpoint, model, kind, flow_run_id, period_start, input_digest, requests, owner, lease, deadline_at
+INSERT INTO batches (batch_key, job, endpoint, model, kind, status, flow_run_id, period_start, input_digest, requests, fence, owner, lease_expires_at, deadline_at, created_at) VALUES (:batch_key, :job, :endpoint, :model, :kind, 'open', :flow_run_id, :period_start, :input_digest, :requests, 1, :owner, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000'), :deadline_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, deadline_at, requests;
 
 -- name: stamp_batch_calls
 -- The picked calls, still queued and in no batch, are held by the batch (given as one JSON array).
@@ -839,7 +847,7 @@ FROM json_each(:ids) AS item) AND model_calls.outcome = 'queued' AND model_calls
 -- Take the lease of a batch in flight (open or submitted) whose lease is free or expired (database
 -- clock): bump its fence.
 -- parameters: owner, lease, batch_key
-UPDATE batches SET fence=(batches.fence + 1), owner=:owner, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') WHERE batches.batch_key = :batch_key AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, requests;
+UPDATE batches SET fence=(batches.fence + 1), owner=:owner, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') WHERE batches.batch_key = :batch_key AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, deadline_at, requests;
 
 -- name: claim_due_batches
 -- Lease the oldest batches in flight whose lease is free or expired (database clock), at most the
@@ -848,7 +856,7 @@ UPDATE batches SET fence=(batches.fence + 1), owner=:owner, lease_expires_at=(st
 UPDATE batches SET fence=(batches.fence + 1), owner=:owner, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') WHERE batches.batch_key IN (SELECT batches.batch_key 
 FROM batches 
 WHERE (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ORDER BY batches.created_at, batches.batch_key
- LIMIT :limit OFFSET 0) AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, requests;
+ LIMIT :limit OFFSET 0) AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, deadline_at, requests;
 
 -- name: list_batch_lines
 -- The lines of a batch's file (its calls' ids and request bodies), in custom_id order.
@@ -883,9 +891,9 @@ FROM batches
 WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'))) RETURNING call_id, custom_id, job, estimate, budget_period, budget_day;
 
 -- name: finish_batch
--- The batch is settled: what became of its calls counted (answered, refused, failed, still queued)
--- and their cost added up, the provider's last status noted, its lease released; only the holder
--- of the batch's lease can.
+-- The batch is settled: what became of its calls counted (answered, refused, failed, still queued,
+-- withdrawn) and their cost added up, the provider's last status noted, its lease released; only
+-- the holder of the batch's lease can.
 -- parameters: provider_status, error, batch_key, fence, owner
 UPDATE batches SET status='settled', provider_status=:provider_status, owner=NULL, lease_expires_at=NULL, settled_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'), answered=(SELECT count(*) AS count_1 
 FROM model_calls 
@@ -895,7 +903,9 @@ WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'refus
 FROM model_calls 
 WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'failed'), requeued=(SELECT count(*) AS count_4 
 FROM model_calls 
-WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'queued'), cost_nanos=(SELECT sum(model_calls.cost_nanos) AS sum_1 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'queued'), withdrawn=(SELECT count(*) AS count_5 
+FROM model_calls 
+WHERE model_calls.batch_key = batches.batch_key AND model_calls.outcome = 'withdrawn'), cost_nanos=(SELECT sum(model_calls.cost_nanos) AS sum_1 
 FROM model_calls 
 WHERE model_calls.batch_key = batches.batch_key), currency=(SELECT max(model_calls.currency) AS max_1 
 FROM model_calls 
@@ -931,10 +941,27 @@ WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'queued')) AND 
 FROM model_calls 
 WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key = :batch_key)) RETURNING run_id, job, subject, period_start;
 
+-- name: list_orphaned_queues
+-- The jobs and endpoints with queued calls that no batch holds, queued before the given time
+-- (their tick died before it opened their batch): each with its model and when its oldest such
+-- call was queued.
+-- parameters: queued_before
+SELECT model_calls.job, model_calls.endpoint, max(model_calls.model) AS model, min(model_calls.started_at) AS oldest 
+FROM model_calls 
+WHERE outcome = 'queued' AND batch_key IS NULL AND model_calls.started_at < :queued_before GROUP BY model_calls.job, model_calls.endpoint ORDER BY model_calls.job, model_calls.endpoint;
+
+-- name: list_batch_ticks
+-- The ticks whose calls a batch holds or settled: each flow run that queued them, with its job and
+-- period.
+-- parameters: batch_key
+SELECT DISTINCT model_calls.flow_run_id, runs.job, runs.period_start 
+FROM model_calls JOIN runs ON runs.run_id = model_calls.run_id 
+WHERE model_calls.batch_key = :batch_key AND model_calls.flow_run_id IS NOT NULL ORDER BY model_calls.flow_run_id;
+
 -- name: list_batches
 -- The latest batches, newest first, optionally of one status.
 -- parameters: status, limit
-SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.cost_nanos, batches.currency, batches.error 
+SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.deadline_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.withdrawn, batches.cost_nanos, batches.currency, batches.error 
 FROM batches 
 WHERE CAST(:status AS VARCHAR(16)) IS NULL OR batches.status = CAST(:status AS VARCHAR(16)) ORDER BY batches.created_at DESC, batches.batch_key
  LIMIT :limit OFFSET 0;
@@ -942,7 +969,7 @@ WHERE CAST(:status AS VARCHAR(16)) IS NULL OR batches.status = CAST(:status AS V
 -- name: get_batch
 -- A batch by its key or by the provider's batch id.
 -- parameters: key
-SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.cost_nanos, batches.currency, batches.error 
+SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.kind, batches.status, batches.flow_run_id, batches.period_start, batches.input_digest, batches.requests, batches.provider_file_id, batches.provider_batch_id, batches.provider_status, batches.provider_total, batches.provider_completed, batches.provider_failed, batches.fence, batches.owner, batches.lease_expires_at, batches.deadline_at, batches.created_at, batches.submitted_at, batches.polled_at, batches.settled_at, batches.answered, batches.refused, batches.failed, batches.requeued, batches.withdrawn, batches.cost_nanos, batches.currency, batches.error 
 FROM batches 
 WHERE batches.batch_key = :key OR batches.provider_batch_id = :key ORDER BY batches.created_at
  LIMIT 1 OFFSET 0;
@@ -950,26 +977,31 @@ WHERE batches.batch_key = :key OR batches.provider_batch_id = :key ORDER BY batc
 -- name: list_batch_calls
 -- The model calls a batch holds or settled, in custom_id order, without answers (nor requests).
 -- parameters: batch_key
-SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id 
+SELECT model_calls.call_id, model_calls.run_id, model_calls.attempt_id, model_calls.fence, model_calls.job, model_calls.endpoint, model_calls.model, model_calls.position, model_calls.prompt_digest, model_calls.started_at, model_calls.finished_at, model_calls.outcome, model_calls.error, model_calls.prompt_tokens, model_calls.completion_tokens, model_calls.cached_tokens, model_calls.cache_write_tokens, model_calls.latency_ms, model_calls.cost_nanos, model_calls.currency, model_calls.overrun, model_calls.sync_cost_nanos, model_calls.rejected_at, model_calls.reuses, model_calls.estimate, model_calls.budget_period, model_calls.budget_day, model_calls.batch_key, model_calls.custom_id, model_calls.flow_run_id, model_calls.queued_tokens 
 FROM model_calls 
 WHERE model_calls.batch_key = :batch_key ORDER BY model_calls.custom_id;
 
 -- name: list_released_runs
--- The pending Runs an answered batch call of theirs waits to be replayed by (released by a settled
--- batch, not run again yet), oldest period first, at most the limit, without documents.
+-- The pending Runs a settled batch released and no attempt ran yet: an answered batch call of
+-- theirs waits to be replayed, or a withdrawn one to be called synchronously; oldest period first,
+-- at most the limit, without documents; ``withdrawn`` tells the latter.
 -- parameters: limit
-SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest 
-FROM runs 
-WHERE runs.status = 'pending' AND (EXISTS (SELECT model_calls.call_id 
+SELECT runs.run_id, runs.job, runs.subject, runs.period_start, runs.version, runs.params_fingerprint, runs.params, runs.status, runs.fence, runs.owner, runs.lease_expires_at, runs.attempts, runs.error, runs.completed_attempt_id, runs.completed_flow_run_id, runs.completed_task_run_id, runs.model_calls, runs.created_at, runs.updated_at, runs.completed_at, runs.revision, runs.revises_run_id, runs.revision_reason, runs.resend, runs.requested_by, runs.pruned_at, runs.output_digest, EXISTS (SELECT model_calls.call_id 
 FROM model_calls 
-WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key IS NOT NULL AND model_calls.outcome = 'answered' AND model_calls.rejected_at IS NULL)) ORDER BY runs.period_start, runs.job, runs.subject, runs.revision
+WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'withdrawn') AS withdrawn 
+FROM runs 
+WHERE runs.status = 'pending' AND ((EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.outcome = 'withdrawn')) OR (EXISTS (SELECT model_calls.call_id 
+FROM model_calls 
+WHERE model_calls.run_id = runs.run_id AND model_calls.batch_key IS NOT NULL AND model_calls.outcome = 'answered' AND model_calls.rejected_at IS NULL))) ORDER BY runs.period_start, runs.job, runs.subject, runs.revision
  LIMIT :limit OFFSET 0;
 
 -- name: list_unsettled_tick_flow_runs
--- The flow runs of the ticks that opened a batch not yet settled (open or submitted).
-SELECT DISTINCT batches.flow_run_id 
-FROM batches 
-WHERE batches.status != 'settled' AND batches.flow_run_id IS NOT NULL;
+-- The flow runs of the ticks a queued call of which still waits (in a batch, or for one).
+SELECT DISTINCT model_calls.flow_run_id 
+FROM model_calls 
+WHERE model_calls.outcome = 'queued' AND model_calls.flow_run_id IS NOT NULL;
 
 -- name: list_waiting_runs
 -- The Runs waiting for a batch, optionally of one job, oldest period first, without documents.

@@ -16,10 +16,12 @@ from collections import Counter
 import pytest
 
 from bench.batch_provider import BatchServer
+from flows.settle.flow import settle_batches
 from tests.support.killed import run_killed
 from tests.support.pipeline import ACME, RUNLEDGER, SUMMARY, Env, final_state, wait_until
 
 PERIOD = "2026-12-01"
+LEASE_SECONDS = 10
 SUBJECTS = ("acme", "globex")
 # Where each point is reached: in the tick that submits (run --batch) or in the poll.
 TICK_POINTS = ("after_batch_intent_commit", "after_batch_upload", "after_batch_create")
@@ -31,20 +33,22 @@ pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("subprocesses_use_t
 
 @pytest.fixture
 def selected(env: Env, batch_server: BatchServer) -> BatchServer:
-    """The batch server, selected through RUNLEDGER_MODEL=openai; a batch's lease of 2 s, so
-    that a killed holder's batch is taken over soon."""
+    """The batch server, selected through RUNLEDGER_MODEL=openai; a batch's lease of 10 s, so
+    that a killed holder's batch is taken over soon, yet a live poller on a loaded machine
+    keeps it through one poll (the lease's length is not under test)."""
     env.set(model="openai", model_base_url=batch_server.base_url, model_name="probe-model",
-            model_api_key="sk-test", batch_lease_seconds=2)
+            model_api_key="sk-test", batch_lease_seconds=LEASE_SECONDS)
     return batch_server
 
 
-def run_batch_tick(faults: str | None = None) -> subprocess.CompletedProcess[str]:
-    """`runledger run competitor-summary --batch` for the two subjects, killed at ``faults``."""
+def run_batch_tick(faults: str | None = None,
+                   subjects: tuple[str, ...] = SUBJECTS) -> subprocess.CompletedProcess[str]:
+    """`runledger run competitor-summary --batch` for ``subjects``, killed at ``faults``."""
     env = dict(os.environ)
     if faults:
         env["RUNLEDGER_FAULTS"] = faults
     args = [*RUNLEDGER, "run", SUMMARY, "--batch", "--period", PERIOD, "--json"]
-    for subject in SUBJECTS:
+    for subject in subjects:
         args += ["--subject", subject]
     return run_killed(args, env, timeout=180)
 
@@ -57,15 +61,13 @@ def poll_killed(faults: str) -> int:
 
 def poll_until_completed(env: Env) -> None:
     """Poll in this process until every Run of the tick completed (a killed holder's batch is
-    taken over once its 2-second lease ended)."""
-    from flows.settle.flow import settle_batches
-
+    taken over once its lease ended)."""
     def completed() -> bool:
         final_state(settle_batches(return_state=True))
         runs = env.ledger.runs(job=SUMMARY)
         return len(runs) == len(SUBJECTS) and all(r.status == "completed" for r in runs)
 
-    wait_until(completed, 90, "every Run of the batch tick completed by polls")
+    wait_until(completed, 240, "every Run of the batch tick completed by polls")
 
 
 def assert_settled_once(env: Env, server: BatchServer) -> None:
@@ -92,6 +94,26 @@ def test_a_batch_tick_killed_while_submitting_leaves_one_batch_that_polls_settle
     assert {r.status for r in env.ledger.runs(job=SUMMARY)} == {"waiting"}
     poll_until_completed(env)
     assert_settled_once(env, selected)
+
+
+def test_a_call_queued_by_a_tick_killed_before_its_batch_opened_is_submitted_by_a_poll(
+        env: Env, selected: BatchServer) -> None:
+    """The tick dies right after its only Run started waiting, its call queued in no batch:
+    once the call has waited longer than a batch lease, a poll puts it in a batch (created
+    once), and later polls settle it and complete the Run; nothing waits forever."""
+    done = run_batch_tick("after_wait_for_batch_commit", subjects=("acme",))
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    [run] = env.ledger.runs(job=SUMMARY)
+    assert run.status == "waiting" and env.ledger.batches.list_batches(limit=10) == []
+    def completed() -> bool:
+        final_state(settle_batches(return_state=True))
+        return env.ledger.get(run.run_id).status == "completed"
+
+    wait_until(completed, 240, "the Run of the killed tick completed by polls")
+    [batch] = env.ledger.batches.list_batches(limit=10)
+    assert batch.flow_run_id is None and batch.status == "settled" and batch.answered == 1
+    assert set(selected.creates_by_key.values()) == {1} and len(selected.created) == 1
+    assert Counter(c["outcome"] for c in env.calls()) == {"answered": 1}
 
 
 @pytest.mark.parametrize("point", POLL_POINTS)

@@ -5,7 +5,8 @@ once, its Runs wait without a lease or an attempt spent and its flow run is Paus
 AwaitingBatch; a poll settles each result once at the batch price, runs the Runs again (each
 transform replays its answer, no call is made twice) and completes the tick. An expired batch
 is settled for what it answered and the rest sent in a new batch; a refused line fails its
-Run alone; a create whose reply was lost is found by its key, never created again; a batch
+Run alone; near its deadline (or past it: the batch is cancelled) what a batch ended without is
+called synchronously, once; a create whose reply was lost is found by its key, never created again; a batch
 tick of a model without a Batch API is refused before anything is written."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from bench.batch_provider import BatchServer
 from flows.prices import money
 from flows.run_job.outcomes import outcome_name
 from flows.settle.flow import SettleReport, settle_batches
-from tests.support.pipeline import Env, final_state, outcomes, probe_job
+from tests.support.pipeline import Env, final_state, outcomes, probe_job, wait_until
 
 PRICES = {"probe-model": {"input": "2", "output": "8"}}  # USD per million tokens
 # The server's usage per answer (tests/support/selected.py): 100 prompt, 20 completion.
@@ -173,6 +174,99 @@ def test_an_expired_batch_settles_its_answers_and_sends_the_rest_in_a_new_batch(
     assert statuses(env, probe.name) == {"completed": 3}
     assert Counter(c["outcome"] for c in env.calls()) == {"answered": 3}
     assert len(selected.created) == 3 and set(selected.creates_by_key.values()) == {1}
+
+
+def chat_completions(server: BatchServer) -> int:
+    """How many synchronous chat completions the provider was sent."""
+    return sum(1 for _, path in server.requests if path.endswith("/chat/completions"))
+
+
+def test_an_expired_batch_near_its_deadline_calls_the_rest_synchronously_once(
+        env: Env, selected: BatchServer) -> None:
+    """The batch expires after one result and its deadline is nearer than the margin: that
+    answer settles at the batch price, the two others are withdrawn (not billed) and their
+    Runs run again in one poll without batch mode, each call sent once at the synchronous
+    price; no new batch is created and the tick's flow run ends Completed."""
+    env.set(batch_margin_seconds=3 * 86_400)  # the default deadline (a day) is always near
+    selected.expire_after = 1
+    probe = probe_job(["a", "b", "c"], batch=True)
+    state, _ = env.run(probe.name, None, PERIOD)
+    kind, report = settle()
+    assert kind == "COMPLETED", report.summary()
+    [polled] = report.polled
+    assert (polled.provider_status, polled.settled, polled.withdrawn, polled.requeued) == (
+        "expired", 1, 2, 0)
+    assert polled.resubmitted == [] and len(selected.created) == 1
+    assert statuses(env, probe.name) == {"completed": 3}
+    calls = env.calls()
+    assert Counter(c["outcome"] for c in calls) == {"answered": 3, "withdrawn": 2}
+    assert sorted(c["cost_nanos"] for c in calls if c["outcome"] == "answered") == [
+        SYNC_COST_NANOS // 2, SYNC_COST_NANOS, SYNC_COST_NANOS]
+    assert {c["cost_nanos"] for c in calls if c["outcome"] == "withdrawn"} == {None}
+    assert chat_completions(selected) == 2
+    [batch] = env.ledger.batches.list_batches(limit=10)
+    assert (batch.answered, batch.withdrawn, batch.requeued) == (1, 2, 0)
+    assert flow_run_state(str(state.state_details.flow_run_id))[0] == "COMPLETED"
+    _, again = settle()
+    assert again.polled == [] and again.reruns == [] and chat_completions(selected) == 2
+
+
+def test_a_batch_still_running_past_its_deadline_is_cancelled_and_finished_synchronously(
+        env: Env, selected: BatchServer) -> None:
+    """A deadline of a millisecond past the tick and a provider still at work: the first poll
+    asks the provider to cancel the batch; the next finds it cancelled, withdraws the calls it
+    never ran and runs their Runs synchronously; every Run completed, each call paid once."""
+    env.set(batch_deadline_seconds=0.001)
+    selected.polls_until_done = 10
+    probe = probe_job(["a", "b"], batch=True)
+    env.run(probe.name, None, PERIOD)
+    _, first = settle()
+    assert [(p.action, p.provider_status) for p in first.polled] == [
+        ("cancelling", "cancelling")]
+    assert ("POST", f"/v1/batches/{selected.created[0]}/cancel") in selected.requests
+    assert statuses(env, probe.name) == {"waiting": 2}
+    _, second = settle()
+    [polled] = second.polled
+    assert (polled.provider_status, polled.withdrawn) == ("cancelled", 2)
+    assert statuses(env, probe.name) == {"completed": 2}
+    assert Counter(c["outcome"] for c in env.calls()) == {"answered": 2, "withdrawn": 2}
+    assert chat_completions(selected) == 2 and len(selected.created) == 1
+
+
+def test_a_batch_refused_for_a_full_token_queue_is_sent_again_and_fails_no_run(
+        env: Env, selected: BatchServer) -> None:
+    """The provider fails the batch as a whole with token_limit_exceeded: no Run fails and the
+    calls are queued again, not resent by the failed batch's settlement; once they waited a
+    batch lease, a poll sends them in a new batch (in the same poll, when they had waited it
+    already), and the Runs complete, each call answered once."""
+    env.set(batch_lease_seconds=1)
+    selected.queue_full = 1
+    probe = probe_job(["a", "b"], batch=True)
+    env.run(probe.name, None, PERIOD)
+    _, first = settle()
+    [polled] = [p for p in first.polled if p.action == "settled"]
+    assert (polled.provider_status, polled.requeued, polled.failed) == ("failed", 2, [])
+    assert polled.resubmitted == [] and "failed" not in statuses(env, probe.name)
+
+    def completed() -> bool:
+        settle()
+        return statuses(env, probe.name) == {"completed": 2}
+
+    wait_until(completed, 120, "the Runs of the refused batch completed by later polls")
+    assert Counter(c["outcome"] for c in env.calls()) == {"answered": 2}
+    assert len(selected.created) == 2 and set(selected.creates_by_key.values()) == {1}
+
+
+def test_a_call_too_large_for_the_enqueued_token_limit_is_refused_before_it_is_queued(
+        env: Env, selected: BatchServer) -> None:
+    """An enqueued-token limit of one token: the call could never enter a batch, so its Run
+    fails naming the limit and the fix, and no call is recorded, no batch created."""
+    env.set(model_batch_queue_tokens=1)
+    probe = probe_job(["a"], batch=True)
+    env.run(probe.name, None, PERIOD)
+    [run] = env.ledger.runs(job=probe.name)
+    assert run.status == "failed" and "enqueued-token limit" in (run.error or ""), run.error
+    assert env.calls() == [] and selected.created == []
 
 
 def test_a_line_the_provider_refused_fails_its_run_and_no_other(

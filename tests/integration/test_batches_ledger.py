@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from store import (
+    WITHDRAWN,
     AlreadyQueued,
     BatchClaim,
     BatchCounts,
@@ -59,20 +60,20 @@ def charge(estimate: int, cap: int = 1_000_000, job: str = JOB) -> Charge:
 
 
 def queued(subject: str, position: int = 0, endpoint: str = "openai-main",
-           estimate: int | None = None) -> Intent:
+           estimate: int | None = None, tokens: int | None = None) -> Intent:
     prompt = f"summarize {subject} {position}"
     return Intent(endpoint, "tiny-1", position, digest(prompt),
                   None if estimate is None else charge(estimate),
-                  queued=Queued(f"{subject}-{position}", {"messages": [prompt]}))
+                  queued=Queued(f"{subject}-{position}", {"messages": [prompt]}, tokens=tokens))
 
 
 def queue(ledger: Ledger, subject: str, *, positions: tuple[int, ...] = (0,),
           endpoint: str = "openai-main", estimate: int | None = None,
-          job: str = JOB) -> Claim:
+          job: str = JOB, tokens: int | None = None) -> Claim:
     """A Run of ``subject`` claimed, its calls queued and waiting for their batch."""
     claim = claimed(ledger, subject, job=job)
     for position in positions:
-        ledger.calls.record_intent(claim, queued(subject, position, endpoint, estimate))
+        ledger.calls.record_intent(claim, queued(subject, position, endpoint, estimate, tokens))
     ledger.batches.wait_for_batch(claim, "waiting for a batch")
     return claim
 
@@ -302,6 +303,63 @@ def test_finishing_requeues_unanswered_calls_releases_settled_runs_and_fails_ref
     ledger.batches.settle_results(again.claim, [("gamma-1", answered("g1"))])
     assert [r.run_id for r in ledger.batches.finish_batch(again.claim, "completed").released] == [
         left.run_id]
+
+
+def test_a_withdrawn_call_releases_its_reservation_and_its_run_to_run_synchronously(
+    ledger: Ledger,
+) -> None:
+    """A queued call its batch ended without, withdrawn (its deadline near): not billed, its
+    budget reservation released, counted as withdrawn; its Run is released, marked to run
+    synchronously, beside a Run released to replay its batch answer; the deadline given at
+    open is the claim's."""
+    deadline = PERIOD + timedelta(days=1)
+    synchronous = queue(ledger, "acme", estimate=700)
+    replayed = queue(ledger, "beta", estimate=700)
+    opened = ledger.batches.open_batch("b-1", job=JOB, endpoint="openai-main", model="tiny-1",
+                                       kind="openai", owner="s:1", lease=LONG, max_requests=9,
+                                       deadline_at=deadline)
+    assert opened is not None and opened.claim.deadline_at == deadline
+    assert window(ledger)["reserved"] == 1400
+    ledger.batches.settle_results(opened.claim, [
+        ("acme-0", End(WITHDRAWN, error="its batch expired")), ("beta-0", answered("b"))])
+    finished = ledger.batches.finish_batch(opened.claim, "expired")
+    assert sorted(r.run_id for r in finished.released) == sorted(
+        [synchronous.run_id, replayed.run_id])
+    assert finished.requeued == 0 and finished.failed == []
+    assert (window(ledger)["reserved"], window(ledger)["spent"]) == (0, 500)
+    batch = ledger.batches.get("b-1")
+    assert batch is not None and (batch.answered, batch.withdrawn, batch.requeued) == (1, 1, 0)
+    assert batch.deadline_at == deadline
+    released = {r.run.run_id: r.synchronous for r in ledger.batches.released_runs()}
+    assert released == {synchronous.run_id: True, replayed.run_id: False}
+    [call] = [c for c in ledger.batches.calls_of("b-1") if c.custom_id == "acme-0"]
+    assert (call.outcome, call.cost_nanos, call.error) == (WITHDRAWN, None, "its batch expired")
+
+
+def test_a_batch_takes_only_the_calls_its_endpoints_enqueued_token_limit_leaves_room_for(
+    ledger: Ledger,
+) -> None:
+    """A limit of 1,000 enqueued prompt tokens and calls of 400: the first batch takes two;
+    while it is in flight a second takes none (nothing written); once it settled, the third
+    call fits; a queued call's tokens are stored with it."""
+    for subject in ("acme", "beta", "gamma"):
+        queue(ledger, subject, tokens=400)
+    first = ledger.batches.open_batch("b-1", job=JOB, endpoint="openai-main", model="tiny-1",
+                                      kind="openai", owner="s:1", lease=LONG, max_requests=9,
+                                      max_tokens=1000)
+    assert first is not None and [line.custom_id for line in first.lines] == ["acme-0", "beta-0"]
+    assert ledger.batches.open_batch("b-2", job=JOB, endpoint="openai-main", model="tiny-1",
+                                     kind="openai", owner="s:1", lease=LONG, max_requests=9,
+                                     max_tokens=1000) is None
+    assert ledger.batches.get("b-2") is None
+    ledger.batches.settle_results(first.claim, [("acme-0", answered("a")),
+                                                ("beta-0", answered("b"))])
+    ledger.batches.finish_batch(first.claim, "completed")
+    third = ledger.batches.open_batch("b-3", job=JOB, endpoint="openai-main", model="tiny-1",
+                                      kind="openai", owner="s:1", lease=LONG, max_requests=9,
+                                      max_tokens=1000)
+    assert third is not None and [line.custom_id for line in third.lines] == ["gamma-0"]
+    assert {c.queued_tokens for c in ledger.batches.calls_of("b-3")} == {400}
 
 
 def test_an_expired_batch_lease_lets_another_claimer_in(ledger: Ledger) -> None:

@@ -44,6 +44,8 @@ ENDED = frozenset({"completed", "expired", "cancelled", "failed"})
 # provider could not run for now: asking again in another batch may succeed.
 TRANSIENT_CODES = frozenset({"batch_expired", "batch_cancelled", "rate_limit_exceeded",
                              "server_error"})
+# Why a batch may fail as a whole for now only: the model's queue of enqueued tokens was full.
+TRANSIENT_BATCH_CODES = frozenset({"token_limit_exceeded"})
 
 
 def _text(value: Any) -> str:
@@ -61,7 +63,8 @@ def _remote(batch: Batch) -> RemoteBatch:
     return RemoteBatch(
         batch.id, batch.status, batch.status in ENDED, batch.output_file_id,
         batch.error_file_id, counts.total if counts else 0, counts.completed if counts else 0,
-        counts.failed if counts else 0, dict(batch.metadata or {}), error)
+        counts.failed if counts else 0, dict(batch.metadata or {}), error,
+        bool(errors) and all(e.code in TRANSIENT_BATCH_CODES for e in errors))
 
 
 class OpenAIBatchClient:

@@ -23,7 +23,8 @@ class RemoteBatch:
     ``ended`` once no more results will come (completed, expired, cancelled or failed), the
     files of its results and of its failed lines (None until there are), its request counts
     (0 when the provider reports none), its metadata and, for a batch that failed as a whole,
-    the provider's reasons (``error``)."""
+    the provider's reasons (``error``) and whether they may pass (``transient``: its queue of
+    enqueued tokens was full)."""
 
     id: str
     status: str
@@ -35,6 +36,7 @@ class RemoteBatch:
     failed: int
     metadata: Mapping[str, str] = field(default_factory=dict)
     error: str | None = None
+    transient: bool = False
 
     @property
     def key(self) -> str | None:

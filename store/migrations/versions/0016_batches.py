@@ -6,8 +6,10 @@ Create Date: 2026-12-06 06:30:00
 
 Batch mode (issue 48). ``runs.status`` gains ``waiting`` (its calls queued in a batch: never
 claimed until the batch releases it); ``model_calls.outcome`` gains ``queued`` (a call waiting
-in a batch: neither in flight nor paid) and ``model_calls`` gains ``batch_key`` (the batch that
-holds it), ``custom_id`` (its line's id) and ``request`` (the body its line sends), a partial
+in a batch: neither in flight nor paid) and ``withdrawn`` (a call its batch ended without, taken
+out to be called synchronously: never paid) and ``model_calls`` gains ``batch_key`` (the batch that
+holds it), ``custom_id`` (its line's id), ``request`` (the body its line sends) and ``flow_run_id`` (the
+tick that queued it), ``queued_tokens`` (its prompt's bound, held in the provider's queue), a partial
 unique index (a Run queues a call once) and a partial index of the queued calls no batch holds.
 New table ``batches``: one per batch of a job and endpoint, its provider ids and status, its
 lease, what became of its calls. Nullable columns only: every existing row reads as it did.
@@ -28,7 +30,7 @@ JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 OLD_RUN = ("pending", "running", "completed", "failed")
 NEW_RUN = ("pending", "running", "waiting", "completed", "failed")
 OLD_CALL = ("answered", "refused", "failed", "lost")
-NEW_CALL = (*OLD_CALL, "queued")
+NEW_CALL = (*OLD_CALL, "queued", "withdrawn")
 QUEUED = "outcome = 'queued'"
 UNBATCHED = "outcome = 'queued' AND batch_key IS NULL"
 
@@ -86,6 +88,7 @@ def upgrade() -> None:
         sa.Column("fence", sa.Integer(), nullable=False),
         sa.Column("owner", sa.String(length=300), nullable=True),
         sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("deadline_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("polled_at", sa.DateTime(timezone=True), nullable=True),
@@ -94,6 +97,7 @@ def upgrade() -> None:
         sa.Column("refused", sa.Integer(), server_default="0", nullable=False),
         sa.Column("failed", sa.Integer(), server_default="0", nullable=False),
         sa.Column("requeued", sa.Integer(), server_default="0", nullable=False),
+        sa.Column("withdrawn", sa.Integer(), server_default="0", nullable=False),
         sa.Column("cost_nanos", sa.BigInteger(), nullable=True),
         sa.Column("currency", sa.String(length=3), nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
@@ -112,6 +116,8 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("custom_id", sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column("request", JSON, nullable=True))
         batch_op.add_column(sa.Column("sync_cost_nanos", sa.BigInteger(), nullable=True))
+        batch_op.add_column(sa.Column("flow_run_id", sa.String(length=36), nullable=True))
+        batch_op.add_column(sa.Column("queued_tokens", sa.Integer(), nullable=True))
         batch_op.create_foreign_key(op.f("fk_model_calls_batch_key_batches"), "batches",
                                     ["batch_key"], ["batch_key"])
         batch_op.drop_constraint(op.f("ck_model_calls_outcome"), type_="check")
@@ -129,14 +135,14 @@ def downgrade() -> None:
     # waiting Run goes back to pending, to be run again without batch mode.
     op.drop_index("ix_model_calls_unbatched", table_name="model_calls")
     op.drop_index("uq_model_calls_queued", table_name="model_calls")
-    op.execute("DELETE FROM model_calls WHERE outcome = 'queued'")
+    op.execute("DELETE FROM model_calls WHERE outcome IN ('queued', 'withdrawn')")
     op.execute("UPDATE runs SET status = 'pending' WHERE status = 'waiting'")
     with op.batch_alter_table("model_calls", schema=None) as batch_op:
         batch_op.drop_constraint(op.f("ck_model_calls_outcome"), type_="check")
         batch_op.create_check_constraint(
             op.f("ck_model_calls_outcome"), "outcome IS NULL OR " + _in("outcome", OLD_CALL))
         batch_op.drop_constraint(op.f("fk_model_calls_batch_key_batches"), type_="foreignkey")
-        for column in ("sync_cost_nanos", "request", "custom_id", "batch_key"):
+        for column in ("queued_tokens", "flow_run_id", "sync_cost_nanos", "request", "custom_id", "batch_key"):
             batch_op.drop_column(column)
     _run_statuses(NEW_RUN, OLD_RUN)
     op.drop_index("ix_batches_provider_batch_id", table_name="batches")

@@ -121,6 +121,19 @@ def own_server(nice: int) -> Iterator[str]:
             supervisor.stop()
 
 
+def run_with_own_server(script: str, nice: int) -> int:
+    """Run ``script`` again with this process's arguments but ``--server``, in a child process
+    whose PREFECT_API_URL is a server of this run's own (``own_server``); its exit status.
+
+    Prefect reads PREFECT_API_URL when first imported, and starting the server imports it:
+    the measurements run in a child process that starts with the server's URL."""
+    with own_server(nice) as api:
+        print(f"Prefect server: {api} (PostgreSQL, nice {nice})", flush=True)
+        child = [a for a in sys.argv[1:] if a != "--server"]
+        return subprocess.run([sys.executable, script, *child],
+                              env={**os.environ, "PREFECT_API_URL": api}).returncode
+
+
 class BackendsReniced:
     """Keeps the PostgreSQL backends serving a database at CPU priority ``nice``, checking for
     new ones every half second: the server's database work (several milliseconds of CPU per
@@ -478,14 +491,7 @@ def main() -> None:
     if min(args.sizes) < 1 or args.repeat < 1:
         parser.error("--sizes and --repeat must be positive")
     if args.server:
-        # Prefect reads PREFECT_API_URL when first imported, and starting the server imports
-        # it: the measurements run in a child process that starts with the server's URL.
-        with own_server(args.server_nice) as api:
-            print(f"Prefect server: {api} (PostgreSQL, nice {args.server_nice})", flush=True)
-            child = [a for a in sys.argv[1:] if a != "--server"]
-            code = subprocess.run([sys.executable, __file__, *child],
-                                  env={**os.environ, "PREFECT_API_URL": api}).returncode
-        raise SystemExit(code)
+        raise SystemExit(run_with_own_server(__file__, args.server_nice))
     prefect_environment()
     os.environ["RUNLEDGER_OFFLINE_MODEL_DELAY_SECONDS"] = str(args.model_delay)
     run(args)

@@ -12,10 +12,11 @@ import typer
 
 from flows.cli.app import LOOK, RUN_WORK, batches_app, check_choice
 from flows.cli.flow_runs import run_here
+from flows.cli.logical_runs import period_label
 from flows.cli.output import console, fail, ledger_session, print_json
 from flows.cli.tables import FOLD, Col, print_table, short_id, utc
 from flows.prices import format_money
-from store import BATCH_STATUSES, Batch
+from store import BATCH_STATUSES, Batch, TickRef
 
 if TYPE_CHECKING:
     from prefect import State
@@ -141,8 +142,10 @@ def show(
 
 
 def _tick(b: Batch) -> str:
-    period = "-" if b.period_start is None else b.period_start.date().isoformat()
-    return f"{b.job}/{period}"
+    """The job and period of the tick that opened the batch (``-``: a poll swept it)."""
+    if b.period_start is None:
+        return f"{b.job}/-"
+    return f"{b.job}/{period_label(TickRef(b.flow_run_id or '', b.job, b.period_start))}"
 
 
 def _age(b: Batch, now: datetime) -> str:

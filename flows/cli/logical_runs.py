@@ -6,13 +6,23 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from zoneinfo import ZoneInfo
 
-from store import Attempt, Run, RunledgerError, UnfinishedRun, document_digest
+from store import Attempt, Run, RunledgerError, document_digest
 
 if TYPE_CHECKING:
     from flows.jobs import Job
+
+
+class OfPeriod(Protocol):
+    """What names a job's period: a Run, an unfinished Run, a batch's tick."""
+
+    @property
+    def job(self) -> str: ...
+
+    @property
+    def period_start(self) -> datetime: ...
 
 
 @cache
@@ -25,7 +35,7 @@ def _job(name: str) -> Job | None:
         return None
 
 
-def _period_of(run: Run | UnfinishedRun) -> tuple[Job, Any] | None:
+def _period_of(run: OfPeriod) -> tuple[Job, Any] | None:
     """The Run's job and Period, when the job is registered here and its cadence still starts a
     period at the Run's period start."""
     job = _job(run.job)
@@ -35,7 +45,7 @@ def _period_of(run: Run | UnfinishedRun) -> tuple[Job, Any] | None:
     return (job, period) if period.start == run.period_start else None
 
 
-def period_label(run: Run | UnfinishedRun) -> str:
+def period_label(run: OfPeriod) -> str:
     """The Run's period as its user names it, the label of its start in the job's timezone
     (``2026-12-01``, ``2026-12-01T09:00+01:00``); in UTC when the job is not registered here
     or its cadence no longer starts a period there."""

@@ -59,9 +59,10 @@ test-fast: setup
 # The drills that break things on purpose (docs/how-to/fault-points.md) at full size: drill 1
 # with 1,000 Runs and 100 kills per ledger, drill 3 with 200 Runs and 10 restarts of a private
 # PostgreSQL, drill 4 with 2,000 messages per ledger, drill 5 with ticks of 1,000 and 10,000
-# subjects, and the host drills (tests/hosts: network namespaces, as root) with all six
-# scenarios (the suite runs them reduced; scenario 4 needs Debian's faketime, installed here when
-# missing); at the end, the wall time of each drill.
+# subjects, the batch drill (issue 48) with 1,000 Runs and 100 kills per ledger, and the host
+# drills (tests/hosts: network namespaces, as root) with all six scenarios (the suite runs them
+# reduced; scenario 4 needs Debian's faketime, installed here when missing); at the end, the
+# wall time of each drill.
 drills: setup
 	@test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 || apt-get install -y -q faketime
 	RUNLEDGER_FULL=1 $(UV) run pytest -q -s --durations=40 tests/integration/test_fault_points.py \

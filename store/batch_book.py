@@ -79,10 +79,11 @@ class BatchBook:
         """The lines of the batch's file, in ``custom_id`` order."""
         return self._ledger._read(bt.batch_lines, key)
 
-    def record_file(self, claim: BatchClaim, file_id: str) -> bool:
-        """Store the uploaded file's id; False when the lease is no longer held."""
+    def record_file(self, claim: BatchClaim, file_id: str, lease: timedelta | float) -> bool:
+        """Store the uploaded file's id, the lease extended by ``lease`` (its holder creates
+        the batch next); False when the lease is no longer held."""
         return self._ledger._write(faults.AFTER_BATCH_FILE_COMMIT, bt.record_file_txn,
-                                   claim, file_id)
+                                   claim, file_id, lease_seconds(lease))
 
     def record_submitted(self, claim: BatchClaim, provider_batch_id: str,
                          provider_status: str) -> bool:

@@ -274,10 +274,11 @@ _LINES = Statement(
     .order_by(calls.c.custom_id))
 
 _FILE = Statement(
-    "record_batch_file", "Store the id of the batch's uploaded file; only the holder of the "
+    "record_batch_file", "Store the id of the batch's uploaded file and extend the lease (its "
+    "holder creates the batch next: no other may take it meanwhile); only the holder of the "
     "batch's lease can.",
     lambda d: sa.update(batches).where(_held())
-    .values(provider_file_id=param(batches.c.provider_file_id))
+    .values(provider_file_id=param(batches.c.provider_file_id), lease_expires_at=lease_until())
     .returning(batches.c.batch_key))
 
 _SUBMITTED = Statement(
@@ -575,9 +576,12 @@ def batch_lines(conn: Connection, key: str) -> list[BatchLine]:
 
 
 @transition(one_statement_on=EVERYWHERE)
-def record_file_txn(conn: Connection, claim: BatchClaim, file_id: str) -> bool:
-    """Store the id of the batch's uploaded file; False when the lease is no longer held."""
-    return _FILE.first(conn, **_presented(claim), provider_file_id=file_id) is not None
+def record_file_txn(conn: Connection, claim: BatchClaim, file_id: str,
+                    lease_seconds: float) -> bool:
+    """Store the id of the batch's uploaded file, the lease extended by ``lease_seconds``;
+    False when the lease is no longer held."""
+    return _FILE.first(conn, **_presented(claim), provider_file_id=file_id,
+                       lease=check_seconds(lease_seconds, "lease")) is not None
 
 
 @transition(one_statement_on=EVERYWHERE)

@@ -128,7 +128,8 @@ def poll_one(ledger: Ledger, settings: RunledgerSettings, owner: str, claim: Bat
     client = endpoint.batch_client()
     try:
         if claim.status == "open" or claim.provider_batch_id is None:
-            remote = submit(ledger, client, claim, ledger.batches.lines(claim.key))
+            remote = submit(ledger, client, claim, ledger.batches.lines(claim.key),
+                            settings.batch_lease_seconds)
             return Polled(claim.key, claim.job, claim.endpoint, "submitted", remote.id,
                           remote.status, claim.flow_run_id, claim.period_start)
         remote = client.retrieve(claim.provider_batch_id)

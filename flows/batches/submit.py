@@ -18,6 +18,7 @@ from store import (
     AFTER_BATCH_UPLOAD,
     BatchClaim,
     BatchLine,
+    LeaseLost,
     Ledger,
     fault_point,
 )
@@ -60,23 +61,28 @@ def submit_queued(ledger: Ledger, client: BatchClient, *, job: str, endpoint: st
             queued_before=queued_before, max_tokens=max_tokens)
         if opened is None:
             return submitted
-        remote = submit(ledger, client, opened.claim, opened.lines)
+        remote = submit(ledger, client, opened.claim, opened.lines, lease_seconds)
         submitted.append(Submitted(opened.claim.key, remote.id, remote.status,
                                    len(opened.lines)))
 
 
-def submit(ledger: Ledger, client: BatchClient, claim: BatchClaim,
-           lines: list[BatchLine]) -> RemoteBatch:
+def submit(ledger: Ledger, client: BatchClient, claim: BatchClaim, lines: list[BatchLine],
+           lease_seconds: float) -> RemoteBatch:
     """Create the batch at its provider once, under the batch's lease: a claim that took over
     a batch (fence above 1) adopts the provider's batch carrying its key before creating one;
-    a create whose reply was lost is settled the same way. The provider's batch."""
+    a create whose reply was lost is settled the same way; a holder whose lease ran out while
+    it uploaded creates nothing (``LeaseLost``): the file's id is stored, and the lease
+    extended by ``lease_seconds``, before the create. The provider's batch."""
     remote = client.find(claim.key) if claim.fence > 1 else None
     if remote is None:
         file_id = claim.provider_file_id
         if file_id is None:
             file_id = client.upload(claim.key, [(line.custom_id, line.request) for line in lines])
             fault_point(AFTER_BATCH_UPLOAD)  # uploaded, its id not stored
-            ledger.batches.record_file(claim, file_id)
+            if not ledger.batches.record_file(claim, file_id, lease_seconds):
+                raise LeaseLost(f"batch {claim.key}: fence {claim.fence} of {claim.owner} lost "
+                                "its lease while uploading its file; the holder that took it "
+                                "creates it")
         try:
             remote = client.create(claim.key, file_id)
         except ModelUnavailable:

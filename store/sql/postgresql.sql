@@ -894,9 +894,10 @@ FROM model_calls
 WHERE model_calls.batch_key = %(batch_key)s::VARCHAR ORDER BY model_calls.custom_id;
 
 -- name: record_batch_file
--- Store the id of the batch's uploaded file; only the holder of the batch's lease can.
--- parameters: provider_file_id, batch_key, fence, owner
-UPDATE batches SET provider_file_id=%(provider_file_id)s::VARCHAR WHERE batches.batch_key = %(batch_key)s::VARCHAR AND batches.fence = %(fence)s::INTEGER AND batches.owner = %(owner)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > statement_timestamp() RETURNING batches.batch_key;
+-- Store the id of the batch's uploaded file and extend the lease (its holder creates the batch
+-- next: no other may take it meanwhile); only the holder of the batch's lease can.
+-- parameters: provider_file_id, lease, batch_key, fence, owner
+UPDATE batches SET provider_file_id=%(provider_file_id)s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %(lease)s)) WHERE batches.batch_key = %(batch_key)s::VARCHAR AND batches.fence = %(fence)s::INTEGER AND batches.owner = %(owner)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > statement_timestamp() RETURNING batches.batch_key;
 
 -- name: record_batch_submitted
 -- The provider has the batch: its id and status stored, the batch submitted and its lease

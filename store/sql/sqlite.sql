@@ -866,9 +866,10 @@ FROM model_calls
 WHERE model_calls.batch_key = :batch_key ORDER BY model_calls.custom_id;
 
 -- name: record_batch_file
--- Store the id of the batch's uploaded file; only the holder of the batch's lease can.
--- parameters: provider_file_id, batch_key, fence, owner
-UPDATE batches SET provider_file_id=:provider_file_id WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') RETURNING batch_key;
+-- Store the id of the batch's uploaded file and extend the lease (its holder creates the batch
+-- next: no other may take it meanwhile); only the holder of the batch's lease can.
+-- parameters: provider_file_id, lease, batch_key, fence, owner
+UPDATE batches SET provider_file_id=:provider_file_id, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') RETURNING batch_key;
 
 -- name: record_batch_submitted
 -- The provider has the batch: its id and status stored, the batch submitted and its lease

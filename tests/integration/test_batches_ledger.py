@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from pydantic import SecretStr
 
+from bench.batch_provider import BatchServer
+from flows.batches.submit import submit
+from flows.model.batch import OpenAIBatchClient
 from store import (
     WITHDRAWN,
     AlreadyQueued,
@@ -215,7 +219,7 @@ def test_two_claimers_of_one_due_batch_one_fence_wins_and_the_others_writes_chan
     old claim can no longer poll, settle or finish it."""
     queue(ledger, "acme")
     opened = open_batch(ledger)
-    assert ledger.batches.record_file(opened, "file-1")
+    assert ledger.batches.record_file(opened, "file-1", LONG)
     assert ledger.batches.record_submitted(opened, "batch_abc", "validating")
     with ThreadPoolExecutor(2) as pool:
         found = list(pool.map(lambda owner: ledger.batches.claim_due(owner, LONG, 10),
@@ -362,6 +366,33 @@ def test_a_batch_takes_only_the_calls_its_endpoints_enqueued_token_limit_leaves_
     assert {c.queued_tokens for c in ledger.batches.calls_of("b-3")} == {400}
 
 
+def test_a_submitter_whose_lease_ran_out_while_uploading_creates_no_batch(
+    ledger: Ledger, batch_server: BatchServer,
+) -> None:
+    """The submitter's lease ends while its file uploads and a poller takes the batch over:
+    storing the late file id is refused, so the submitter raises LeaseLost before any create;
+    the new holder uploads, stores its file id (its lease extended) and creates the one batch."""
+    queue(ledger, "acme")
+    opened = ledger.batches.open_batch("b-1", job=JOB, endpoint="openai-main", model="tiny-1",
+                                       kind="openai", owner="s:1", lease=SHORT, max_requests=9)
+    assert opened is not None
+    wait_for_db_clock(ledger, lease_end(ledger, "b-1"))
+    [taken] = ledger.batches.claim_due("poller:1", LONG, 10)
+    client = OpenAIBatchClient(batch_server.base_url, "tiny-1", SecretStr("sk-test"))
+    try:
+        with pytest.raises(LeaseLost, match="lost its lease while uploading"):
+            submit(ledger, client, opened.claim, opened.lines, LONG.total_seconds())
+        assert batch_server.created == [] and len(batch_server.files) == 1
+        remote = submit(ledger, client, taken, ledger.batches.lines("b-1"),
+                        LONG.total_seconds())
+    finally:
+        client.close()
+    assert batch_server.created == [remote.id] and dict(batch_server.creates_by_key) == {"b-1": 1}
+    batch = ledger.batches.get("b-1")
+    assert batch is not None and (batch.status, batch.provider_batch_id) == (
+        "submitted", remote.id)
+
+
 def test_an_expired_batch_lease_lets_another_claimer_in(ledger: Ledger) -> None:
     """The submitter's lease ends by the database clock: a poller takes the open batch (fence
     2) and rebuilds its file from its lines; the submitter's late writes change nothing."""
@@ -372,7 +403,7 @@ def test_an_expired_batch_lease_lets_another_claimer_in(ledger: Ledger) -> None:
     [taken] = ledger.batches.claim_due("poller:1", LONG, 10)
     assert (taken.key, taken.fence, taken.status, taken.owner) == ("b-1", 2, "open", "poller:1")
     assert [line.custom_id for line in ledger.batches.lines("b-1")] == ["acme-0"]
-    assert not ledger.batches.record_file(opened, "file-late")
+    assert not ledger.batches.record_file(opened, "file-late", LONG)
     assert not ledger.batches.record_submitted(opened, "batch-late", "validating")
     assert ledger.batches.record_submitted(taken, "batch_1", "validating")
     batch = ledger.batches.get("b-1")

@@ -23,11 +23,13 @@ from flows.jobs.competitor_summary import job as competitor_summary
 from flows.jobs.schedule import require_due
 from flows.run_job.flow import nominal_period
 from store import RunledgerError
+from tests.drills import test_batch_drill as batch_drill
 from tests.drills import test_kill_drill as drill_1
 from tests.drills import test_postgres_restart as drill_3
 from tests.drills import test_volume_tick as drill_5
 from tests.hosts import jobs as host_jobs
 from tests.hosts import test_hosts as host_drills
+from tests.support import batch_drill as batch_jobs
 from tests.support.kill_drill import drill_job
 
 
@@ -47,7 +49,10 @@ def full_size_ticks(now: datetime) -> dict[str, tuple[Job, list[str]]]:
     """Every full-size drill and host scenario that ticks periods it chose: its job and those
     periods (the host scenario that also ticks the ledger's today needs no check)."""
     days, spare = drill_1.drill_periods(True, now)
+    batch_days, batch_spare = batch_drill.drill_periods(True, now)
     ticks = {"drill 1": (drill_job(drill_1.kills_of(True)), days + spare),
+             "batch drill": (batch_jobs.drill_job(batch_drill.subjects_of(True)),
+                             batch_days + batch_spare),
              "drill 3": (competitor_summary, drill_3.drill_periods(True, now)),
              # One fixed day each, in the past: due on any later date, checked all the same.
              "drill 5": (volume_job("volume-tick", 1), [drill_5.PERIOD])}

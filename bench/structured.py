@@ -1,6 +1,7 @@
 """Structured output on the loopback model servers: a request's ``response_format`` JSON
 schema (OpenAI's strict structured outputs) answered with a document that validates against
-it, its text fields filled with the server's usual ``answer N``."""
+it, its text fields filled with the server's usual ``answer N``; and, by ``document``, the
+input of a tool call a request forces (Anthropic's ``tool_choice``) of the tool's schema."""
 
 from __future__ import annotations
 
@@ -14,8 +15,14 @@ def answer_text(body: dict[str, Any], text: str) -> str:
     response_format = body.get("response_format") or {}
     if response_format.get("type") != "json_schema":
         return text
-    schema = response_format["json_schema"]["schema"]
-    return json.dumps(_value(schema, schema.get("$defs", {}), text))
+    return json.dumps(document(response_format["json_schema"]["schema"], text))
+
+
+def document(schema: dict[str, Any], text: str) -> Any:
+    """A document that validates against the JSON ``schema`` (the first choice of each union,
+    enum or const; zeros and false), its text fields ``text``: an answer's structured output or
+    a tool call's input."""
+    return _value(schema, schema.get("$defs", {}), text)
 
 
 def _value(schema: dict[str, Any], defs: dict[str, Any], text: str) -> Any:

@@ -128,6 +128,11 @@ class BatchBook:
         """The batch with this key or provider batch id, if any."""
         return self._ledger._read(bt.get_batch, key_or_provider_id)
 
+    def submitted_since(self, since: datetime) -> set[str]:
+        """The provider batch ids of the batches submitted at or after ``since``: the ones a
+        batch found without its key may not be."""
+        return self._ledger._read(bt.submitted_since, since)
+
     def calls_of(self, key: str) -> list[ModelCall]:
         """The model calls the batch holds or settled (no answers, no requests)."""
         return self._ledger._read(bt.calls_of_batch, key)

@@ -63,6 +63,7 @@ class BatchClaim:
     period_start: datetime | None
     deadline_at: datetime | None
     requests: int
+    created_at: datetime  # when its intent was committed (database clock)
 
 
 @dataclass(frozen=True)
@@ -413,6 +414,13 @@ _GET = Statement(
                   batches.c.provider_batch_id == sa.bindparam("key", type_=sa.String())))
     .order_by(batches.c.created_at).limit(1))
 
+_SUBMITTED_SINCE = Statement(
+    "list_batch_ids_submitted_since", "The provider batch ids of the batches submitted since "
+    "a time.",
+    lambda d: sa.select(batches.c.provider_batch_id)
+    .where(batches.c.provider_batch_id.is_not(None),
+           batches.c.submitted_at >= sa.bindparam("since", type_=batches.c.submitted_at.type)))
+
 _CALLS_OF = Statement(
     "list_batch_calls", "The model calls a batch holds or settled, in custom_id order, without "
     "answers (nor requests).",
@@ -666,6 +674,11 @@ def get_batch(conn: Connection, key_or_provider_id: str) -> Batch | None:
     """The batch with this key, or this provider batch id; None if there is none."""
     row = _GET.first(conn, key=key_or_provider_id)
     return None if row is None else _batch(row)
+
+
+def submitted_since(conn: Connection, since: datetime) -> set[str]:
+    """The provider batch ids of the batches submitted at or after ``since``."""
+    return {row["provider_batch_id"] for row in _SUBMITTED_SINCE.rows(conn, since=since)}
 
 
 def calls_of_batch(conn: Connection, key: str) -> list[ModelCall]:

@@ -2,16 +2,17 @@
 uploaded and the batch created at the provider, each id stored as soon as it is known. A batch
 is created at most once per key: a submitter that finds a batch without a provider id (a worker
 died between ``create`` and storing the id, or ``create`` lost its reply) asks the provider for
-the batch carrying its key before creating it."""
+it before creating it: the batch carrying its key, or, where batches carry no key, the oldest
+created since its intent with as many requests that no batch of the ledger names."""
 
 from __future__ import annotations
 
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from flows.model.batch.protocol import BatchClient, RemoteBatch
+from flows.model.batch.protocol import BatchClient, RemoteBatch, Sought
 from flows.model.errors import ModelUnavailable
 from store import (
     AFTER_BATCH_CREATE,
@@ -26,6 +27,9 @@ from store import (
 log = logging.getLogger(__name__)
 
 BATCH_KEY_PREFIX = "rb-"
+# How far the provider's clock may run behind the database's: a batch created this long
+# before its intent was committed may still be its.
+CLOCK_SKEW = timedelta(minutes=2)
 
 
 def new_batch_key() -> str:
@@ -73,21 +77,22 @@ def submit(ledger: Ledger, client: BatchClient, claim: BatchClaim, lines: list[B
     a create whose reply was lost is settled the same way; a holder whose lease ran out while
     it uploaded creates nothing (``LeaseLost``): the file's id is stored, and the lease
     extended by ``lease_seconds``, before the create. The provider's batch."""
-    remote = client.find(claim.key) if claim.fence > 1 else None
+    remote = find(ledger, client, claim) if claim.fence > 1 else None
     if remote is None:
+        sent = [(line.custom_id, line.request) for line in lines]
         file_id = claim.provider_file_id
         if file_id is None:
-            file_id = client.upload(claim.key, [(line.custom_id, line.request) for line in lines])
+            file_id = client.upload(claim.key, sent)
             fault_point(AFTER_BATCH_UPLOAD)  # uploaded, its id not stored
             if not ledger.batches.record_file(claim, file_id, lease_seconds):
                 raise LeaseLost(f"batch {claim.key}: fence {claim.fence} of {claim.owner} lost "
                                 "its lease while uploading its file; the holder that took it "
                                 "creates it")
         try:
-            remote = client.create(claim.key, file_id)
+            remote = client.create(claim.key, file_id, sent)
         except ModelUnavailable:
             # The reply was lost, not necessarily the batch: ask before anything else creates.
-            remote = client.find(claim.key)
+            remote = find(ledger, client, claim)
             if remote is None:
                 raise
             log.info("batch %s: create lost its reply; the provider has it as %s", claim.key,
@@ -95,3 +100,12 @@ def submit(ledger: Ledger, client: BatchClient, claim: BatchClaim, lines: list[B
         fault_point(AFTER_BATCH_CREATE)  # created, its id not stored
     ledger.batches.record_submitted(claim, remote.id, remote.status)
     return remote
+
+
+def find(ledger: Ledger, client: BatchClient, claim: BatchClaim) -> RemoteBatch | None:
+    """The provider's batch the claimed batch's create made, if any: the likeliest of those
+    the provider offers that no other batch of the ledger names."""
+    since = claim.created_at - CLOCK_SKEW
+    found = client.find(Sought(claim.key, claim.requests, since))
+    named = ledger.batches.submitted_since(since) if found else set()
+    return next((remote for remote in found if remote.id not in named), None)

@@ -11,6 +11,7 @@ from prefect.blocks.core import Block
 from prefect.client.orchestration import get_client
 from pydantic import SecretStr, ValidationError
 
+from flows.model.batch.anthropic import AnthropicBatchClient
 from flows.model.batch.openai import OpenAIBatchClient
 from flows.model.batch.protocol import BatchClient
 from flows.model.client import misconfigured
@@ -105,21 +106,17 @@ class Endpoint:
         if kind == "offline":
             raise ModelMisconfigured(
                 "a batch tick sends its calls through a provider's Batch API, and the offline "
-                "model has none: set RUNLEDGER_MODEL=openai (or name an openai endpoint in "
-                "Job(endpoint=...)), or run the job without batch")
-        if kind != "openai":
-            raise ModelMisconfigured(
-                f"endpoint {self.name} is of kind {kind}, and runledger sends batches to "
-                "OpenAI's Batch API only so far: name an openai endpoint, or run the job "
-                "without batch")
+                "model has none: set RUNLEDGER_MODEL=openai or anthropic (or name such an endpoint "
+                "in Job(endpoint=...)), or run the job without batch")
         if self.given is None:
             base_url, name = self.settings.model_base_url, self.settings.model_name
             key = api_key(self.settings)
         else:
             base_url, name, key = self.given.base_url, self.given.model_name, self._given_key()
         assert base_url and name  # checked by endpoint_named
-        return OpenAIBatchClient(base_url, name, key, timeout_seconds=self.timeout_seconds,
-                                 max_tokens=self.max_tokens)
+        batches = AnthropicBatchClient if kind == "anthropic" else OpenAIBatchClient
+        return batches(base_url, name, key, timeout_seconds=self.timeout_seconds,
+                       max_tokens=self.max_tokens)
 
     def _given_key(self) -> SecretStr | None:
         assert self.given is not None

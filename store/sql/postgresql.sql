@@ -863,7 +863,7 @@ WHERE batches.endpoint = %(endpoint)s::VARCHAR AND (batches.status = 'open' OR b
 -- Insert a batch open, its lease held by the submitter that opened it (fence 1, database clock),
 -- with how many calls it holds, the digest of its lines and its deadline.
 -- parameters: batch_key, job, endpoint, model, kind, flow_run_id, period_start, input_digest, requests, owner, lease, deadline_at
-INSERT INTO batches (batch_key, job, endpoint, model, kind, status, flow_run_id, period_start, input_digest, requests, fence, owner, lease_expires_at, deadline_at, created_at) VALUES (%(batch_key)s::VARCHAR, %(job)s::VARCHAR, %(endpoint)s::VARCHAR, %(model)s::VARCHAR, %(kind)s::VARCHAR, 'open', %(flow_run_id)s::VARCHAR, %(period_start)s::TIMESTAMP WITH TIME ZONE, %(input_digest)s::VARCHAR, %(requests)s::INTEGER, 1, %(owner)s::VARCHAR, (statement_timestamp() + make_interval(secs => %(lease)s)), %(deadline_at)s::TIMESTAMP WITH TIME ZONE, statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.deadline_at, batches.requests;
+INSERT INTO batches (batch_key, job, endpoint, model, kind, status, flow_run_id, period_start, input_digest, requests, fence, owner, lease_expires_at, deadline_at, created_at) VALUES (%(batch_key)s::VARCHAR, %(job)s::VARCHAR, %(endpoint)s::VARCHAR, %(model)s::VARCHAR, %(kind)s::VARCHAR, 'open', %(flow_run_id)s::VARCHAR, %(period_start)s::TIMESTAMP WITH TIME ZONE, %(input_digest)s::VARCHAR, %(requests)s::INTEGER, 1, %(owner)s::VARCHAR, (statement_timestamp() + make_interval(secs => %(lease)s)), %(deadline_at)s::TIMESTAMP WITH TIME ZONE, statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.deadline_at, batches.requests, batches.created_at;
 
 -- name: stamp_batch_calls
 -- The picked calls, still queued and in no batch, are held by the batch (given as one JSON array).
@@ -875,7 +875,7 @@ FROM jsonb_to_recordset(%(ids)s::JSONB) AS given(call_id VARCHAR(36))) AND model
 -- Take the lease of a batch in flight (open or submitted) whose lease is free or expired (database
 -- clock): bump its fence.
 -- parameters: owner, lease, batch_key
-UPDATE batches SET fence=(batches.fence + 1), owner=%(owner)s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %(lease)s)) WHERE batches.batch_key = %(batch_key)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.deadline_at, batches.requests;
+UPDATE batches SET fence=(batches.fence + 1), owner=%(owner)s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %(lease)s)) WHERE batches.batch_key = %(batch_key)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.deadline_at, batches.requests, batches.created_at;
 
 -- name: claim_due_batches
 -- Lease the oldest batches in flight whose lease is free or expired (database clock), at most the
@@ -884,7 +884,7 @@ UPDATE batches SET fence=(batches.fence + 1), owner=%(owner)s::VARCHAR, lease_ex
 UPDATE batches SET fence=(batches.fence + 1), owner=%(owner)s::VARCHAR, lease_expires_at=(statement_timestamp() + make_interval(secs => %(lease)s)) WHERE batches.batch_key IN (SELECT batches.batch_key 
 FROM batches 
 WHERE (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) ORDER BY batches.created_at, batches.batch_key 
- LIMIT %(limit)s::INTEGER FOR UPDATE SKIP LOCKED) AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.deadline_at, batches.requests;
+ LIMIT %(limit)s::INTEGER FOR UPDATE SKIP LOCKED) AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= statement_timestamp()) RETURNING batches.batch_key, batches.fence, batches.owner, batches.status, batches.job, batches.endpoint, batches.model, batches.kind, batches.provider_file_id, batches.provider_batch_id, batches.flow_run_id, batches.period_start, batches.deadline_at, batches.requests, batches.created_at;
 
 -- name: list_batch_lines
 -- The lines of a batch's file (its calls' ids and request bodies), in custom_id order.
@@ -1002,6 +1002,13 @@ SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.
 FROM batches 
 WHERE batches.batch_key = %(key)s::VARCHAR OR batches.provider_batch_id = %(key)s::VARCHAR ORDER BY batches.created_at 
  LIMIT 1;
+
+-- name: list_batch_ids_submitted_since
+-- The provider batch ids of the batches submitted since a time.
+-- parameters: since
+SELECT batches.provider_batch_id 
+FROM batches 
+WHERE batches.provider_batch_id IS NOT NULL AND batches.submitted_at >= %(since)s::TIMESTAMP WITH TIME ZONE;
 
 -- name: list_batch_calls
 -- The model calls a batch holds or settled, in custom_id order, without answers (nor requests).

@@ -835,7 +835,7 @@ WHERE batches.endpoint = :endpoint AND (batches.status = 'open' OR batches.statu
 -- Insert a batch open, its lease held by the submitter that opened it (fence 1, database clock),
 -- with how many calls it holds, the digest of its lines and its deadline.
 -- parameters: batch_key, job, endpoint, model, kind, flow_run_id, period_start, input_digest, requests, owner, lease, deadline_at
-INSERT INTO batches (batch_key, job, endpoint, model, kind, status, flow_run_id, period_start, input_digest, requests, fence, owner, lease_expires_at, deadline_at, created_at) VALUES (:batch_key, :job, :endpoint, :model, :kind, 'open', :flow_run_id, :period_start, :input_digest, :requests, 1, :owner, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000'), :deadline_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, deadline_at, requests;
+INSERT INTO batches (batch_key, job, endpoint, model, kind, status, flow_run_id, period_start, input_digest, requests, fence, owner, lease_expires_at, deadline_at, created_at) VALUES (:batch_key, :job, :endpoint, :model, :kind, 'open', :flow_run_id, :period_start, :input_digest, :requests, 1, :owner, (strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000'), :deadline_at, (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, deadline_at, requests, created_at;
 
 -- name: stamp_batch_calls
 -- The picked calls, still queued and in no batch, are held by the batch (given as one JSON array).
@@ -847,7 +847,7 @@ FROM json_each(:ids) AS item) AND model_calls.outcome = 'queued' AND model_calls
 -- Take the lease of a batch in flight (open or submitted) whose lease is free or expired (database
 -- clock): bump its fence.
 -- parameters: owner, lease, batch_key
-UPDATE batches SET fence=(batches.fence + 1), owner=:owner, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') WHERE batches.batch_key = :batch_key AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, deadline_at, requests;
+UPDATE batches SET fence=(batches.fence + 1), owner=:owner, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') WHERE batches.batch_key = :batch_key AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, deadline_at, requests, created_at;
 
 -- name: claim_due_batches
 -- Lease the oldest batches in flight whose lease is free or expired (database clock), at most the
@@ -856,7 +856,7 @@ UPDATE batches SET fence=(batches.fence + 1), owner=:owner, lease_expires_at=(st
 UPDATE batches SET fence=(batches.fence + 1), owner=:owner, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') WHERE batches.batch_key IN (SELECT batches.batch_key 
 FROM batches 
 WHERE (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) ORDER BY batches.created_at, batches.batch_key
- LIMIT :limit OFFSET 0) AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, deadline_at, requests;
+ LIMIT :limit OFFSET 0) AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.lease_expires_at IS NULL OR batches.lease_expires_at <= (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key, fence, owner, status, job, endpoint, model, kind, provider_file_id, provider_batch_id, flow_run_id, period_start, deadline_at, requests, created_at;
 
 -- name: list_batch_lines
 -- The lines of a batch's file (its calls' ids and request bodies), in custom_id order.
@@ -974,6 +974,13 @@ SELECT batches.batch_key, batches.job, batches.endpoint, batches.model, batches.
 FROM batches 
 WHERE batches.batch_key = :key OR batches.provider_batch_id = :key ORDER BY batches.created_at
  LIMIT 1 OFFSET 0;
+
+-- name: list_batch_ids_submitted_since
+-- The provider batch ids of the batches submitted since a time.
+-- parameters: since
+SELECT batches.provider_batch_id 
+FROM batches 
+WHERE batches.provider_batch_id IS NOT NULL AND batches.submitted_at >= :since;
 
 -- name: list_batch_calls
 -- The model calls a batch holds or settled, in custom_id order, without answers (nor requests).

@@ -8,6 +8,7 @@ and the provider's failures naming what failed."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from flows.model import (
     Parameters,
     Request,
 )
-from flows.model.batch import BATCH_KEY, OpenAIBatchClient, RemoteBatch, ResultLine
+from flows.model.batch import BATCH_KEY, OpenAIBatchClient, RemoteBatch, ResultLine, Sought
 from tests.support.pipeline import ModelServer
 
 
@@ -50,7 +51,12 @@ def submitted(batches: OpenAIBatchClient, key: str, count: int,
               output: type[BaseModel] | None = None) -> RemoteBatch:
     """A batch of ``count`` lines c0, c1... created under ``key``."""
     lines = [(f"c{n}", batches.line(request(n, output))) for n in range(count)]
-    return batches.create(key, batches.upload(key, lines))
+    return batches.create(key, batches.upload(key, lines), lines)
+
+
+def sought(key: str) -> Sought:
+    """A batch of one request, its intent committed a minute ago."""
+    return Sought(key, 1, datetime.now(UTC) - timedelta(minutes=1))
 
 
 def by_id(results: list[ResultLine]) -> dict[str, ResultLine]:
@@ -113,15 +119,15 @@ def test_a_create_without_a_reply_is_found_by_its_key_never_created_twice(
     batches = client(batch_server)
     submitted(batches, "key-other-1", 1)
     batch_server.drop_after_create = 1
-    file_id = batches.upload("key-dropped", [("c0", batches.line(request(0)))])
+    lines = [("c0", batches.line(request(0)))]
+    file_id = batches.upload("key-dropped", lines)
     with pytest.raises(ModelUnavailable, match=r"batches\.create of batch key-dropped"):
-        batches.create("key-dropped", file_id)
+        batches.create("key-dropped", file_id, lines)
     submitted(batches, "key-other-2", 1)
-    found = batches.find("key-dropped")
-    assert found is not None
+    [found] = batches.find(sought("key-dropped"))
     assert batch_server.creates_by_key["key-dropped"] == 1
     assert (found.id, found.metadata[BATCH_KEY]) == (batch_server.created[1], "key-dropped")
-    assert batches.find("key-never-created") is None
+    assert batches.find(sought("key-never-created")) == []
 
 
 def test_find_pages_through_more_batches_than_a_page_newest_first(
@@ -129,16 +135,17 @@ def test_find_pages_through_more_batches_than_a_page_newest_first(
     """The key's batch is past the first page of 100: found; with two batches under one key,
     the newest is the one found."""
     batches = client(batch_server)
-    file_id = batches.upload("key-pages", [("c0", batches.line(request(0)))])
-    first = batches.create("key-old", file_id)
+    lines = [("c0", batches.line(request(0)))]
+    file_id = batches.upload("key-pages", lines)
+    first = batches.create("key-old", file_id, lines)
     for n in range(100):
-        batches.create(f"key-{n}", file_id)
-    found = batches.find("key-old")
-    assert found is not None and found.id == first.id
+        batches.create(f"key-{n}", file_id, lines)
+    [found] = batches.find(sought("key-old"))
+    assert found.id == first.id
     assert batch_server.requests.count(("GET", "/v1/batches")) == 2
-    again = batches.create("key-7", file_id)
-    newest = batches.find("key-7")
-    assert newest is not None and newest.id == again.id
+    again = batches.create("key-7", file_id, lines)
+    [newest] = batches.find(sought("key-7"))
+    assert newest.id == again.id
 
 
 def test_an_expired_batch_yields_only_the_results_it_has(batch_server: BatchServer) -> None:
@@ -233,7 +240,7 @@ def test_a_batch_whose_file_fails_validation_ends_failed_saying_why(
     batches = client(batch_server)
     uploaded = batches.model.sdk.files.create(file=("bad.jsonl", b"not json\n"),
                                               purpose="batch")
-    batch = batches.create("key-bad-file", uploaded.id)
+    batch = batches.create("key-bad-file", uploaded.id, [])
     assert (batch.status, batch.ended, batch.output_file_id) == ("failed", True, None)
     assert batch.error is not None and "(line 1)" in batch.error
     assert list(batches.results(batch)) == []
@@ -259,4 +266,4 @@ def test_the_providers_failures_name_it_and_what_failed(batch_server: BatchServe
     batch_server.stop()
     with pytest.raises(ModelUnavailable, match=rf"{batches.base_url} \(batches\.list .*"
                                                r"unreachable"):
-        batches.find("key-any")
+        batches.find(sought("key-any"))

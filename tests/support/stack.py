@@ -23,7 +23,14 @@ import httpx
 import sqlalchemy as sa
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas import OrchestrationResult
-from prefect.client.schemas.objects import FlowRun, State
+from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import FlowRun, State, StateType
 from prefect.states import Cancelling, Scheduled
 
 from deployments.project import PROJECT_ROOT
@@ -98,12 +105,19 @@ class AcceptanceStack:
             return deployment_ids(api, [name])[name]
 
     def pause_schedules(self, deployment: str) -> None:
-        """Deactivate a deployment's schedules: the tests run their delivery passes themselves
-        (each pass is a flow-run process start on two shared cores)."""
+        """Deactivate a deployment's schedules and delete the flow runs they already made
+        (the server deletes only those still in the future)."""
         deployment_id = self.deployment_id(deployment)
         with self.client() as api:
             for schedule in api.read_deployment(deployment_id).schedules:
                 api.update_deployment_schedule(deployment_id, schedule.id, active=False)
+            made = api.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+            for run in made:
+                if run.auto_scheduled:
+                    api.delete_flow_run(run.id)
 
     def run(self, deployment: str, parameters: dict[str, Any] | None = None,
             queue: str | None = None, state: State[Any] | None = None,
@@ -239,7 +253,11 @@ def acceptance_stack(root: Path, admin: sa.Engine, ledger_url: str,
         assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
 
         stack = AcceptanceStack(supervisor, api, ledger_url, mail_dir, worker_env)
+        # The tests run their delivery passes themselves (each pass is a flow-run process
+        # start on two shared cores), and reconcile only where it is under test: a scheduled
+        # pass runs today's period (policy "latest"), racing the test's own scheduled tick.
         stack.pause_schedules("deliver-outbox")
+        stack.pause_schedules("reconcile")
         # Batch tests poll themselves, with the model their flow runs are given: a scheduled
         # poll under the workers' offline model would hold their batches' leases, failing.
         stack.pause_schedules("settle-batches")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,6 +52,31 @@ def _system(request: Request) -> list[dict[str, Any]] | None:
     return blocks or None
 
 
+def generation_of(message: AnthropicMessage, name: str, *, structured: bool) -> Generation:
+    """The answer's text (the forced tool's input as JSON for ``structured`` output) and its
+    usage: the prompt's tokens are its uncached input plus its cache reads and writes."""
+    texts = [b.text for b in message.content if b.type == "text"]
+    tools = [b.input for b in message.content if b.type == "tool_use"]
+    usage = message.usage
+    reads = usage.cache_read_input_tokens
+    writes = usage.cache_creation_input_tokens
+    prompt = usage.input_tokens + (reads or 0) + (writes or 0)
+    model = str(message.model or name)
+    if message.stop_reason == "refusal":
+        return Generation("".join(texts).strip(), model, prompt, usage.output_tokens,
+                          reads, writes, refusal="".join(texts).strip() or REFUSED)
+    if structured and tools:
+        text = json.dumps(tools[0])
+    elif texts:
+        text = "".join(texts).strip()
+    else:
+        raise ModelRejected(
+            f"model {name} sent a reply without "
+            f"{'a tool_use block' if structured else 'text'} "
+            f"(stop_reason {message.stop_reason})")
+    return Generation(text, model, prompt, usage.output_tokens, reads, writes)
+
+
 class AnthropicModel(ProviderClient):
     """A ModelClient answering through Anthropic's Messages API."""
 
@@ -72,47 +99,70 @@ class AnthropicModel(ProviderClient):
             base_url=self.base_url, api_key=key or NO_KEY, max_retries=0,
             timeout=anthropic.Timeout(timeout_seconds, connect=min(10.0, timeout_seconds)))
 
-    def complete(self, request: Request) -> Generation:
-        """Answer ``request``: its text, or the forced tool's input as JSON text."""
+    @property
+    def sdk(self) -> anthropic.Anthropic:
+        """The never-retrying SDK client (its requests take ``headers``)."""
+        return self._client
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        """The headers every request sends (none of the SDK's key headers without a key)."""
+        return self._headers
+
+    @contextmanager
+    def asking(self, doing: str | None = None) -> Iterator[None]:
+        """Turns the SDK's failures inside into ours, naming the model, where it is and what
+        was being done (``doing``, when it is not a message): no answer in time or no
+        connection is ``ModelUnavailable``, an error status a refusal, a reply the SDK
+        cannot read ``ModelRejected``."""
+        what = f" ({doing})" if doing else ""
         try:
-            raw = self._client.messages.with_raw_response.create(**self._body(request))
-            message = raw.parse()
+            yield
         except anthropic.APITimeoutError as exc:
             raise ModelUnavailable(
-                f"model {self.name} at {self.base_url} did not answer within "
+                f"model {self.name} at {self.base_url}{what} did not answer within "
                 f"{self.timeout_seconds:g} s ({type(exc).__name__})") from exc
         except anthropic.APIConnectionError as exc:
             cause = exc.__cause__ or exc
             raise ModelUnavailable(
-                f"model {self.name} at {self.base_url} is unreachable: "
+                f"model {self.name} at {self.base_url}{what} is unreachable: "
                 f"{type(cause).__name__}: {cause}") from exc
         except anthropic.APIStatusError as exc:
-            raise refusal(self.name, exc) from exc
+            raise refusal(self.name + what, exc) from exc
         except (ValueError, anthropic.APIResponseValidationError) as exc:
             raise ModelRejected(
-                f"model {self.name} sent a reply that is not a Messages API message: "
+                f"model {self.name}{what} sent a reply that is not "
+                f"{'what the API returns' if doing else 'a Messages API message'}: "
                 f"{type(exc).__name__}: {str(exc)[:MAX_ERROR_BODY]}") from exc
-        answer = self._answer(message, request)
+
+    def complete(self, request: Request) -> Generation:
+        """Answer ``request``: its text, or the forced tool's input as JSON text."""
+        body = self.params(request)
+        # Sampling parameters the SDK's signature no longer lists go in the body as they are.
+        sampling = {k: body.pop(k) for k in ("temperature", "top_p") if k in body}
+        with self.asking():
+            raw = self._client.messages.with_raw_response.create(
+                **body, extra_headers=self._headers, extra_body=sampling or None)
+            message = raw.parse()
+        answer = generation_of(message, self.name, structured=request.output is not None)
         announced = announced_limits(raw.headers, datetime.now(UTC))
         return Generation(answer.text, answer.model, answer.prompt_tokens,
                           answer.completion_tokens, answer.cached_tokens,
                           answer.cache_write_tokens, refusal=answer.refusal, announced=announced)
 
-    def _body(self, request: Request) -> dict[str, Any]:
-        """The Messages API request: ``max_tokens`` always (the request's, else this
-        endpoint's), the system text apart, a forced tool for structured output."""
+    def params(self, request: Request) -> dict[str, Any]:
+        """The Messages API request body (what a batch request's ``params`` holds too):
+        ``max_tokens`` always (the request's, else this endpoint's), the system text apart,
+        a forced tool for structured output."""
         p = request.parameters
         body: dict[str, Any] = {
             "model": self.name, "max_tokens": p.max_tokens or self.max_tokens,
-            "messages": [_turn(m) for m in request.turns], "extra_headers": self._headers}
+            "messages": [_turn(m) for m in request.turns]}
         system = _system(request)
         if system is not None:
             body["system"] = system
-        # Sampling parameters the SDK's signature no longer lists go in the body as they are.
-        sampling = {k: v for k, v in (("temperature", p.temperature), ("top_p", p.top_p))
-                    if v is not None}
-        if sampling:
-            body["extra_body"] = sampling
+        body.update({k: v for k, v in (("temperature", p.temperature), ("top_p", p.top_p))
+                     if v is not None})
         if p.stop:
             body["stop_sequences"] = list(p.stop)
         if request.output is not None:
@@ -121,30 +171,6 @@ class AnthropicModel(ProviderClient):
                               "description": f"Answer with a {request.output.__name__}."}]
             body["tool_choice"] = {"type": "tool", "name": name}
         return body
-
-    def _answer(self, message: AnthropicMessage, request: Request) -> Generation:
-        """The answer's text (the forced tool's input as JSON for structured output) and its
-        usage: the prompt's tokens are its uncached input plus its cache reads and writes."""
-        texts = [b.text for b in message.content if b.type == "text"]
-        tools = [b.input for b in message.content if b.type == "tool_use"]
-        usage = message.usage
-        reads = usage.cache_read_input_tokens
-        writes = usage.cache_creation_input_tokens
-        prompt = usage.input_tokens + (reads or 0) + (writes or 0)
-        model = str(message.model or self.name)
-        if message.stop_reason == "refusal":
-            return Generation("".join(texts).strip(), model, prompt, usage.output_tokens,
-                              reads, writes, refusal="".join(texts).strip() or REFUSED)
-        if request.output is not None and tools:
-            text = json.dumps(tools[0])
-        elif texts:
-            text = "".join(texts).strip()
-        else:
-            raise ModelRejected(
-                f"model {self.name} sent a reply without "
-                f"{'a tool_use block' if request.output is not None else 'text'} "
-                f"(stop_reason {message.stop_reason})")
-        return Generation(text, model, prompt, usage.output_tokens, reads, writes)
 
     def close(self) -> None:
         self._client.close()

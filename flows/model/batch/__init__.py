@@ -2,7 +2,16 @@
 built as the synchronous client builds its requests, a file uploaded, a batch created under
 our key and found again by it, polled, its result lines read as answers or errors)."""
 
+from flows.model.batch.anthropic import AnthropicBatchClient
 from flows.model.batch.openai import OpenAIBatchClient
-from flows.model.batch.protocol import BATCH_KEY, BatchClient, RemoteBatch, ResultLine
+from flows.model.batch.protocol import (
+    BATCH_KEY,
+    INLINE,
+    BatchClient,
+    RemoteBatch,
+    ResultLine,
+    Sought,
+)
 
-__all__ = ["BATCH_KEY", "BatchClient", "OpenAIBatchClient", "RemoteBatch", "ResultLine"]
+__all__ = ["BATCH_KEY", "INLINE", "AnthropicBatchClient", "BatchClient", "OpenAIBatchClient",
+           "RemoteBatch", "ResultLine", "Sought"]

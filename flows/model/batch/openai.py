@@ -24,7 +24,7 @@ from openai.types import Batch
 from openai.types.chat import ChatCompletion
 from pydantic import SecretStr
 
-from flows.model.batch.protocol import BATCH_KEY, RemoteBatch, ResultLine
+from flows.model.batch.protocol import BATCH_KEY, RemoteBatch, ResultLine, Sought
 from flows.model.client import Kind
 from flows.model.errors import InvalidModelRequest, ModelMisconfigured, ModelRejected
 from flows.model.openai_compatible import (
@@ -117,15 +117,15 @@ class OpenAIBatchClient:
         """The body of ``request``'s batch line: what ``complete`` would send."""
         return self.model.body(request)
 
-    def find(self, key: str) -> RemoteBatch | None:
-        """The newest batch whose metadata names ``key`` (``batches.list``, every page until
-        found), or None."""
-        with self._asking(f"batches.list looking for batch {key}"):
+    def find(self, sought: Sought) -> list[RemoteBatch]:
+        """The newest batch whose metadata names the sought key (``batches.list``, every page
+        until found), or none."""
+        with self._asking(f"batches.list looking for batch {sought.key}"):
             for batch in self.model.sdk.batches.list(limit=PAGE,
                                                      extra_headers=self.model.headers):
-                if (batch.metadata or {}).get(BATCH_KEY) == key:
-                    return _remote(batch)
-        return None
+                if (batch.metadata or {}).get(BATCH_KEY) == sought.key:
+                    return [_remote(batch)]
+        return []
 
     def upload(self, key: str, lines: Sequence[tuple[str, dict[str, Any]]]) -> str:
         """Upload the JSONL file of ``lines`` (custom_id, body) for batch ``key``; its file
@@ -147,8 +147,10 @@ class OpenAIBatchClient:
                 extra_headers=self.model.headers)
         return uploaded.id
 
-    def create(self, key: str, file_id: str) -> RemoteBatch:
-        """Create the batch of ``file_id`` under ``key`` (in its metadata)."""
+    def create(self, key: str, file_id: str,
+               lines: Sequence[tuple[str, dict[str, Any]]]) -> RemoteBatch:
+        """Create the batch of ``file_id`` under ``key`` (in its metadata); ``lines`` are in
+        the file already."""
         with self._asking(f"batches.create of batch {key}"):
             batch = self.model.sdk.batches.create(
                 input_file_id=file_id, endpoint=URL, completion_window=WINDOW,

@@ -1,12 +1,14 @@
 """What a provider's Batch API offers the batch mode: lines built from model requests, a file
-of them uploaded, a batch created under our key (its metadata, so that a batch whose create
-got no reply is found again rather than created twice), polled, its results read line by
-line, cancelled. One client per endpoint; ``kind`` names the provider's API."""
+of them uploaded (or, for a provider without files, the lines sent with the create), a batch
+created under our key, found again after a create that got no reply rather than created
+twice, polled, its results read line by line, cancelled. One client per endpoint; ``kind``
+names the provider's API."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from flows.model.client import Kind
@@ -15,11 +17,27 @@ from flows.model.request import Request
 
 # The metadata key naming our batch key on the provider's batch (what ``find`` matches).
 BATCH_KEY = "runledger_batch"
+# The file id of a batch whose provider takes its lines with the create (no file uploaded).
+INLINE = "inline"
+
+
+@dataclass(frozen=True)
+class Sought:
+    """A batch whose create may have reached its provider without its id reaching the ledger:
+    its ``key``, how many ``requests`` it holds and when its intent was committed (``since``:
+    no create of it can be older)."""
+
+    key: str
+    requests: int
+    since: datetime
 
 
 @dataclass(frozen=True)
 class RemoteBatch:
-    """A batch as its provider last reported it: its id and status (the provider's word),
+    """A batch as its provider last reported it: its id and status (OpenAI's words:
+    ``validating``, ``in_progress``, ``finalizing``, ``cancelling``, and once ended
+    ``completed``, ``expired``, ``cancelled`` or ``failed``; another provider's are mapped to
+    them),
     ``ended`` once no more results will come (completed, expired, cancelled or failed), the
     files of its results and of its failed lines (None until there are), its request counts
     (0 when the provider reports none), its metadata and, for a batch that failed as a whole,
@@ -73,16 +91,21 @@ class BatchClient(Protocol):
         call's request), as the synchronous client would send it."""
         ...
 
-    def find(self, key: str) -> RemoteBatch | None:
-        """The batch created under ``key`` (newest first), or None when there is none."""
+    def find(self, sought: Sought) -> list[RemoteBatch]:
+        """The provider's batches that may be ``sought``'s, likeliest first: the one carrying
+        its key where batches carry metadata; else those created since its intent with as
+        many requests (the caller drops those another batch of the ledger names)."""
         ...
 
     def upload(self, key: str, lines: Sequence[tuple[str, dict[str, Any]]]) -> str:
-        """Upload the batch file of ``lines`` (custom_id, body) for batch ``key``; its id."""
+        """Upload the batch file of ``lines`` (custom_id, body) for batch ``key``; its id (a
+        provider that takes the lines with the create uploads nothing: ``INLINE``)."""
         ...
 
-    def create(self, key: str, file_id: str) -> RemoteBatch:
-        """Create the batch of the uploaded file ``file_id`` under ``key``."""
+    def create(self, key: str, file_id: str,
+               lines: Sequence[tuple[str, dict[str, Any]]]) -> RemoteBatch:
+        """Create the batch of the uploaded file ``file_id`` (or of ``lines``, for a provider
+        without files) under ``key``."""
         ...
 
     def retrieve(self, batch_id: str) -> RemoteBatch:

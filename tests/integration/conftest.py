@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
+from bench.anthropic_batch_provider import AnthropicBatchServer
 from bench.batch_provider import BatchServer
 from flows.cli import app
 from tests.support.pipeline import Env, ModelServer, pipeline_env
@@ -59,6 +60,14 @@ def batch_server() -> Iterator[BatchServer]:
     """OpenAI's Files and Batches API on loopback (batches end when created unless the test
     sets ``polls_until_done``); the test builds the batch client it asks."""
     with BatchServer() as running:
+        yield running
+
+
+@pytest.fixture
+def anthropic_server() -> Iterator[AnthropicBatchServer]:
+    """Anthropic's Message Batches API on loopback (batches end when created unless the test
+    sets ``polls_until_done``)."""
+    with AnthropicBatchServer() as running:
         yield running
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from pydantic import BaseModel, SecretStr
@@ -62,14 +61,6 @@ def ended(batches: AnthropicBatchClient, batch: RemoteBatch) -> RemoteBatch:
         if batch.ended:
             return batch
     raise AssertionError(f"batch {batch.id} did not end in 10 polls: {batch.status}")
-
-
-@pytest.fixture
-def anthropic_server() -> Any:
-    """Anthropic's Message Batches API on loopback (batches end when created unless the test
-    sets ``polls_until_done``)."""
-    with AnthropicBatchServer() as running:
-        yield running
 
 
 def test_a_batch_request_is_the_message_the_synchronous_client_sends(

@@ -15,6 +15,7 @@ from collections import Counter
 
 import pytest
 
+from bench.anthropic_batch_provider import AnthropicBatchServer
 from bench.batch_provider import BatchServer
 from flows.settle.flow import settle_batches
 from tests.support.killed import run_killed
@@ -128,3 +129,21 @@ def test_a_poll_killed_while_settling_leaves_each_result_settled_once(
     assert poll_killed(point) == -signal.SIGKILL
     poll_until_completed(env)
     assert_settled_once(env, selected)
+
+
+def test_an_anthropic_tick_killed_after_its_create_leaves_one_batch_found_by_time_and_size(
+        env: Env, anthropic_server: AnthropicBatchServer) -> None:
+    """Anthropic's batches carry no key: the tick dies once the create returned, its id not
+    stored; the poll that takes the batch over adopts the batch created since its intent with
+    as many requests, creates none, and later polls settle it once."""
+    env.set(model="anthropic", model_base_url=anthropic_server.base_url,
+            model_name="probe-model", model_api_key="sk-ant", batch_lease_seconds=LEASE_SECONDS)
+    done = run_batch_tick("after_batch_create")
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    [batch] = env.ledger.batches.list_batches(limit=10)
+    assert batch.provider_batch_id is None and len(anthropic_server.created) == 1
+    poll_until_completed(env)
+    [batch] = env.ledger.batches.list_batches(limit=10)
+    assert batch.provider_batch_id == anthropic_server.created[0]
+    assert len(anthropic_server.created) == 1
+    assert Counter(c["outcome"] for c in env.calls()) == {"answered": len(SUBJECTS)}

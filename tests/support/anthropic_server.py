@@ -10,12 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.anthropic_batch_provider import ERROR_TYPES
 from bench.loopback import Answer, Request, ScriptedServer, json_answer
 
 USAGE = {"input_tokens": 100, "output_tokens": 30}
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-               429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
 
 
 @dataclass

@@ -18,7 +18,6 @@ status would be; ``canceled`` and ``expired`` lines never ran: asking again may 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from typing import Any, Final, cast
 
@@ -33,20 +32,14 @@ from anthropic.types.messages import (
 from pydantic import SecretStr
 
 from flows.model.anthropic.client import AnthropicModel, generation_of
-from flows.model.anthropic.refusals import MAX_ERROR_BODY, STATUS_OF_TYPE, transient
-from flows.model.batch.protocol import INLINE, RemoteBatch, ResultLine, Sought
+from flows.model.anthropic.refusals import STATUS_OF_TYPE, transient
+from flows.model.batch.protocol import INLINE, RemoteBatch, ResultLine, Sought, quoted
 from flows.model.client import Kind
 from flows.model.errors import InvalidModelRequest, ModelMisconfigured, ModelRejected
 from flows.model.request import Request
 
 MAX_REQUESTS: Final = 100_000  # the most requests Anthropic takes in one batch
 PAGE: Final = 100  # batches per page when looking one up
-
-
-def _text(value: Any) -> str:
-    """``value`` as one line of at most MAX_ERROR_BODY characters."""
-    text = (value if isinstance(value, str) else json.dumps(value)).strip().replace("\n", " ")
-    return text[:MAX_ERROR_BODY] + ("..." if len(text) > MAX_ERROR_BODY else "")
 
 
 def status_of(batch: MessageBatch) -> str:
@@ -179,7 +172,7 @@ class AnthropicBatchClient:
                 generation = generation_of(result.message, self.name, structured=structured)
             except (ModelRejected, AttributeError, TypeError) as exc:
                 return ResultLine(custom_id, None, f"model {self.name} answered request "
-                                  f"{custom_id} with a malformed message: {_text(str(exc))}",
+                                  f"{custom_id} with a malformed message: {quoted(str(exc))}",
                                   200)
             return ResultLine(custom_id, generation, None, 200)
         if isinstance(result, MessageBatchErroredResult):
@@ -188,7 +181,7 @@ class AnthropicBatchClient:
             status = STATUS_OF_TYPE.get(kind, 500)
             return ResultLine(
                 custom_id, None, f"model {self.name} answered request {custom_id} with "
-                f"{kind}: {_text(getattr(error, 'message', None) or '')}", status,
+                f"{kind}: {quoted(getattr(error, 'message', None) or '')}", status,
                 transient(status))
         ended = getattr(result, "type", None)
         if ended in ("canceled", "expired"):

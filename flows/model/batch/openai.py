@@ -24,11 +24,10 @@ from openai.types import Batch
 from openai.types.chat import ChatCompletion
 from pydantic import SecretStr
 
-from flows.model.batch.protocol import BATCH_KEY, RemoteBatch, ResultLine, Sought
+from flows.model.batch.protocol import BATCH_KEY, RemoteBatch, ResultLine, Sought, quoted
 from flows.model.client import Kind
 from flows.model.errors import InvalidModelRequest, ModelMisconfigured, ModelRejected
 from flows.model.openai_compatible import (
-    MAX_ERROR_BODY,
     OpenAICompatibleModel,
     generation_of,
     transient_status,
@@ -46,12 +45,6 @@ TRANSIENT_CODES = frozenset({"batch_expired", "batch_cancelled", "rate_limit_exc
                              "server_error"})
 # Why a batch may fail as a whole for now only: the model's queue of enqueued tokens was full.
 TRANSIENT_BATCH_CODES = frozenset({"token_limit_exceeded"})
-
-
-def _text(value: Any) -> str:
-    """``value`` as one line of at most MAX_ERROR_BODY characters."""
-    text = (value if isinstance(value, str) else json.dumps(value)).strip().replace("\n", " ")
-    return text[:MAX_ERROR_BODY] + ("..." if len(text) > MAX_ERROR_BODY else "")
 
 
 def _remote(batch: Batch) -> RemoteBatch:
@@ -111,7 +104,7 @@ class OpenAIBatchClient:
             except openai.APIResponseValidationError as exc:
                 raise ModelRejected(
                     f"model {self.name} at {self.base_url} ({doing}) sent a malformed reply: "
-                    f"{_text(str(exc))}") from exc
+                    f"{quoted(str(exc))}") from exc
 
     def line(self, request: Request) -> dict[str, Any]:
         """The body of ``request``'s batch line: what ``complete`` would send."""
@@ -194,7 +187,7 @@ class OpenAIBatchClient:
         custom_id = found.get("custom_id") if isinstance(found, dict) else None
         if not isinstance(custom_id, str):
             raise ModelRejected(f"model {self.name} at {self.base_url} ({where}) sent a "
-                                f"line without a custom_id: {_text(raw.decode(errors='replace'))}")
+                                f"line without a custom_id: {quoted(raw.decode(errors='replace'))}")
         response, error = found.get("response"), found.get("error")
         if isinstance(response, dict):
             return self._response(custom_id, response)
@@ -202,7 +195,7 @@ class OpenAIBatchClient:
             code = error.get("code")
             return ResultLine(
                 custom_id, None, f"model {self.name} did not answer line {custom_id}: "
-                f"{code}: {_text(error.get('message') or '')}", None, code in TRANSIENT_CODES)
+                f"{code}: {quoted(error.get('message') or '')}", None, code in TRANSIENT_CODES)
         return ResultLine(custom_id, None, f"model {self.name} sent line {custom_id} with "
                           "neither a response nor an error")
 
@@ -211,13 +204,13 @@ class OpenAIBatchClient:
         status, body = response.get("status_code"), response.get("body")
         if not isinstance(status, int):
             return ResultLine(custom_id, None, f"model {self.name} sent line {custom_id} "
-                              f"without a status code: {_text(response)}")
+                              f"without a status code: {quoted(response)}")
         if status != 200:
             error = body.get("error") if isinstance(body, dict) else None
             message = error.get("message") if isinstance(error, dict) else None
             return ResultLine(
                 custom_id, None, f"model {self.name} answered line {custom_id} with HTTP "
-                f"{status}: {_text(message or body)}", status, transient_status(status))
+                f"{status}: {quoted(message or body)}", status, transient_status(status))
         try:
             if not isinstance(body, dict):
                 raise TypeError(f"a body of type {type(body).__name__}")
@@ -226,7 +219,7 @@ class OpenAIBatchClient:
             return ResultLine(custom_id, generation_of(completion, self.name), None, status)
         except (ModelRejected, AttributeError, TypeError, IndexError) as exc:
             return ResultLine(custom_id, None, f"model {self.name} answered line {custom_id} "
-                              f"with a malformed chat completion: {_text(str(exc))}", status)
+                              f"with a malformed chat completion: {quoted(str(exc))}", status)
 
     def close(self) -> None:
         self.model.close()

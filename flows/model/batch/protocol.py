@@ -6,6 +6,7 @@ names the provider's API."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,6 +20,14 @@ from flows.model.request import Request
 BATCH_KEY = "runledger_batch"
 # The file id of a batch whose provider takes its lines with the create (no file uploaded).
 INLINE = "inline"
+MAX_QUOTED = 300  # characters of a provider's words quoted in a result line's error
+
+
+def quoted(value: Any) -> str:
+    """A provider's words (text, or JSON of anything else) as one line of at most
+    MAX_QUOTED characters."""
+    text = (value if isinstance(value, str) else json.dumps(value)).strip().replace("\n", " ")
+    return text[:MAX_QUOTED] + ("..." if len(text) > MAX_QUOTED else "")
 
 
 @dataclass(frozen=True)

@@ -74,11 +74,13 @@ def submit_queued(ledger: Ledger, client: BatchClient, *, job: str, endpoint: st
 def submit(ledger: Ledger, client: BatchClient, claim: BatchClaim, lines: list[BatchLine],
            lease_seconds: float) -> RemoteBatch:
     """Create the batch at its provider once, under the batch's lease: a claim that took over
-    a batch (fence above 1) adopts the provider's batch carrying its key before creating one;
+    a batch whose file id was stored adopts the provider's batch it finds before creating one;
     a create whose reply was lost is settled the same way; a holder whose lease ran out while
     it uploaded creates nothing (``LeaseLost``): the file's id is stored, and the lease
     extended by ``lease_seconds``, before the create. The provider's batch."""
-    remote = find(ledger, client, claim) if claim.fence > 1 else None
+    # A create is only ever sent once the file id is stored: without one, nothing to find.
+    took_over = claim.fence > 1 and claim.provider_file_id is not None
+    remote = find(ledger, client, claim) if took_over else None
     if remote is None:
         sent = [(line.custom_id, line.request) for line in lines]
         file_id = claim.provider_file_id

@@ -325,3 +325,24 @@ def test_a_create_the_provider_refused_holds_no_other_batch_back(
     assert len(selected.created) == 1
     stored = {b.job: b.provider_batch_id for b in env.ledger.batches.list_batches(limit=10)}
     assert stored == {first.name: None, second.name: selected.created[0]}
+
+
+def test_a_batch_taken_over_before_its_file_id_was_stored_never_adopts_another_batch(
+        env: Env, selected: AnthropicBatchServer) -> None:
+    """A batch's create is sent only after its file id is stored: a poll that takes over a
+    batch without one (here: its create refused) creates it, and leaves alone a batch of the
+    same size that another program created since its intent."""
+    env.set(batch_lease_seconds=1)
+    selected.refuse_creates = [(400, "requests.0.params: bad")]
+    probe = probe_job(["a"], batch=True)
+    env.run(probe.name, None, PERIOD)
+    foreign = created(client(selected), "foreign", 1)
+
+    def stored() -> bool:
+        settle()
+        [batch] = env.ledger.batches.list_batches(limit=10)
+        return batch.provider_batch_id is not None
+
+    wait_until(stored, 60, "a poll to take the batch over and create it")
+    [batch] = env.ledger.batches.list_batches(limit=10)
+    assert selected.created == [foreign.id, batch.provider_batch_id]

@@ -84,3 +84,34 @@ def test_no_runs_index_holds_a_column_that_transitions_change(ledger: Ledger) ->
                 "SELECT reloptions FROM pg_class WHERE relname = 'runs'"
             ).scalar_one()
         assert options == ["fillfactor=60"]
+
+
+def test_a_ledger_whose_mail_was_tried_upgrades_from_0012_to_the_latest_schema(
+        empty_db_url: str) -> None:
+    """An outbox message with a delivery attempt, written at 0012: the upgrades that widen the
+    statuses a CHECK allows (0013 for messages, 0016 for Runs) keep both rows, and the new
+    statuses are allowed after them."""
+    with Ledger.connect(empty_db_url) as ledger:
+        ledger.migrate("0012")
+        identity = RunIdentity("digest", "tried", datetime(2026, 1, 5, 9, tzinfo=UTC), "v1")
+        ledger.register(identity)
+        now = datetime.now(UTC)
+        with ledger.engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO outbox (message_id, run_id, channel, recipient, subject, body, "
+                "headers, status, attempts, fence, next_attempt_at, created_at, updated_at) "
+                "VALUES (:id, :run, 'email', 'ops@example.com', 'Old', 'Hello', NULL, 'sent', "
+                "1, 1, :now, :now, :now)"), {"id": "e" * 64, "run": identity.run_id, "now": now})
+            conn.execute(sa.text(
+                "INSERT INTO delivery_attempts (message_id, attempt, owner, started_at, "
+                "finished_at, outcome) VALUES (:id, 1, 'w:1', :now, :now, 'sent')"),
+                {"id": "e" * 64, "now": now})
+        ledger.migrate()
+        [message] = ledger.outbox.messages()
+        assert message.status == "sent"
+        with ledger.engine.begin() as conn:
+            attempts = conn.execute(sa.text("SELECT count(*) FROM delivery_attempts")).scalar()
+            conn.execute(sa.text("UPDATE outbox SET status = 'held'"))
+            conn.execute(sa.text("UPDATE runs SET status = 'waiting'"))
+        assert attempts == 1
+        assert differences(ledger, SQLModel.metadata) == []

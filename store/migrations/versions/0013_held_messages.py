@@ -17,6 +17,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from store.check_edits import replace_check
+
 revision = "0013"
 down_revision = "0012"
 branch_labels = None
@@ -26,19 +28,16 @@ OLD = ("pending", "sending", "sent", "retry", "uncertain", "dead")
 NEW = (*OLD, "held", "rejected")
 
 
-def _check(values: tuple[str, ...]) -> str:
-    return "status IN (" + ", ".join(f"'{v}'" for v in values) + ")"
-
-
 def upgrade() -> None:
+    # Columns only: no table rebuild (on SQLite one fails on the delivery attempts' foreign
+    # keys once a message was tried).
     with op.batch_alter_table("outbox", schema=None) as batch_op:
         batch_op.add_column(sa.Column("hold_until", sa.DateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column("decision", sa.String(length=16), nullable=True))
         batch_op.add_column(sa.Column("decided_by", sa.String(length=300), nullable=True))
         batch_op.add_column(sa.Column("decided_at", sa.DateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column("decision_reason", sa.Text(), nullable=True))
-        batch_op.drop_constraint(op.f("ck_outbox_status"), type_="check")
-        batch_op.create_check_constraint(op.f("ck_outbox_status"), _check(NEW))
+    replace_check("outbox", "status", "ck_outbox_status", OLD, NEW)
 
 
 def downgrade() -> None:
@@ -46,8 +45,7 @@ def downgrade() -> None:
     op.execute("DELETE FROM delivery_attempts WHERE message_id IN "
                "(SELECT message_id FROM outbox WHERE status IN ('held', 'rejected'))")
     op.execute("DELETE FROM outbox WHERE status IN ('held', 'rejected')")
+    replace_check("outbox", "status", "ck_outbox_status", NEW, OLD)
     with op.batch_alter_table("outbox", schema=None) as batch_op:
-        batch_op.drop_constraint(op.f("ck_outbox_status"), type_="check")
-        batch_op.create_check_constraint(op.f("ck_outbox_status"), _check(OLD))
         for column in ("decision_reason", "decided_at", "decided_by", "decision", "hold_until"):
             batch_op.drop_column(column)

@@ -21,6 +21,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from store.check_edits import replace_check, values_in
+
 revision = "0016"
 down_revision = "0015"
 branch_labels = None
@@ -33,37 +35,6 @@ OLD_CALL = ("answered", "refused", "failed", "lost")
 NEW_CALL = (*OLD_CALL, "queued", "withdrawn")
 QUEUED = "outcome = 'queued'"
 UNBATCHED = "outcome = 'queued' AND batch_key IS NULL"
-
-
-def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN (" + ", ".join(f"'{v}'" for v in values) + ")"
-
-
-def _run_statuses(old: tuple[str, ...], new: tuple[str, ...]) -> None:
-    """Replace the CHECK of ``runs.status``. SQLite cannot alter a constraint, and rebuilding
-    ``runs`` (batch mode: copy, drop, rename) fails on the foreign keys of the rows that refer
-    to it (``attempts``, ``outbox``, ``model_calls``). The CHECK allowing more values, its text
-    in the schema is replaced in place, as SQLite's documentation describes for changes that
-    leave the stored rows valid ("Making Other Kinds Of Table Schema Changes")."""
-    bind = op.get_bind()
-    if bind.dialect.name != "sqlite":
-        with op.batch_alter_table("runs", schema=None) as batch_op:
-            batch_op.drop_constraint(op.f("ck_runs_status"), type_="check")
-            batch_op.create_check_constraint(op.f("ck_runs_status"), _in("status", new))
-        return
-    if bind.exec_driver_sql("SELECT count(*) FROM runs WHERE NOT " + _in("status", new)).scalar():
-        raise RuntimeError("runs: a stored status is not one of " + ", ".join(new))
-    version = bind.exec_driver_sql("PRAGMA schema_version").scalar_one()
-    bind.exec_driver_sql("PRAGMA writable_schema = ON")
-    changed = bind.exec_driver_sql(
-        "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table' AND "
-        "name = 'runs' AND instr(sql, ?) > 0",
-        (_in("status", old), _in("status", new), _in("status", old))).rowcount
-    bind.exec_driver_sql(f"PRAGMA schema_version = {int(version) + 1}")
-    bind.exec_driver_sql("PRAGMA writable_schema = OFF")
-    if changed != 1:
-        raise RuntimeError("runs: the CHECK of its status was not found as migration 0001 "
-                           "wrote it")
 
 
 def upgrade() -> None:
@@ -110,7 +81,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_batches_status", "batches", ["status", "created_at"])
     op.create_index("ix_batches_provider_batch_id", "batches", ["provider_batch_id"])
-    _run_statuses(OLD_RUN, NEW_RUN)
+    replace_check("runs", "status", "ck_runs_status", OLD_RUN, NEW_RUN)
     with op.batch_alter_table("model_calls", schema=None) as batch_op:
         batch_op.add_column(sa.Column("batch_key", sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column("custom_id", sa.String(length=64), nullable=True))
@@ -122,7 +93,7 @@ def upgrade() -> None:
                                     ["batch_key"], ["batch_key"])
         batch_op.drop_constraint(op.f("ck_model_calls_outcome"), type_="check")
         batch_op.create_check_constraint(
-            op.f("ck_model_calls_outcome"), "outcome IS NULL OR " + _in("outcome", NEW_CALL))
+            op.f("ck_model_calls_outcome"), "outcome IS NULL OR " + values_in("outcome", NEW_CALL))
     op.create_index("uq_model_calls_queued", "model_calls",
                     ["run_id", "position", "prompt_digest"], unique=True,
                     postgresql_where=sa.text(QUEUED), sqlite_where=sa.text(QUEUED))
@@ -140,11 +111,11 @@ def downgrade() -> None:
     with op.batch_alter_table("model_calls", schema=None) as batch_op:
         batch_op.drop_constraint(op.f("ck_model_calls_outcome"), type_="check")
         batch_op.create_check_constraint(
-            op.f("ck_model_calls_outcome"), "outcome IS NULL OR " + _in("outcome", OLD_CALL))
+            op.f("ck_model_calls_outcome"), "outcome IS NULL OR " + values_in("outcome", OLD_CALL))
         batch_op.drop_constraint(op.f("fk_model_calls_batch_key_batches"), type_="foreignkey")
         for column in ("queued_tokens", "flow_run_id", "sync_cost_nanos", "request", "custom_id", "batch_key"):
             batch_op.drop_column(column)
-    _run_statuses(NEW_RUN, OLD_RUN)
+    replace_check("runs", "status", "ck_runs_status", NEW_RUN, OLD_RUN)
     op.drop_index("ix_batches_provider_batch_id", table_name="batches")
     op.drop_index("ix_batches_status", table_name="batches")
     op.drop_table("batches")

@@ -89,6 +89,12 @@ class BatchBook:
         return self._ledger._write(faults.AFTER_BATCH_FILE_COMMIT, bt.record_file_txn,
                                    claim, file_id, lease_seconds(lease))
 
+    def stop_waiting(self, key: str) -> bool:
+        """Move the deadline of the batch ``key`` in flight to now (see ``stop_waiting_txn``):
+        the next poll cancels it and calls synchronously what it ends without; False when it
+        is not in flight or already past its deadline."""
+        return self._ledger._write(faults.AFTER_STOP_WAITING_COMMIT, bt.stop_waiting_txn, key)
+
     def forget_file(self, claim: BatchClaim) -> bool:
         """Clear the file id of a batch its provider refused to create; False when the lease
         is no longer held."""

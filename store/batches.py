@@ -314,6 +314,17 @@ _FORGET_FILE = Statement(
     .values(provider_file_id=sa.null())
     .returning(batches.c.batch_key))
 
+_STOP_WAITING = Statement(
+    "stop_waiting_for_batch", "A batch in flight whose deadline is later (or none) has it moved "
+    "to now: the next poll cancels it at its provider and calls synchronously what it ends "
+    "without; a deadline only ever moves earlier.",
+    lambda d: sa.update(batches)
+    .where(batches.c.batch_key == param(batches.c.batch_key),
+           one_of(batches.c.status, LEASED_STATUSES),
+           sa.or_(batches.c.deadline_at.is_(None), batches.c.deadline_at > db_now()))
+    .values(deadline_at=db_now())
+    .returning(batches.c.batch_key))
+
 _SUBMITTED = Statement(
     "record_batch_submitted", "The provider has the batch: its id and status stored, the batch "
     "submitted and its lease released; only the holder of the batch's lease can.",
@@ -631,6 +642,13 @@ def record_file_txn(conn: Connection, claim: BatchClaim, file_id: str,
         return "busy" if _RELEASE.first(conn, **_presented(claim)) is not None else "lost"
     recorded = _FILE.first(conn, **_presented(claim), provider_file_id=file_id, lease=lease)
     return "lost" if recorded is None else "recorded"
+
+
+@transition(one_statement_on=EVERYWHERE)
+def stop_waiting_txn(conn: Connection, key: str) -> bool:
+    """A batch in flight stops waiting: its deadline moved to now (never later than it was);
+    False when it is not in flight or its deadline has passed already."""
+    return _STOP_WAITING.first(conn, batch_key=key) is not None
 
 
 @transition(one_statement_on=EVERYWHERE)

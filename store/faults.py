@@ -60,6 +60,7 @@ AFTER_BATCH_FILE_COMMIT = "after_batch_file_commit"  # a batch file id stored (o
 AFTER_BATCH_SUBMITTED_COMMIT = "after_batch_submitted_commit"  # the provider's batch id stored
 AFTER_CLAIM_BATCH_COMMIT = "after_claim_batch_commit"  # a batch's lease taken
 AFTER_BATCH_POLLED_COMMIT = "after_batch_polled_commit"  # a running batch's status noted
+AFTER_STOP_WAITING_COMMIT = "after_stop_waiting_commit"  # a batch cancelled: its deadline now
 AFTER_SETTLE_RESULTS_COMMIT = "after_settle_results_commit"  # result lines settled
 AFTER_FINISH_BATCH_COMMIT = "after_finish_batch_commit"  # a batch settled, its Runs released
 
@@ -88,7 +89,8 @@ LEDGER_POINTS = (
     AFTER_REJECT_ANSWERS_COMMIT, AFTER_REFUSE_BUDGET_COMMIT, AFTER_COUNT_SAVED_COMMIT,
     AFTER_RELEASE_OVER_BUDGET_COMMIT, AFTER_WAIT_FOR_BATCH_COMMIT, AFTER_BATCH_INTENT_COMMIT,
     AFTER_BATCH_FILE_COMMIT, AFTER_BATCH_SUBMITTED_COMMIT, AFTER_CLAIM_BATCH_COMMIT,
-    AFTER_BATCH_POLLED_COMMIT, AFTER_SETTLE_RESULTS_COMMIT, AFTER_FINISH_BATCH_COMMIT,
+    AFTER_BATCH_POLLED_COMMIT, AFTER_STOP_WAITING_COMMIT, AFTER_SETTLE_RESULTS_COMMIT,
+    AFTER_FINISH_BATCH_COMMIT,
 )
 POINTS = (*LEDGER_POINTS, AFTER_MODEL_ANSWER, AFTER_SEND_BEFORE_MARK, AFTER_BATCH_UPLOAD,
           AFTER_BATCH_CREATE, MID_RESULTS_DOWNLOAD)

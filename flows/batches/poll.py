@@ -11,7 +11,9 @@ batches as soon as its subjects have ended).
 A batch's deadline bounds the wait: one still running past it is cancelled (its completed
 requests are billed and settled when it ends), and the calls a batch ends without are withdrawn
 from batch mode, to be called synchronously, once their deadline is nearer than
-``RUNLEDGER_BATCH_MARGIN_SECONDS``: a new batch might not end in time."""
+``RUNLEDGER_BATCH_MARGIN_SECONDS``: a new batch might not end in time. A batch never created
+by then is not created: its calls are withdrawn too. ``runledger batches cancel`` moves a
+batch's deadline to now."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from flows.batches.settle import end_of
-from flows.batches.submit import Submitted, submit, submit_queued
+from flows.batches.submit import Submitted, find, submit, submit_queued
 from flows.model import endpoint_named
 from flows.model.batch.protocol import BatchClient, RemoteBatch
 from flows.prices import PriceList
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 SETTLE_CHUNK = 200  # result lines settled per ledger transaction
 FAILED = "failed"  # a batch its provider refused as a whole
 CANCELLING = "cancelling"
+NOT_CREATED = "not created"  # the status of a batch withdrawn before its provider had it
 
 
 @dataclass
@@ -128,6 +131,8 @@ def poll_one(ledger: Ledger, settings: RunledgerSettings, owner: str, claim: Bat
     client = endpoint.batch_client()
     try:
         if claim.status == "open" or claim.provider_batch_id is None:
+            if past_deadline(claim, now + timedelta(seconds=settings.batch_margin_seconds)):
+                return withdraw_unsent(ledger, client, claim)
             remote = submit(ledger, client, claim, ledger.batches.lines(claim.key),
                             settings.batch_lease_seconds)
             return Polled(claim.key, claim.job, claim.endpoint, "submitted", remote.id,
@@ -175,6 +180,29 @@ def poll_one(ledger: Ledger, settings: RunledgerSettings, owner: str, claim: Bat
 def past_deadline(claim: BatchClaim, now: datetime) -> bool:
     """Whether the batch's calls have waited for batches as long as they may at ``now``."""
     return claim.deadline_at is not None and now >= claim.deadline_at
+
+
+def withdraw_unsent(ledger: Ledger, client: BatchClient, claim: BatchClaim) -> Polled:
+    """A batch never created whose deadline is near is not created now: one whose create may
+    have been sent is looked for at its provider first (found, it is stored, and the next poll
+    cancels it); else its calls are withdrawn (never billed) and its Runs released to be
+    called synchronously."""
+    if claim.provider_file_id is not None:
+        remote = find(ledger, client, claim)
+        if remote is not None:
+            ledger.batches.record_submitted(claim, remote.id, remote.status)
+            return Polled(claim.key, claim.job, claim.endpoint, "submitted", remote.id,
+                          remote.status, claim.flow_run_id, claim.period_start)
+    reason = (f"batch {claim.key} was never created and its deadline {claim.deadline_at} is "
+              "near: called synchronously")
+    left = [call.custom_id for call in ledger.batches.calls_of(claim.key)
+            if call.outcome == "queued" and call.custom_id is not None]
+    withdrawn = _settle(ledger, claim, [(custom_id, End(WITHDRAWN, error=reason))
+                                        for custom_id in left])
+    finished = ledger.batches.finish_batch(claim, NOT_CREATED)
+    return Polled(claim.key, claim.job, claim.endpoint, "settled", None, NOT_CREATED,
+                  claim.flow_run_id, claim.period_start, 0, finished.requeued, withdrawn,
+                  list(finished.released), list(finished.failed), ticks=list(finished.ticks))
 
 
 def withdraw_unanswered(ledger: Ledger, claim: BatchClaim, remote: RemoteBatch) -> int:

@@ -1,5 +1,6 @@
 """`runledger batches`: settle the batches that ended and finish their Runs (`poll`, what the
-settle-batches deployment runs on its schedule), and look at them (`list`, `show`)."""
+settle-batches deployment runs on its schedule), look at them (`list`, `show`) and stop
+waiting for one (`cancel`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from flows.cli.app import LOOK, RUN_WORK, batches_app, check_choice
+from flows.cli.app import LOOK, OPERATE, RUN_WORK, batches_app, check_choice
 from flows.cli.flow_runs import run_here
 from flows.cli.logical_runs import period_label
 from flows.cli.output import console, fail, ledger_session, print_json
@@ -139,6 +140,35 @@ def show(
                   str((c.prompt_tokens or 0) + (c.completion_tokens or 0)),
                   format_money(c.cost_nanos, c.currency), c.error or ""] for c in calls],
                 title=f"{len(calls)} model call(s)")
+
+
+@batches_app.command("cancel", rich_help_panel=OPERATE)
+def cancel(
+    batch: Annotated[str, typer.Argument(help="A batch's key (rb-...) or its provider's id.")],
+) -> None:
+    """Stop waiting for a batch: its deadline moves to now.
+
+    The next poll (`runledger batches poll`, or the settle-batches deployment's schedule)
+    asks the provider to cancel it; once it ended, its answers are settled at the batch price
+    and the requests it did not run are called synchronously, each once. A batch never
+    created at its provider is not created: its calls are called synchronously.
+
+    Exit status: 0 when the batch's deadline moved; 2, with one line saying why, for an
+    unknown batch, one already settled or one already past its deadline."""
+    with ledger_session() as ledger:
+        found = ledger.batches.get(batch)
+        if found is None:
+            raise fail(f"no batch {batch!r}: give a key from `runledger batches list` (rb-...) "
+                       "or the provider's batch id", code=2)
+        if not ledger.batches.stop_waiting(found.batch_key):
+            why = ("it is settled" if found.status == "settled" else
+                   f"it is past its deadline ({utc(found.deadline_at)}) already")
+            raise fail(f"batch {found.batch_key} was not cancelled: {why}; "
+                       "`runledger batches show` tells what became of its calls", code=2)
+    console().print(f"batch {found.batch_key} ({found.provider_batch_id or 'not created'}): its "
+                    "deadline is now; the next `runledger batches poll` cancels it at its "
+                    "provider and calls synchronously what it did not answer", markup=False,
+                    highlight=False)
 
 
 def _tick(b: Batch) -> str:

@@ -346,3 +346,30 @@ def test_a_batch_taken_over_before_its_file_id_was_stored_never_adopts_another_b
     wait_until(stored, 60, "a poll to take the batch over and create it")
     [batch] = env.ledger.batches.list_batches(limit=10)
     assert selected.created == [foreign.id, batch.provider_batch_id]
+
+
+@pytest.mark.parametrize(("refusal", "looked_for"), [((500, "internal error"), True),
+                                                      ((400, "requests.0.params: bad"), False)])
+def test_a_batch_never_created_by_its_deadline_is_withdrawn_not_created(
+        env: Env, selected: AnthropicBatchServer, refusal: tuple[int, str],
+        looked_for: bool) -> None:
+    """The create failed and the deadline is near: the poll creates nothing; a create that
+    may have been made (a 500) is looked for first, a refused one (a 400) is not; its calls
+    are withdrawn and sent as synchronous messages, once each."""
+    env.set(batch_lease_seconds=1, batch_deadline_seconds=0.001)
+    selected.refuse_creates = [refusal]
+    probe = probe_job(["a", "b"], batch=True)
+    env.run(probe.name, None, PERIOD)
+    listed = selected.requests.count(("GET", "/v1/messages/batches"))
+
+    def finished() -> bool:
+        settle()
+        return statuses(env, probe.name) == {"completed": 2}
+
+    wait_until(finished, 60, "the Runs of the batch never created completed by polls")
+    assert selected.created == [] and messages_sent(selected) == 2
+    looked = selected.requests.count(("GET", "/v1/messages/batches")) > listed
+    assert looked is looked_for
+    [batch] = env.ledger.batches.list_batches(limit=10)
+    assert (batch.status, batch.provider_status, batch.withdrawn) == (
+        "settled", "not created", 2)

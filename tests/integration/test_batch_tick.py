@@ -311,3 +311,26 @@ def test_a_batch_tick_of_the_offline_model_is_refused_before_any_run_is_register
     assert state.is_failed() and state.name == "NotReady", state
     assert "RUNLEDGER_MODEL=openai" in (state.message or "")
     assert env.ledger.runs(job=probe.name) == [] and env.calls() == []
+
+
+def test_batches_cancel_stops_waiting_the_next_poll_cancels_and_finishes_synchronously(
+        env: Env, selected: BatchServer, invoke: Callable[..., Result]) -> None:
+    """`runledger batches cancel` on a batch the provider still works on moves its deadline to
+    now: the next poll asks the provider to cancel it, the one after calls its two requests
+    synchronously, once each; cancelling it again, or an unknown batch, exits 2 naming why."""
+    selected.polls_until_done = 10
+    probe = probe_job(["a", "b"], batch=True)
+    env.run(probe.name, None, PERIOD)
+    provider_id = selected.created[0]
+    done = invoke("batches", "cancel", provider_id)
+    assert done.exit_code == 0 and "deadline is now" in done.stdout, done.output
+    assert [(p.action, p.provider_status) for p in settle()[1].polled] == [
+        ("cancelling", "cancelling")]
+    [polled] = settle()[1].polled
+    assert (polled.provider_status, polled.withdrawn) == ("cancelled", 2)
+    assert statuses(env, probe.name) == {"completed": 2}
+    assert chat_completions(selected) == 2 and len(selected.created) == 1
+    again = invoke("batches", "cancel", provider_id)
+    assert again.exit_code == 2 and "it is settled" in again.stderr
+    unknown = invoke("batches", "cancel", "rb-nothing")
+    assert unknown.exit_code == 2 and "runledger batches list" in unknown.stderr

@@ -255,8 +255,8 @@ def _drive_batch(ledger: Ledger, key: str, owner: str) -> None:
 
 
 def _batch_step(ledger: Ledger, claim: BatchClaim) -> None:
-    """One holder's step: upload and create an open batch, poll a submitted one once, then
-    settle its results and finish it."""
+    """One holder's step: upload and create an open batch, poll a submitted one once (an
+    operator cancels it then), then settle its results and finish it."""
     book = ledger.batches
     if claim.status == "open":
         if claim.provider_file_id is None:
@@ -270,6 +270,8 @@ def _batch_step(ledger: Ledger, claim: BatchClaim) -> None:
     batch = book.get(claim.key)
     assert batch is not None
     if batch.polled_at is None:
+        # An operator's `runledger batches cancel` while it runs: its deadline is now.
+        book.stop_waiting(claim.key)
         book.record_polled(claim, "in_progress", BatchCounts(total=1, completed=0, failed=0))
         return
     fault_point(MID_RESULTS_DOWNLOAD)

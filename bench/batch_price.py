@@ -1,15 +1,21 @@
 """Batch mode against the synchronous API: the same job of N subjects (one model call each) run
-once synchronously and once in batch mode, against one OpenAI-compatible server on loopback
-(the same answers and token counts either way), on each ledger. Figures: the ledger's recorded
-cost of the batch tick over the synchronous tick's (target 0.50 +/- 0.01: the Batch API's
-price), the provider's creates per batch key (target 1), the answered calls per Run (target 1:
-none settled twice), every Run completed; the wall time from the batch tick's start to its last
-Run completed, and the time a worker was held (each flow run's wall time), split into the tick
+once synchronously and once in batch mode, against one provider's server on loopback (the same
+answers and token counts either way), on each ledger: ``--provider openai`` (default), an
+OpenAI-compatible server with the Files and Batches API (``bench/batch_provider.py``);
+``--provider anthropic``, Anthropic's Messages API with its Message Batches
+(``bench/anthropic_batch_provider.py``). Figures: the ledger's recorded cost of the batch tick
+over the synchronous tick's (target 0.50 +/- 0.01: the Batch API's price), each batch created
+once (OpenAI: the provider's creates per batch key, target 1; Anthropic, whose batches carry
+no key: the ledger batches that name each provider batch, and the provider batches each
+custom_id was sent in, target 1 each), the answered calls per Run (target 1: none settled
+twice), every Run completed; the wall time from the batch tick's start to its last Run
+completed, and the time a worker was held (each flow run's wall time), split into the tick
 that submits, the polls that found the batch still at work at the provider, and the polls that
 settled it and finished the Runs; between polls, while the provider works, none is held.
 
     uv run python bench/batch_price.py [--subjects 1000] [--dialects sqlite postgres]
-                                       [--polls 3] [--poll-interval 10] [--server]
+                                       [--provider openai] [--polls 3] [--poll-interval 10]
+                                       [--server]
 
 ``--polls``: the server's retrieves answered ``in_progress`` before a batch ends (a provider
 at work for about ``polls`` x ``poll-interval`` seconds); ``--poll-interval``: seconds between
@@ -31,10 +37,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.anthropic_batch_provider import AnthropicBatchServer
 from bench.batch_provider import BatchServer
 from bench.pipeline_bench import bench_job, ledger_url, prefect_environment, run_with_own_server
 
@@ -45,7 +52,28 @@ if TYPE_CHECKING:
 
     from store import Ledger
 
-PRICES = {"gpt-bench": {"input": "2.50", "output": "10.00"}}  # USD per million tokens
+Server = BatchServer | AnthropicBatchServer
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A provider's API on loopback and the settings that send the job's calls to it."""
+
+    kind: Literal["openai", "anthropic"]  # RUNLEDGER_MODEL
+    server: type[Server]
+    model: str
+    key: str
+    api: str  # what the server is, for the output
+
+
+PROVIDERS = {
+    "openai": Provider("openai", BatchServer, "gpt-bench", "sk-bench",
+                       "OpenAI's Files and Batches API (bench/batch_provider.py)"),
+    "anthropic": Provider("anthropic", AnthropicBatchServer, "claude-bench", "sk-ant-bench",
+                          "Anthropic's Message Batches (bench/anthropic_batch_provider.py)"),
+}
+# USD per million tokens, the same for either provider: the ratio is what is measured.
+PRICES = {p.model: {"input": "2.50", "output": "10.00"} for p in PROVIDERS.values()}
 RATIO, TOLERANCE = 0.50, 0.01
 SYNC_PERIOD, BATCH_PERIOD = "2026-11-02", "2026-11-03"
 
@@ -55,6 +83,7 @@ def main() -> None:
     parser.add_argument("--subjects", type=int, default=1000)
     parser.add_argument("--dialects", nargs="+", default=["sqlite", "postgres"],
                         choices=["sqlite", "postgres"])
+    parser.add_argument("--provider", default="openai", choices=sorted(PROVIDERS))
     parser.add_argument("--polls", type=int, default=3)
     parser.add_argument("--poll-interval", type=float, default=10.0)
     parser.add_argument("--server", action="store_true",
@@ -71,6 +100,9 @@ def main() -> None:
           f"{args.poll_interval:g} s apart, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
           f"Prefect {os.environ.get('PREFECT_API_URL') or 'temporary server'}", flush=True)
+    provider = PROVIDERS[args.provider]
+    print(f"provider {provider.kind}: {provider.api} on loopback, model {provider.model}",
+          flush=True)
     missed = 0
     with tempfile.TemporaryDirectory() as directory:
         for dialect in args.dialects:
@@ -78,7 +110,7 @@ def main() -> None:
                 if url is None:
                     print(f"{dialect}: PostgreSQL unreachable, skipped", flush=True)
                     continue
-                missed += measure(dialect, url, args)
+                missed += measure(dialect, url, provider, args)
     raise SystemExit(1 if missed else 0)
 
 
@@ -98,19 +130,19 @@ class Held:
         return self.tick + sum(self.waiting_polls) + sum(self.settling_polls)
 
 
-def measure(dialect: str, url: str, args: argparse.Namespace) -> int:
+def measure(dialect: str, url: str, provider: Provider, args: argparse.Namespace) -> int:
     """One ledger's figures, printed; how many targets were missed."""
     from flows.run_job.flow import run_job
     from flows.run_job.outcomes import state_value
     from flows.settle.flow import SettleReport, settle_batches
     from store import Ledger
 
-    with BatchServer() as server:
+    with provider.server() as server:
         server.polls_until_done = args.polls
         os.environ.update({
-            "RUNLEDGER_DATABASE_URL": url, "RUNLEDGER_MODEL": "openai",
-            "RUNLEDGER_MODEL_BASE_URL": server.base_url, "RUNLEDGER_MODEL_NAME": "gpt-bench",
-            "RUNLEDGER_MODEL_API_KEY": "sk-bench", "RUNLEDGER_MODEL_CURRENCY": "USD",
+            "RUNLEDGER_DATABASE_URL": url, "RUNLEDGER_MODEL": provider.kind,
+            "RUNLEDGER_MODEL_BASE_URL": server.base_url, "RUNLEDGER_MODEL_NAME": provider.model,
+            "RUNLEDGER_MODEL_API_KEY": provider.key, "RUNLEDGER_MODEL_CURRENCY": "USD",
             "RUNLEDGER_MODEL_PRICES": json.dumps(PRICES)})
         job = bench_job(args.subjects, [])
         ledger = Ledger.connect(url)
@@ -165,7 +197,7 @@ def flow_run_state(flow_run_id: Any) -> str:
     return "without a state" if found is None else str(found.name)
 
 
-def report_figures(dialect: str, ledger: Ledger, job: str, server: BatchServer, size: int,
+def report_figures(dialect: str, ledger: Ledger, job: str, server: Server, size: int,
                    held: Held) -> int:
     """Print one ledger's figures against their targets; how many were missed."""
     runs = {r.run_id: r for r in ledger.runs(job=job, limit=10 * size)}
@@ -179,12 +211,11 @@ def report_figures(dialect: str, ledger: Ledger, job: str, server: BatchServer, 
                 answered[run_id] += 1
                 cost[period] += call.cost_nanos or 0
     ratio = cost[BATCH_PERIOD] / cost[SYNC_PERIOD] if cost[SYNC_PERIOD] else float("nan")
-    creates = set(server.creates_by_key.values())
     completed = sum(r.status == "completed" for r in runs.values())
     checks = {
         f"cost ratio batch : synchronous {ratio:.4f} (target {RATIO} +/- {TOLERANCE})":
             abs(ratio - RATIO) <= TOLERANCE,
-        f"creates per batch key {sorted(creates)} (target [1])": creates == {1},
+        **created_once(ledger, server, 10 * size),
         f"answered calls per Run {sorted(set(answered.values()))} (target [1])":
             set(answered.values()) == {1} and len(answered) == 2 * size,
         f"Runs completed {completed} of {2 * size}": completed == 2 * size,
@@ -206,6 +237,22 @@ def report_figures(dialect: str, ledger: Ledger, job: str, server: BatchServer, 
     for text, met in checks.items():
         print(f"{head} {text}: {'met' if met else 'MISSED'}", flush=True)
     return sum(not met for met in checks.values())
+
+
+def created_once(ledger: Ledger, server: Server, limit: int) -> dict[str, bool]:
+    """Each batch created once, as the provider can tell: the check's text and whether met."""
+    if isinstance(server, BatchServer):
+        creates = set(server.creates_by_key.values())
+        return {f"creates per batch key {sorted(creates)} (target [1])": creates == {1}}
+    # Anthropic's batches carry no metadata, so no key to count creates by: a batch created
+    # twice is a provider batch that no ledger batch names (or one named twice), and a call
+    # sent twice is a custom_id in two provider batches.
+    named = Counter(b.provider_batch_id for b in ledger.batches.list_batches(limit=limit))
+    naming = {named[batch_id] for batch_id in server.created}
+    sent = set(Counter(request["custom_id"] for batch in server.batches.values()
+                       for request in batch.requests).values())
+    return {f"ledger batches per provider batch {sorted(naming)}, provider batches per "
+            f"custom_id {sorted(sent)} (target [1], [1])": naming == sent == {1}}
 
 
 def spread(seconds: list[float]) -> str:

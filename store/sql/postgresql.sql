@@ -920,6 +920,13 @@ UPDATE batches SET lease_expires_at=statement_timestamp() WHERE batches.batch_ke
 -- parameters: batch_key, fence, owner
 UPDATE batches SET provider_file_id=NULL WHERE batches.batch_key = %(batch_key)s::VARCHAR AND batches.fence = %(fence)s::INTEGER AND batches.owner = %(owner)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > statement_timestamp() AND batches.provider_batch_id IS NULL RETURNING batches.batch_key;
 
+-- name: stop_waiting_for_batch
+-- A batch in flight whose deadline is later (or none) has it moved to now: the next poll cancels
+-- it at its provider and calls synchronously what it ends without; a deadline only ever moves
+-- earlier.
+-- parameters: batch_key
+UPDATE batches SET deadline_at=statement_timestamp() WHERE batches.batch_key = %(batch_key)s::VARCHAR AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.deadline_at IS NULL OR batches.deadline_at > statement_timestamp()) RETURNING batches.batch_key;
+
 -- name: record_batch_submitted
 -- The provider has the batch: its id and status stored, the batch submitted and its lease
 -- released; only the holder of the batch's lease can.

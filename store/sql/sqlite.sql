@@ -892,6 +892,13 @@ UPDATE batches SET lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '00
 -- parameters: batch_key, fence, owner
 UPDATE batches SET provider_file_id=NULL WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AND batches.provider_batch_id IS NULL RETURNING batch_key;
 
+-- name: stop_waiting_for_batch
+-- A batch in flight whose deadline is later (or none) has it moved to now: the next poll cancels
+-- it at its provider and calls synchronously what it ends without; a deadline only ever moves
+-- earlier.
+-- parameters: batch_key
+UPDATE batches SET deadline_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE batches.batch_key = :batch_key AND (batches.status = 'open' OR batches.status = 'submitted') AND (batches.deadline_at IS NULL OR batches.deadline_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')) RETURNING batch_key;
+
 -- name: record_batch_submitted
 -- The provider has the batch: its id and status stored, the batch submitted and its lease
 -- released; only the holder of the batch's lease can.

@@ -33,6 +33,7 @@ from store import (
     WITHDRAWN,
     BatchClaim,
     BatchCounts,
+    CreateInDoubt,
     End,
     Ledger,
     RunledgerError,
@@ -47,14 +48,16 @@ SETTLE_CHUNK = 200  # result lines settled per ledger transaction
 FAILED = "failed"  # a batch its provider refused as a whole
 CANCELLING = "cancelling"
 NOT_CREATED = "not created"  # the status of a batch withdrawn before its provider had it
+HELD_BACK = "held back"  # another create of its provider is in doubt: the next poll creates it
 
 
 @dataclass
 class Polled:
     """One batch as a poll left it: ``action`` is ``submitted`` (created at the provider now),
     ``waiting`` (still running there), ``cancelling`` (past its deadline: asked to stop now),
-    ``settled``, ``error`` (the poll failed: its lease runs out and the next poll tries
-    again) or ``swept`` (calls a dead tick left, submitted in it now); ``withdrawn``: the
+    ``settled``, ``held back`` (not created while another create of its provider is in doubt:
+    the next poll creates it), ``error`` (the poll failed: its lease runs out and the next
+    poll tries again) or ``swept`` (calls a dead tick left, submitted in it now); ``withdrawn``: the
     calls it ended without that go synchronous; ``ticks``: the ticks whose calls it settled."""
 
     key: str
@@ -83,6 +86,10 @@ def poll_batches(ledger: Ledger, settings: RunledgerSettings, owner: str, now: d
     for claim in ledger.batches.claim_due(owner, settings.batch_lease_seconds, limit):
         try:
             polled.append(poll_one(ledger, settings, owner, claim, now))
+        except CreateInDoubt as exc:
+            log.info("batch %s: %s", claim.key, exc)
+            polled.append(Polled(claim.key, claim.job, claim.endpoint, HELD_BACK, None, None,
+                                 claim.flow_run_id, claim.period_start))
         except RunledgerError as exc:
             log.warning("batch %s (%s): %s; the next poll tries again once its lease ends",
                         claim.key, claim.provider_batch_id or "not created", exc)
@@ -113,6 +120,10 @@ def sweep_orphans(ledger: Ledger, settings: RunledgerSettings, owner: str,
                     max_tokens=endpoint.batch_queue_tokens)
             finally:
                 client.close()
+        except CreateInDoubt as exc:
+            log.info("job %s: %s", orphan.job, exc)
+            polled.append(Polled("-", orphan.job, orphan.endpoint, HELD_BACK))
+            continue
         except RunledgerError as exc:
             log.warning("job %s: could not submit the calls a dead tick queued for endpoint "
                         "%s: %s; the next poll tries again", orphan.job, orphan.endpoint, exc)

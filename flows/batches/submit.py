@@ -103,12 +103,12 @@ def submit(ledger: Ledger, client: BatchClient, claim: BatchClaim, lines: list[B
             remote = find(ledger, client, claim)
             if remote is None:
                 raise
+            log.info("batch %s: create lost its reply; the provider has it as %s", claim.key,
+                     remote.id)
         except ModelRejected as exc:
             if exc.status is not None:  # refused with a status: no batch was made
                 ledger.batches.forget_file(claim)
             raise
-            log.info("batch %s: create lost its reply; the provider has it as %s", claim.key,
-                     remote.id)
         fault_point(AFTER_BATCH_CREATE)  # created, its id not stored
     ledger.batches.record_submitted(claim, remote.id, remote.status)
     return remote

@@ -67,7 +67,7 @@ from flows.run_job.stop import Stop
 from flows.run_job.subjects import run_tick
 from flows.run_job.tick import Revising, Tick
 from flows.settings import RunledgerSettings
-from store import InvalidInput, Ledger, Period, RunIdentity, RunledgerError
+from store import CreateInDoubt, InvalidInput, Ledger, Period, RunIdentity, RunledgerError
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +270,9 @@ def submit_tick_batches(tick: Tick, now: datetime) -> list[Submitted]:
             period_start=tick.period.start,
             deadline_at=batch_deadline(tick.job, tick.period, tick.settings, now),
             max_tokens=tick.batch.queue_tokens)
+    except CreateInDoubt as exc:
+        log.info("job %s: %s", tick.job.name, exc)
+        return []
     except RunledgerError as exc:
         # The calls are queued in the ledger: the next poll submits them once this lease ends.
         log.warning("job %s: could not submit its batch now (%s); `runledger batches poll` "

@@ -373,3 +373,21 @@ def test_a_batch_never_created_by_its_deadline_is_withdrawn_not_created(
     [batch] = env.ledger.batches.list_batches(limit=10)
     assert (batch.status, batch.provider_status, batch.withdrawn) == (
         "settled", "not created", 2)
+
+
+def test_a_poll_holds_a_batch_back_while_another_create_is_in_doubt_and_completes(
+        env: Env, selected: AnthropicBatchServer) -> None:
+    """While a first batch's create is in doubt (its holder's lease still running), the poll
+    creates no second batch: it reports the second ``held back`` and ends Completed, not
+    Failed (the next poll creates it)."""
+    env.set(batch_lease_seconds=3600)
+    selected.refuse_creates = [(500, "internal error")]
+    env.run(probe_job(["a"], batch=True).name, None, PERIOD)
+    second = probe_job(["b"], batch=True)
+    env.run(second.name, None, PERIOD)
+    state = final_state(settle_batches(return_state=True))
+    report = state.result(raise_on_failure=False)
+    assert state.is_completed(), state
+    assert isinstance(report, SettleReport)
+    assert [(p.job, p.action) for p in report.polled] == [(second.name, "held back")]
+    assert selected.created == []

@@ -90,7 +90,9 @@ class AnthropicBatchServer(LoopbackServer):
     (the batch ends with only that many requests run, the rest ``expired``), ``line_errors``
     (custom_id -> (HTTP status, message): that request ``errored`` with the error type of that
     status), ``drop_after_create`` (the next N creates create the batch, then close the
-    connection without a reply), ``message`` (a request's params -> its message). What it saw:
+    connection without a reply), ``refuse_creates`` (the next N creates are answered with
+    ``(status, message)`` and create nothing: (400, ...) a refusal, (500, ...) an outage),
+    ``message`` (a request's params -> its message). What it saw:
     ``creates_by_requests`` (creates per set of custom_ids, dropped ones included), ``created``
     (batch ids, oldest first), ``requests`` (method and path)."""
 
@@ -100,6 +102,7 @@ class AnthropicBatchServer(LoopbackServer):
         self.expire_after: int | None = None
         self.line_errors: dict[str, tuple[int, str]] = {}
         self.drop_after_create = 0
+        self.refuse_creates: list[tuple[int, str]] = []
         self.message: Callable[[dict[str, Any]], dict[str, Any]] = self.assistant_message
         self.creates_by_requests: Counter[frozenset[str]] = Counter()
         self.created: list[str] = []
@@ -189,6 +192,9 @@ class AnthropicBatchServer(LoopbackServer):
             wrong = _missing(item.get("params"), f"{where}.params")
             if wrong is not None:
                 return _error(400, wrong)
+        if self.refuse_creates:
+            status, message = self.refuse_creates.pop(0)
+            return _error(status, message)
         batch = Batch(f"msgbatch_{next(self._ids):04d}",
                       [{"custom_id": r["custom_id"], "params": r["params"]} for r in requests],
                       datetime.now(UTC))

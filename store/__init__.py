@@ -43,6 +43,7 @@ from store.database import create_database_if_missing
 from store.dialect import Storage
 from store.endpoint_limits import Limits, Slot, SlotUnavailable
 from store.errors import (
+    CreateInDoubt,
     DeliveryLeaseLost,
     InvalidInput,
     LeaseLost,
@@ -131,6 +132,7 @@ __all__ = [
     "Claim",
     "CompletedBy",
     "Completion",
+    "CreateInDoubt",
     "DeliveryLeaseLost",
     "Effect",
     "End",

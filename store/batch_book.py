@@ -13,6 +13,7 @@ from store.batches import (
     BatchClaim,
     BatchCounts,
     BatchLine,
+    FileRecorded,
     FinishedBatch,
     OpenedBatch,
     OrphanedQueue,
@@ -79,11 +80,19 @@ class BatchBook:
         """The lines of the batch's file, in ``custom_id`` order."""
         return self._ledger._read(bt.batch_lines, key)
 
-    def record_file(self, claim: BatchClaim, file_id: str, lease: timedelta | float) -> bool:
-        """Store the uploaded file's id, the lease extended by ``lease`` (its holder creates
-        the batch next); False when the lease is no longer held."""
+    def record_file(self, claim: BatchClaim, file_id: str,
+                    lease: timedelta | float) -> FileRecorded:
+        """Store the file's id, the lease extended by ``lease`` (its holder creates the batch
+        next): ``recorded``; ``lost`` when the lease is no longer held; ``busy`` (the lease
+        given back) for an ``inline`` file while another create of its kind is in doubt (see
+        ``record_file_txn``)."""
         return self._ledger._write(faults.AFTER_BATCH_FILE_COMMIT, bt.record_file_txn,
                                    claim, file_id, lease_seconds(lease))
+
+    def forget_file(self, claim: BatchClaim) -> bool:
+        """Clear the file id of a batch its provider refused to create; False when the lease
+        is no longer held."""
+        return self._ledger._write(faults.AFTER_BATCH_FILE_COMMIT, bt.forget_file_txn, claim)
 
     def record_submitted(self, claim: BatchClaim, provider_batch_id: str,
                          provider_status: str) -> bool:

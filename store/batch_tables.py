@@ -18,6 +18,14 @@ BATCH_KINDS = ("openai", "anthropic")
 # provider has it; settled: its results recorded, its calls without one queued again.
 BATCH_STATUSES = ("open", "submitted", "settled")
 LEASED_STATUSES = ("open", "submitted")  # a batch a submitter or poller may lease
+# The file id of a batch whose provider takes its requests with the create (no file, and no
+# metadata to find the batch by its key).
+INLINE_FILE = "inline"
+# Such a batch's create is in doubt from its file id's commit until its provider id is stored:
+# at most one at a time per kind, so that a create whose reply was lost is the one batch of
+# that provider no ledger row names.
+IN_DOUBT_WHERE = (f"provider_file_id = '{INLINE_FILE}' AND provider_batch_id IS NULL "
+                  "AND status = 'open'")
 
 
 class Batch(SQLModel, table=True):
@@ -35,6 +43,8 @@ class Batch(SQLModel, table=True):
         sa.CheckConstraint("requests >= 0", name="requests_non_negative"),
         sa.Index("ix_batches_status", "status", "created_at"),
         sa.Index("ix_batches_provider_batch_id", "provider_batch_id"),
+        sa.Index("uq_batches_create_in_doubt", "kind", unique=True,
+                 postgresql_where=sa.text(IN_DOUBT_WHERE), sqlite_where=sa.text(IN_DOUBT_WHERE)),
     )
 
     batch_key: str = Field(primary_key=True, max_length=64)

@@ -18,13 +18,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from store import budgets
-from store.batch_tables import BATCH_KINDS, LEASED_STATUSES, Batch, batches_table
+from store.batch_tables import (
+    BATCH_KINDS,
+    IN_DOUBT_WHERE,
+    INLINE_FILE,
+    LEASED_STATUSES,
+    Batch,
+    batches_table,
+)
 from store.call_plan import CALL_FAILURES, WITHDRAWN, End, reserved_windows, settle_end
 from store.call_tables import UNBATCHED_WHERE, ModelCall, model_calls_table
 from store.dialect import db_now, json_rows, skip_locked
@@ -64,6 +71,10 @@ class BatchClaim:
     deadline_at: datetime | None
     requests: int
     created_at: datetime  # when its intent was committed (database clock)
+
+
+# What storing a batch's file id did (see ``record_file_txn``).
+FileRecorded = Literal["recorded", "lost", "busy"]
 
 
 @dataclass(frozen=True)
@@ -280,6 +291,27 @@ _FILE = Statement(
     "batch's lease can.",
     lambda d: sa.update(batches).where(_held())
     .values(provider_file_id=param(batches.c.provider_file_id), lease_expires_at=lease_until())
+    .returning(batches.c.batch_key))
+
+_IN_DOUBT = Statement(
+    "find_batch_create_in_doubt", "Another open batch of the kind whose requests go with its "
+    "create has its file id stored and no provider id yet: its create is in doubt.",
+    lambda d: sa.select(batches.c.batch_key)
+    .where(batches.c.kind == param(batches.c.kind),
+           batches.c.batch_key != param(batches.c.batch_key), sa.text(IN_DOUBT_WHERE))
+    .limit(1))
+
+_RELEASE = Statement(
+    "release_batch_lease", "Give the batch's lease back at once (the next poll takes it); only "
+    "the holder of the batch's lease can.",
+    lambda d: sa.update(batches).where(_held()).values(lease_expires_at=db_now())
+    .returning(batches.c.batch_key))
+
+_FORGET_FILE = Statement(
+    "forget_batch_file", "Clear the file id of a batch its provider refused to create (its "
+    "create is no longer in doubt); only the holder of the batch's lease can.",
+    lambda d: sa.update(batches).where(_held(), batches.c.provider_batch_id.is_(None))
+    .values(provider_file_id=sa.null())
     .returning(batches.c.batch_key))
 
 _SUBMITTED = Statement(
@@ -583,13 +615,29 @@ def batch_lines(conn: Connection, key: str) -> list[BatchLine]:
     return [BatchLine(row["custom_id"], row["request"]) for row in _LINES.rows(conn, batch_key=key)]
 
 
-@transition(one_statement_on=EVERYWHERE)
+def _uploaded(claim: BatchClaim, file_id: str, lease_seconds: float) -> bool:
+    return file_id != INLINE_FILE
+
+
+@transition(one_statement_on=EVERYWHERE, when=_uploaded)
 def record_file_txn(conn: Connection, claim: BatchClaim, file_id: str,
-                    lease_seconds: float) -> bool:
-    """Store the id of the batch's uploaded file, the lease extended by ``lease_seconds``;
-    False when the lease is no longer held."""
-    return _FILE.first(conn, **_presented(claim), provider_file_id=file_id,
-                       lease=check_seconds(lease_seconds, "lease")) is not None
+                    lease_seconds: float) -> FileRecorded:
+    """Store the id of the batch's file, the lease extended by ``lease_seconds``: ``recorded``;
+    ``lost`` when the lease is no longer held; ``busy`` (the lease given back) for an
+    ``inline`` file while another batch of its kind has its create in doubt."""
+    lease = check_seconds(lease_seconds, "lease")
+    if file_id == INLINE_FILE and _IN_DOUBT.first(conn, kind=claim.kind,
+                                                  batch_key=claim.key) is not None:
+        return "busy" if _RELEASE.first(conn, **_presented(claim)) is not None else "lost"
+    recorded = _FILE.first(conn, **_presented(claim), provider_file_id=file_id, lease=lease)
+    return "lost" if recorded is None else "recorded"
+
+
+@transition(one_statement_on=EVERYWHERE)
+def forget_file_txn(conn: Connection, claim: BatchClaim) -> bool:
+    """Clear the file id of a batch its provider refused to create (a 4xx reply: no batch was
+    made), so that its create is no longer in doubt; False when the lease is not held."""
+    return _FORGET_FILE.first(conn, **_presented(claim)) is not None
 
 
 @transition(one_statement_on=EVERYWHERE)

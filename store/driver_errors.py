@@ -11,6 +11,7 @@ import psycopg
 from sqlalchemy import exc
 
 from store.errors import (
+    CreateInDoubt,
     IdentityRace,
     LedgerBusy,
     LedgerError,
@@ -19,6 +20,7 @@ from store.errors import (
 )
 
 IDENTITY_INDEX = "uq_runs_identity"
+IN_DOUBT_INDEX = "uq_batches_create_in_doubt"
 
 
 def is_locked(error: exc.OperationalError) -> bool:
@@ -45,9 +47,12 @@ def domain_error(error: exc.StatementError, lock_timeout_ms: int) -> RunledgerEr
             f"({lock_timeout_ms} ms, RUNLEDGER_POSTGRES_LOCK_TIMEOUT_MS): nothing was "
             f"written, retry later ({detail})"
         )
-    if isinstance(error, exc.IntegrityError) and getattr(
-            getattr(orig, "diag", None), "constraint_name", None) == IDENTITY_INDEX:
+    constraint = getattr(getattr(orig, "diag", None), "constraint_name", None)
+    if isinstance(error, exc.IntegrityError) and constraint == IDENTITY_INDEX:
         return IdentityRace()
+    if isinstance(error, exc.IntegrityError) and constraint == IN_DOUBT_INDEX:
+        # Two submitters stored an inline file at once (PostgreSQL, read committed).
+        return CreateInDoubt(f"another batch's create of the same kind is in doubt: {detail}")
     if isinstance(error, exc.DBAPIError) and error.connection_invalidated:
         return LedgerUnavailable(f"the ledger database dropped the connection: {detail}")
     if _missing_schema(orig):

@@ -70,6 +70,11 @@ class LeaseLost(RunledgerError):
     """The lease moved to another owner (the fence changed); this write changed nothing."""
 
 
+class CreateInDoubt(RunledgerError):
+    """Another batch of a provider without batch metadata has its create in doubt; this one
+    is created once that is settled (nothing was sent)."""
+
+
 class DeliveryLeaseLost(LeaseLost):
     """The delivery lease on this outbox message moved on; this write changed nothing."""
 

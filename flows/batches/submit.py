@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from flows.model.batch.protocol import BatchClient, RemoteBatch, Sought
-from flows.model.errors import ModelUnavailable
+from flows.model.errors import ModelRejected, ModelUnavailable
 from store import (
     AFTER_BATCH_CREATE,
     AFTER_BATCH_UPLOAD,
     BatchClaim,
     BatchLine,
+    CreateInDoubt,
     LeaseLost,
     Ledger,
     fault_point,
@@ -73,18 +74,25 @@ def submit_queued(ledger: Ledger, client: BatchClient, *, job: str, endpoint: st
 def submit(ledger: Ledger, client: BatchClient, claim: BatchClaim, lines: list[BatchLine],
            lease_seconds: float) -> RemoteBatch:
     """Create the batch at its provider once, under the batch's lease: a claim that took over
-    a batch (fence above 1) adopts the provider's batch carrying its key before creating one;
+    a batch whose file id was stored adopts the provider's batch it finds before creating one;
     a create whose reply was lost is settled the same way; a holder whose lease ran out while
     it uploaded creates nothing (``LeaseLost``): the file's id is stored, and the lease
     extended by ``lease_seconds``, before the create. The provider's batch."""
-    remote = find(ledger, client, claim) if claim.fence > 1 else None
+    # A create is only ever sent once the file id is stored: without one, nothing to find.
+    took_over = claim.fence > 1 and claim.provider_file_id is not None
+    remote = find(ledger, client, claim) if took_over else None
     if remote is None:
         sent = [(line.custom_id, line.request) for line in lines]
         file_id = claim.provider_file_id
         if file_id is None:
             file_id = client.upload(claim.key, sent)
             fault_point(AFTER_BATCH_UPLOAD)  # uploaded, its id not stored
-            if not ledger.batches.record_file(claim, file_id, lease_seconds):
+            recorded = ledger.batches.record_file(claim, file_id, lease_seconds)
+            if recorded == "busy":
+                raise CreateInDoubt(f"batch {claim.key}: another {claim.kind} batch's create "
+                                    "is in doubt; this one is created once that is settled, "
+                                    "by the next poll")
+            if recorded == "lost":
                 raise LeaseLost(f"batch {claim.key}: fence {claim.fence} of {claim.owner} lost "
                                 "its lease while uploading its file; the holder that took it "
                                 "creates it")
@@ -95,6 +103,10 @@ def submit(ledger: Ledger, client: BatchClient, claim: BatchClaim, lines: list[B
             remote = find(ledger, client, claim)
             if remote is None:
                 raise
+        except ModelRejected as exc:
+            if exc.status is not None:  # refused with a status: no batch was made
+                ledger.batches.forget_file(claim)
+            raise
             log.info("batch %s: create lost its reply; the provider has it as %s", claim.key,
                      remote.id)
         fault_point(AFTER_BATCH_CREATE)  # created, its id not stored

@@ -871,6 +871,27 @@ WHERE model_calls.batch_key = :batch_key ORDER BY model_calls.custom_id;
 -- parameters: provider_file_id, lease, batch_key, fence, owner
 UPDATE batches SET provider_file_id=:provider_file_id, lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', :lease)) || '000') WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') RETURNING batch_key;
 
+-- name: find_batch_create_in_doubt
+-- Another open batch of the kind whose requests go with its create has its file id stored and no
+-- provider id yet: its create is in doubt.
+-- parameters: kind, batch_key
+SELECT batches.batch_key 
+FROM batches 
+WHERE batches.kind = :kind AND batches.batch_key != :batch_key AND provider_file_id = 'inline' AND provider_batch_id IS NULL AND status = 'open'
+ LIMIT 1 OFFSET 0;
+
+-- name: release_batch_lease
+-- Give the batch's lease back at once (the next poll takes it); only the holder of the batch's
+-- lease can.
+-- parameters: batch_key, fence, owner
+UPDATE batches SET lease_expires_at=(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') RETURNING batch_key;
+
+-- name: forget_batch_file
+-- Clear the file id of a batch its provider refused to create (its create is no longer in doubt);
+-- only the holder of the batch's lease can.
+-- parameters: batch_key, fence, owner
+UPDATE batches SET provider_file_id=NULL WHERE batches.batch_key = :batch_key AND batches.fence = :fence AND batches.owner = :owner AND (batches.status = 'open' OR batches.status = 'submitted') AND batches.lease_expires_at > (strftime('%Y-%m-%d %H:%M:%f', 'now') || '000') AND batches.provider_batch_id IS NULL RETURNING batch_key;
+
 -- name: record_batch_submitted
 -- The provider has the batch: its id and status stored, the batch submitted and its lease
 -- released; only the holder of the batch's lease can.

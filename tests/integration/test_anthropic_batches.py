@@ -20,7 +20,7 @@ from bench.anthropic_batch_provider import AnthropicBatchServer
 from flows.model import AnthropicModel, InvalidModelRequest, Message, Parameters, Request
 from flows.model.batch import INLINE, AnthropicBatchClient, RemoteBatch, ResultLine, Sought
 from flows.settle.flow import SettleReport, settle_batches
-from tests.support.pipeline import Env, final_state, probe_job
+from tests.support.pipeline import Env, final_state, probe_job, wait_until
 
 PRICES = {"probe-model": {"input": "2", "output": "8"}}  # USD per million tokens
 # The server's usage per answer: 100 input and 20 output tokens.
@@ -280,3 +280,69 @@ def test_an_errored_request_fails_its_run_alone_and_an_overloaded_one_is_sent_ag
     assert runs["a"].status == "failed" and "too long" in (runs["a"].error or "")
     assert (runs["b"].status, runs["c"].status) == ("completed", "completed")
     assert len(selected.created) == 2
+
+
+def test_a_tick_whose_create_would_be_a_second_in_doubt_leaves_its_batch_to_the_poll(
+        env: Env, selected: AnthropicBatchServer) -> None:
+    """A first tick's create fails with a 500 (it may have made a batch: its create is in
+    doubt); a second tick creates nothing and gives its batch's lease back; the poll finds no
+    batch for the first, creates it, then creates the second: one create each, every Run
+    completed."""
+    env.set(batch_lease_seconds=1)
+    selected.refuse_creates = [(500, "internal error")]
+    first = probe_job(["a", "b"], batch=True)
+    env.run(first.name, None, PERIOD)
+    second = probe_job(["c"], batch=True)
+    state, _ = env.run(second.name, None, PERIOD)
+    assert state.is_paused(), state
+    assert selected.created == []
+    opened = {b.job: b for b in env.ledger.batches.list_batches(limit=10)}
+    assert (opened[first.name].provider_file_id, opened[second.name].provider_file_id) == (
+        INLINE, None)
+    assert {b.status for b in opened.values()} == {"open"}
+
+    def completed() -> bool:
+        settle()
+        return statuses(env, first.name) == {"completed": 2} and \
+            statuses(env, second.name) == {"completed": 1}
+
+    wait_until(completed, 120, "both ticks' Runs completed by polls")
+    assert len(selected.created) == 2 and set(selected.creates_by_requests.values()) == {1}
+    assert Counter(c["outcome"] for c in env.calls()) == {"answered": 3}
+
+
+def test_a_create_the_provider_refused_holds_no_other_batch_back(
+        env: Env, selected: AnthropicBatchServer) -> None:
+    """A 400 to a tick's create made no batch: its create is not in doubt, so a second tick's
+    batch is created at once; the first's stays open for a later poll."""
+    selected.refuse_creates = [(400, "requests.0.params: bad")]
+    first = probe_job(["a"], batch=True)
+    env.run(first.name, None, PERIOD)
+    [refused] = env.ledger.batches.list_batches(limit=10)
+    assert (refused.status, refused.provider_file_id) == ("open", None)
+    second = probe_job(["b"], batch=True)
+    env.run(second.name, None, PERIOD)
+    assert len(selected.created) == 1
+    stored = {b.job: b.provider_batch_id for b in env.ledger.batches.list_batches(limit=10)}
+    assert stored == {first.name: None, second.name: selected.created[0]}
+
+
+def test_a_batch_taken_over_before_its_file_id_was_stored_never_adopts_another_batch(
+        env: Env, selected: AnthropicBatchServer) -> None:
+    """A batch's create is sent only after its file id is stored: a poll that takes over a
+    batch without one (here: its create refused) creates it, and leaves alone a batch of the
+    same size that another program created since its intent."""
+    env.set(batch_lease_seconds=1)
+    selected.refuse_creates = [(400, "requests.0.params: bad")]
+    probe = probe_job(["a"], batch=True)
+    env.run(probe.name, None, PERIOD)
+    foreign = created(client(selected), "foreign", 1)
+
+    def stored() -> bool:
+        settle()
+        [batch] = env.ledger.batches.list_batches(limit=10)
+        return batch.provider_batch_id is not None
+
+    wait_until(stored, 60, "a poll to take the batch over and create it")
+    [batch] = env.ledger.batches.list_batches(limit=10)
+    assert selected.created == [foreign.id, batch.provider_batch_id]

@@ -84,9 +84,9 @@ def queue(ledger: Ledger, subject: str, *, positions: tuple[int, ...] = (0,),
 
 def open_batch(ledger: Ledger, key: str = "b-1", *, endpoint: str = "openai-main",
                owner: str = "submitter:1", lease: timedelta = LONG, max_requests: int = 100,
-               job: str = JOB) -> BatchClaim:
+               job: str = JOB, kind: str = "openai") -> BatchClaim:
     opened = ledger.batches.open_batch(key, job=job, endpoint=endpoint, model="tiny-1",
-                                       kind="openai", owner=owner, lease=lease,
+                                       kind=kind, owner=owner, lease=lease,
                                        max_requests=max_requests, flow_run_id=None,
                                        period_start=PERIOD)
     assert opened is not None
@@ -219,7 +219,7 @@ def test_two_claimers_of_one_due_batch_one_fence_wins_and_the_others_writes_chan
     old claim can no longer poll, settle or finish it."""
     queue(ledger, "acme")
     opened = open_batch(ledger)
-    assert ledger.batches.record_file(opened, "file-1", LONG)
+    assert ledger.batches.record_file(opened, "file-1", LONG) == "recorded"
     assert ledger.batches.record_submitted(opened, "batch_abc", "validating")
     with ThreadPoolExecutor(2) as pool:
         found = list(pool.map(lambda owner: ledger.batches.claim_due(owner, LONG, 10),
@@ -403,7 +403,7 @@ def test_an_expired_batch_lease_lets_another_claimer_in(ledger: Ledger) -> None:
     [taken] = ledger.batches.claim_due("poller:1", LONG, 10)
     assert (taken.key, taken.fence, taken.status, taken.owner) == ("b-1", 2, "open", "poller:1")
     assert [line.custom_id for line in ledger.batches.lines("b-1")] == ["acme-0"]
-    assert not ledger.batches.record_file(opened, "file-late", LONG)
+    assert ledger.batches.record_file(opened, "file-late", LONG) == "lost"
     assert not ledger.batches.record_submitted(opened, "batch-late", "validating")
     assert ledger.batches.record_submitted(taken, "batch_1", "validating")
     batch = ledger.batches.get("b-1")
@@ -465,3 +465,40 @@ def test_migration_0016_keeps_the_calls_made_before_and_its_downgrade_forgets_th
                 in conn.execute(sa.text("SELECT run_id, status FROM runs")).all()}
         assert sorted(outcome for _, outcome in rows) == ["answered", "answered"]
         assert (statuses[settled.run_id], statuses[waiting.run_id]) == ("pending", "pending")
+
+
+def test_one_inline_create_at_a_time_is_in_doubt_per_kind(ledger: Ledger) -> None:
+    """An Anthropic batch whose inline file is stored and its provider id not yet has its
+    create in doubt: a second one of that kind is ``busy`` (its lease given back, nothing
+    stored) until the first's id is stored; an OpenAI batch is never held back."""
+    queue(ledger, "acme", endpoint="claude")
+    first = open_batch(ledger, "b-1", endpoint="claude", kind="anthropic")
+    queue(ledger, "beta", endpoint="claude")
+    second = open_batch(ledger, "b-2", endpoint="claude", kind="anthropic")
+    queue(ledger, "gamma")
+    other = open_batch(ledger, "b-3")
+    assert ledger.batches.record_file(first, "inline", LONG) == "recorded"
+    assert ledger.batches.record_file(second, "inline", LONG) == "busy"
+    held_back = ledger.batches.get("b-2")
+    assert held_back is not None and held_back.provider_file_id is None
+    assert held_back.lease_expires_at is not None and held_back.lease_expires_at <= ledger.now()
+    assert ledger.batches.record_file(other, "file-9", LONG) == "recorded"
+    assert ledger.batches.record_submitted(first, "msgbatch_1", "in_progress")
+    due = {claim.key: claim for claim in ledger.batches.claim_due("poller:1", LONG, 10)}
+    assert set(due) == {"b-1", "b-2"}  # the submitted one to poll, the held-back one to create
+    again = due["b-2"]
+    assert ledger.batches.record_file(again, "inline", LONG) == "recorded"
+
+
+def test_a_create_the_provider_refused_is_no_longer_in_doubt(ledger: Ledger) -> None:
+    """Forgetting a refused create's inline file lets the next batch of its kind be created;
+    only the holder of the batch's lease can."""
+    queue(ledger, "acme", endpoint="claude")
+    first = open_batch(ledger, "b-1", endpoint="claude", kind="anthropic")
+    queue(ledger, "beta", endpoint="claude")
+    second = open_batch(ledger, "b-2", endpoint="claude", kind="anthropic", owner="s:2")
+    assert ledger.batches.record_file(first, "inline", LONG) == "recorded"
+    stranger = BatchClaim(**{**first.__dict__, "owner": "someone-else"})
+    assert not ledger.batches.forget_file(stranger)
+    assert ledger.batches.forget_file(first)
+    assert ledger.batches.record_file(second, "inline", LONG) == "recorded"

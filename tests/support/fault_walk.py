@@ -262,7 +262,7 @@ def _batch_step(ledger: Ledger, claim: BatchClaim) -> None:
         if claim.provider_file_id is None:
             book.lines(claim.key)  # what the file would hold
             fault_point(AFTER_BATCH_UPLOAD)
-            if not book.record_file(claim, f"file-{claim.key}", BATCH_LEASE):
+            if book.record_file(claim, f"file-{claim.key}", BATCH_LEASE) != "recorded":
                 return
         fault_point(AFTER_BATCH_CREATE)
         book.record_submitted(claim, f"batch-{claim.key}", "validating")

@@ -1,25 +1,32 @@
 """The batch-mode kill drill (issue 48): M Runs of a one-call job in batch mode (the drill's own
 job, tests/support/batch_drill.py: S subjects a day over M/S days, one email per Run) through
-the real run-job and settle-batches flows, against OpenAI's Files and Batches API on loopback
-(bench/batch_provider.py's BatchServer, in this process, each batch ending on its third
-retrieve) and the drills' PostgreSQL-backed Prefect server. Two submitters tick their days in
-batch mode (each tick queues its calls and submits them as a batch) while two pollers run
-settle-batches at the same time, so that they contend for the same batches' fenced leases.
+the real run-job and settle-batches flows, against a provider's Batch API on loopback (in this
+process, each batch ending on its third retrieve) and the drills' PostgreSQL-backed Prefect
+server: OpenAI's Files and Batches (bench/batch_provider.py's BatchServer) and Anthropic's
+Message Batches (bench/anthropic_batch_provider.py's AnthropicBatchServer: the requests go with
+the create, so ``after_batch_upload`` is passed without a request). Two submitters tick their
+days in batch mode (each tick queues its calls and submits them as a batch) while two pollers
+run settle-batches at the same time, so that they contend for the same batches' fenced leases.
 Each process starts with a random fault point armed (``name@N``: die at its Nth passage), a
 submitter one of the points a batch tick passes, a poller one of those a poll passes
 (including those of submitting a batch a killed tick left open), until K kills have happened;
 a killed process is restarted, then everything is polled until every Run completed. Both
-ledgers. Reduced here (M=40, K=8); RUNLEDGER_FULL=1 runs M=1000, K=100.
+ledgers, both providers. Reduced here (M=40, K=8); RUNLEDGER_FULL=1 runs M=1000, K=100. The
+reduced form runs until its K kills (a submitter done early is given spare days), so a smaller
+M does not shorten it: Anthropic's runs at the same size.
 
 A batch's lease is 5 s and a Run's 3 s so that a killed holder's batch or Runs are taken over
 soon: the lease length is not under test (a holder that outlives its lease is another drill).
 
 Printed and asserted: Runs completed = M (plus S for each day a submitter is given when its own
 are all finished while kills are still owed), none left waiting, duplicate completions 0;
-every batch settled; per batch key one ``batches.create`` at the provider, each request in one
-provider batch; each Run's call answered once (custom_ids unique, no call settled twice,
-paid per Run <= 1 + calls lost); each answer's cost is the batch price and the batches' costs
-add up to the answered calls'; one email per Run; the kills by point."""
+every batch settled; each batch created once at the provider (OpenAI: per batch key one
+``batches.create``; Anthropic, whose batches carry no key: each provider batch named by exactly
+one ledger batch, none left unnamed), each request in one provider batch, each provider batch
+holding the calls of the ledger batch naming it (a wrong adoption names another's); each Run's
+call answered once (custom_ids unique, no call settled twice, paid per Run <= 1 + calls lost);
+each answer's cost is the batch price and the batches' costs add up to the answered calls'; one
+email per Run; the kills by point."""
 
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ import random
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from multiprocessing.process import BaseProcess
@@ -38,6 +46,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from bench.anthropic_batch_provider import AnthropicBatchServer
 from bench.batch_provider import BatchServer
 from flows.prices import format_money
 from flows.registry import upgrade_ledger
@@ -56,7 +65,7 @@ from store import (
     MID_RESULTS_DOWNLOAD,
     Ledger,
 )
-from store.batch_tables import batches_table
+from store.batch_tables import Batch, batches_table
 from store.models import runs_table
 from tests.support.armed import PRELOAD, run_armed
 from tests.support.batch_drill import (
@@ -102,8 +111,75 @@ POLLS_UNTIL_DONE = 2  # each batch answers in_progress twice, then ends
 BATCH_LEASE_SECONDS = 5
 DEADLINE_SECONDS = 3600 if FULL else 300
 PROGRESS_SECONDS = 60
+PROVIDERS = ("openai", "anthropic")  # RUNLEDGER_MODEL of each
 FORKS = mp.get_context("forkserver")
 FORKS.set_forkserver_preload(PRELOAD)
+
+Provider = BatchServer | AnthropicBatchServer
+
+
+@pytest.fixture(params=PROVIDERS)
+def provider(request: pytest.FixtureRequest) -> Iterator[Provider]:
+    """The Batch API of the provider named by the parameter, on loopback in this process."""
+    server: Provider = BatchServer() if request.param == "openai" else AnthropicBatchServer()
+    with server:
+        server.polls_until_done = POLLS_UNTIL_DONE
+        yield server
+
+
+def model_of(server: Provider) -> str:
+    """RUNLEDGER_MODEL for ``server``."""
+    return "anthropic" if isinstance(server, AnthropicBatchServer) else "openai"
+
+
+def requests_of(server: Provider) -> dict[str, list[str]]:
+    """The custom_ids of each batch the provider created, by its id."""
+    if isinstance(server, AnthropicBatchServer):
+        return {i: [r["custom_id"] for r in b.requests] for i, b in server.batches.items()}
+    return {i: [line["custom_id"] for line in b.lines] for i, b in server.batches.items()}
+
+
+def creates(server: Provider, batches: list[Batch]) -> tuple[str, dict[str, object]]:
+    """The provider's creates as the drill prints them, and what breaks "each batch created
+    once" there (empty when kept). OpenAI's batches carry their key: per key one create, no key
+    the ledger does not know. Anthropic's carry none: each provider batch named by exactly one
+    ledger batch (none by two, none by none), and no ledger batch naming one never created."""
+    wrong: dict[str, object]
+    if isinstance(server, AnthropicBatchServer):
+        named = Counter(b.provider_batch_id for b in batches if b.provider_batch_id)
+        unnamed = [i for i in server.created if i not in named]
+        unknown = sorted(set(named) - set(server.created))
+        wrong = {"named twice": {i: n for i, n in named.items() if n > 1},
+                 "unnamed": unnamed, "never created": unknown}
+        line = (f"provider creates {len(server.created)}, ledger batches per provider batch "
+                f"{dict(Counter(named[i] for i in server.created))}, unnamed {len(unnamed)}, "
+                f"named yet never created {len(unknown)}, creates per request set "
+                f"{dict(Counter(server.creates_by_requests.values()))}")
+    else:
+        unknown = sorted(set(server.creates_by_key) - {b.batch_key for b in batches})
+        wrong = {"created twice": {k: n for k, n in server.creates_by_key.items() if n > 1},
+                 "keys unknown to the ledger": unknown}
+        line = (f"provider creates {sum(server.creates_by_key.values())} over "
+                f"{len(server.creates_by_key)} keys, creates per key "
+                f"{dict(Counter(server.creates_by_key.values()))}, keys unknown to the ledger "
+                f"{len(unknown)}")
+    return line, {what: found for what, found in wrong.items() if found}
+
+
+def adopted_wrongly(batches: list[Batch], requests: dict[str, list[str]],
+                    calls: list[dict[str, object]]) -> list[str]:
+    """Each provider batch named by a ledger batch that did not settle the calls it holds (a
+    wrong adoption), with the ledger batches involved."""
+    settled_by = {c["custom_id"]: str(c["batch_key"]) for c in calls}
+    named_by = {b.provider_batch_id: b for b in batches if b.provider_batch_id}
+    wrong = []
+    for provider_id, ids in requests.items():
+        named, holders = named_by.get(provider_id), sorted({settled_by.get(i, "?") for i in ids})
+        if named is not None and holders != [named.batch_key]:
+            wrong.append(f"{provider_id} named by {named.batch_key} (fence {named.fence}, "
+                         f"answered {named.answered}, requeued {named.requeued}) holds the "
+                         f"calls of {', '.join(holders)}")
+    return wrong
 
 
 def drill_periods(full: bool, now: datetime) -> tuple[list[str], list[str]]:
@@ -230,14 +306,13 @@ class Standing:
 
 
 def test_random_sigkills_of_batch_submitters_and_pollers_settle_every_run_once(
-        db_url: str, drill_server: Server, tmp_path: Path) -> None:
-    """After K kills at random batch fault points and restarts, every Run is completed once,
-    the provider saw one create per batch key, and each call was answered and paid once."""
+        db_url: str, provider: Provider, drill_server: Server, tmp_path: Path) -> None:
+    """After K kills at random batch fault points, every Run completes once, each batch is
+    created once at the provider, and each call is answered and paid once."""
     periods, spare = drill_periods(FULL, datetime.now(UTC))
     stop = tmp_path / "stop"
-    with Ledger.connect(db_url) as ledger, BatchServer() as provider:
-        provider.polls_until_done = POLLS_UNTIL_DONE
-        env = {"RUNLEDGER_DATABASE_URL": db_url, "RUNLEDGER_MODEL": "openai",
+    with Ledger.connect(db_url) as ledger:
+        env = {"RUNLEDGER_DATABASE_URL": db_url, "RUNLEDGER_MODEL": model_of(provider),
                "RUNLEDGER_MODEL_BASE_URL": provider.base_url,
                "RUNLEDGER_MODEL_NAME": "probe-model", "RUNLEDGER_MODEL_API_KEY": "sk-test",
                "RUNLEDGER_MODEL_PRICES": json.dumps(PRICES), "RUNLEDGER_MODEL_CURRENCY": "USD",
@@ -283,7 +358,7 @@ def test_random_sigkills_of_batch_submitters_and_pollers_settle_every_run_once(
         report(ledger, provider, crew, time.monotonic() - began)
 
 
-def report(ledger: Ledger, provider: BatchServer, crew: Crew, seconds: float) -> None:
+def report(ledger: Ledger, provider: Provider, crew: Crew, seconds: float) -> None:
     """Assert and print the drill's figures."""
     owed = crew.owed()
     runs = ledger.runs(job=JOB, limit=owed + 1)
@@ -300,28 +375,30 @@ def report(ledger: Ledger, provider: BatchServer, crew: Crew, seconds: float) ->
               if not spend_of(cs).keeps_invariant()}
     spend = spend_of(calls)
     batches = ledger.batches.list_batches(limit=100_000)
-    keys = {b.batch_key for b in batches}
-    # Each request as the provider saw it: in how many of its batches a custom_id was a line.
-    sent = Counter(line["custom_id"] for b in provider.batches.values() for line in b.lines)
-    unknown_keys = set(provider.creates_by_key) - keys
+    created, wrong_creates = creates(provider, batches)
+    requests = requests_of(provider)
+    # Each request as the provider saw it: in how many of its batches a custom_id was.
+    sent = Counter(custom_id for ids in requests.values() for custom_id in ids)
+    misadopted = adopted_wrongly(batches, requests, calls)
     off_price = [c["call_id"] for c in calls if c["outcome"] == "answered"
                  and (c["cost_nanos"], c["sync_cost_nanos"]) != (BATCH_COST_NANOS,
                                                                  SYNC_COST_NANOS)]
     batch_cost = sum(b.cost_nanos or 0 for b in batches)
     outbox = ledger.outbox.messages(limit=owed + 1)
     per_run_mail = Counter(m.run_id for m in outbox)
-    print(f"\n{ledger.dialect}: {len(crew.kills)} kills "
+    print(f"\n{ledger.dialect}, {model_of(provider)}: {len(crew.kills)} kills "
           f"({dict(Counter(kind for kind, *_ in crew.kills))}): "
           f"{dict(Counter(p.split('@')[0] for *_, p in crew.kills))}")
     added = (f" ({RUNS} + {owed - RUNS} for the days added while kills were owed)"
              if crew.extra else "")
     print(f"Runs completed {len(completed)} of {owed}{added}, statuses "
           f"{dict(Counter(r.status for r in runs))}, duplicate completions {duplicates}")
-    print(f"batches {len(batches)} ({dict(Counter(b.status for b in batches))}), provider "
-          f"creates {sum(provider.creates_by_key.values())} over "
-          f"{len(provider.creates_by_key)} keys, creates per key "
-          f"{dict(Counter(provider.creates_by_key.values()))}, keys unknown to the ledger "
-          f"{len(unknown_keys)}; requests sent per custom_id {dict(Counter(sent.values()))}")
+    print(f"batches {len(batches)} ({dict(Counter(b.status for b in batches))}), "
+          f"{created}; requests sent per "
+          f"custom_id {dict(Counter(sent.values()))}, provider batches named by a ledger batch "
+          f"whose calls they do not hold {len(misadopted)}")
+    for line in misadopted:
+        print(f"  {line}")
     print(f"model calls {len(calls)} {dict(Counter(c['outcome'] for c in calls))}, answered "
           f"per Run {dict(Counter(answered.values()))}, calls settled twice {len(twice)}, "
           f"invariant (paid <= 1 + lost, per Run) broken for {len(broken)} Runs")
@@ -334,10 +411,9 @@ def report(ledger: Ledger, provider: BatchServer, crew: Crew, seconds: float) ->
     assert len(crew.kills) >= KILLS
     assert len(runs) == len(completed) == owed and duplicates == 0
     assert set(Counter(b.status for b in batches)) == {"settled"}
-    assert provider.creates_by_key and set(provider.creates_by_key.values()) == {1}, \
-        provider.creates_by_key
-    assert unknown_keys == set(), unknown_keys
+    assert wrong_creates == {}, wrong_creates
     assert set(sent.values()) == {1} and len(sent) == len(calls), sent
+    assert misadopted == [], misadopted
     assert twice == {} and broken == {}, (twice, broken)
     assert set(answered) == {r.run_id for r in runs} and set(answered.values()) == {1}
     assert {c["outcome"] for c in calls} == {"answered"}, Counter(c["outcome"] for c in calls)

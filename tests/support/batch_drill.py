@@ -21,7 +21,7 @@ from store import Ledger
 
 JOB = "batch-drill"
 PRICES = {"probe-model": {"input": "2", "output": "8"}}  # USD per million tokens
-# BatchServer answers every line with 100 prompt and 20 completion tokens: a call's price at
+# Both test servers answer every request with 100 input and 20 output tokens: a call's price at
 # the synchronous rate, in billionths of USD; batch mode pays half (the default batch share).
 SYNC_COST_NANOS = (100 * 2 + 20 * 8) * 1000
 BATCH_COST_NANOS = SYNC_COST_NANOS // 2

@@ -204,12 +204,8 @@ def withdraw_unsent(ledger: Ledger, client: BatchClient, claim: BatchClaim) -> P
             ledger.batches.record_submitted(claim, remote.id, remote.status)
             return Polled(claim.key, claim.job, claim.endpoint, "submitted", remote.id,
                           remote.status, claim.flow_run_id, claim.period_start)
-    reason = (f"batch {claim.key} was never created and its deadline {claim.deadline_at} is "
-              "near: called synchronously")
-    left = [call.custom_id for call in ledger.batches.calls_of(claim.key)
-            if call.outcome == "queued" and call.custom_id is not None]
-    withdrawn = _settle(ledger, claim, [(custom_id, End(WITHDRAWN, error=reason))
-                                        for custom_id in left])
+    withdrawn = _withdraw(ledger, claim, f"batch {claim.key} was never created and its "
+                          f"deadline {claim.deadline_at} is near: called synchronously")
     finished = ledger.batches.finish_batch(claim, NOT_CREATED)
     return Polled(claim.key, claim.job, claim.endpoint, "settled", None, NOT_CREATED,
                   claim.flow_run_id, claim.period_start, 0, finished.requeued, withdrawn,
@@ -219,8 +215,12 @@ def withdraw_unsent(ledger: Ledger, client: BatchClient, claim: BatchClaim) -> P
 def withdraw_unanswered(ledger: Ledger, claim: BatchClaim, remote: RemoteBatch) -> int:
     """Withdraw the calls the ended batch has no result for from batch mode (not billed,
     their reservations released): their Runs are called synchronously. How many."""
-    reason = (f"batch {remote.id} ended {remote.status} without it and its deadline "
-              f"{claim.deadline_at} is near: called synchronously")
+    return _withdraw(ledger, claim, f"batch {remote.id} ended {remote.status} without it and "
+                     f"its deadline {claim.deadline_at} is near: called synchronously")
+
+
+def _withdraw(ledger: Ledger, claim: BatchClaim, reason: str) -> int:
+    """Withdraw the batch's calls still queued, each with ``reason``; how many."""
     left = [call.custom_id for call in ledger.batches.calls_of(claim.key)
             if call.outcome == "queued" and call.custom_id is not None]
     return _settle(ledger, claim, [(custom_id, End(WITHDRAWN, error=reason))

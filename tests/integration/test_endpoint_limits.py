@@ -324,7 +324,11 @@ def test_a_provider_allowing_half_the_configured_rate_still_completes_the_tick(
         state, report = run_tick(env, probe.name, "2026-12-01")
     assert state.name == "Completed", state
     assert set(outcomes(report).values()) == {"new"}
-    assert len(server.seen.accepted) == 60
+    calls = Counter(c["outcome"] for c in env.calls())
+    assert calls["answered"] == 60, calls
+    # The provider took each answered request, and none the ledger did not record: on a
+    # loaded machine a reply can come after the timeout, that call then asked again.
+    assert 60 <= len(server.seen.accepted) <= calls.total() - calls["refused"], calls
     assert len(server.seen.refused) <= 15, len(server.seen.refused)
 
 

@@ -195,7 +195,9 @@ def test_run_retry_and_custom_run_of_a_completed_period_end_as_duplicate(
     finals = second_wave.finals
     assert {what: outcome_name(r.state) for what, r in finals.items() if r.state} == \
         dict.fromkeys(finals, "Duplicate")
-    assert finals["retry"].run_count == 2
+    # Re-executed: at least once more (on a loaded machine a starved heartbeat can have the
+    # crash detector run it once again; it still ends Duplicate, with nothing new).
+    assert finals["retry"].run_count >= 2
     history = stack.state_names(scheduled_tick.flow_run_id)
     assert history.index("Completed") < history.index("AwaitingRetry") < history.index("Cached")
     assert finals["retry"].name == finals["run"].name == finals["custom run"].name

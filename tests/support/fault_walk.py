@@ -78,13 +78,15 @@ PRUNED_JOB = "fault-walk-retention"  # its own job: pruning it never touches the
 PERIOD = datetime(2026, 3, 2, tzinfo=UTC)
 PARAMS = {"units": 10}
 RUN_LEASE = 1.0  # a dead walker's Run lease is waited out by the rerun
-SMTP_TIMEOUT = 0.2
-# A dead dispatcher's leases are waited out by the rerun; a dispatcher gives a claim back when
-# less than 3 x SMTP_TIMEOUT + 1 s of its lease is left.
-DELIVERY_LEASE = 2.5
+# The sink's answers are immediate; the timeout only has to outlast a loaded machine (at 0.2 s
+# a reply slower than that under load used a retry attempt up, and a message went dead).
+SMTP_TIMEOUT = 1.0
+# A dead dispatcher's leases are waited out by the rerun; the lease is at least twice the
+# longest send (3 x SMTP_TIMEOUT), as the dispatcher requires.
+DELIVERY_LEASE = 6.5
 POLICY = RetryPolicy(max_attempts=5, base_delay=0.01, max_delay=0.02, max_window=3600)
 KINDS = ("ok", "retry", "uncertain", "dead")
-WALK_SECONDS = 60.0
+WALK_SECONDS = 180.0  # a bound on delivering one walk's messages, not a target
 
 EFFECTS = sa.MetaData()
 # Append-only, so that a second application of the effect would show as a second row.

@@ -200,11 +200,22 @@ def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 @pytest.fixture(scope="session")
-def prefect_api() -> Iterator[str]:
-    """One temporary Prefect server (``prefect_test_harness``) for the session; its API URL."""
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_api(postgres_databases: PostgresDatabases,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One Prefect server for the session (each xdist worker's own, so that tests on two workers
+    never see each other's runs, blocks or artifacts), on PostgreSQL, its events in memory; its
+    API URL, which flows and clients in this process use."""
+    # Imported here, not above: Prefect reads PREFECT_HOME, set above, when first imported.
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    # 240 s: on a machine shared by several test sessions its start took 96 s.
-    with prefect_test_harness(server_startup_timeout=240):
-        yield str(PREFECT_API_URL.value())
+    from tests.support.prefect_server import drain_prefect_workers, prefect_server
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    with prefect_server(postgres_databases, home, redis=False) as server, \
+            temporary_settings(updates={PREFECT_API_URL: server.api}), \
+            _temporary_global_settings_context(get_settings_context()):
+        try:
+            yield server.api
+        finally:
+            drain_prefect_workers()

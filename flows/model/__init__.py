@@ -1,9 +1,9 @@
 """Models a job's transform can call: an offline extractive summarizer (the default), an
 OpenAI-compatible chat-completions client and an Anthropic Messages API client, and the
 recording wrapper a transform receives (messages, parameters and structured output:
-``Message``, ``Request``, ``Model.generate``)."""
+``Message``, ``Request``, ``Model.generate``). Anthropic's client is imported from its folder,
+``flows.model.anthropic``, and only there: see flows.model.providers."""
 
-from flows.model.anthropic import AnthropicModel
 from flows.model.bound import CallBound, InputBound, call_bound, request_bound
 from flows.model.endpoint import DEFAULT, Endpoint, ModelEndpoint, UnknownEndpoint, endpoint_named
 from flows.model.errors import (
@@ -35,7 +35,6 @@ from flows.model.request import Message, Parameters, Request
 
 __all__ = [
     "DEFAULT",
-    "AnthropicModel",
     "BatchQueue",
     "CallBound",
     "CallCount",

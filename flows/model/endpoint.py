@@ -11,8 +11,6 @@ from prefect.blocks.core import Block
 from prefect.client.orchestration import get_client
 from pydantic import SecretStr, ValidationError
 
-from flows.model.batch.anthropic import AnthropicBatchClient
-from flows.model.batch.openai import OpenAIBatchClient
 from flows.model.batch.protocol import BatchClient
 from flows.model.client import misconfigured
 from flows.model.errors import ModelMisconfigured
@@ -26,6 +24,7 @@ from flows.model.factory import (
     prices_in_block,
 )
 from flows.model.protocol import ModelClient
+from flows.model.providers import batch_client_class
 from flows.prices import PriceList
 from flows.settings import EndpointSettings, RunledgerSettings
 from store import InvalidInput, Limits
@@ -114,9 +113,8 @@ class Endpoint:
         else:
             base_url, name, key = self.given.base_url, self.given.model_name, self._given_key()
         assert base_url and name  # checked by endpoint_named
-        batches = AnthropicBatchClient if kind == "anthropic" else OpenAIBatchClient
-        return batches(base_url, name, key, timeout_seconds=self.timeout_seconds,
-                       max_tokens=self.max_tokens)
+        return batch_client_class(kind)(base_url, name, key, timeout_seconds=self.timeout_seconds,
+                                        max_tokens=self.max_tokens)
 
     def _given_key(self) -> SecretStr | None:
         assert self.given is not None

@@ -8,13 +8,12 @@ from typing import Any, TypeVar, cast
 from prefect.blocks.core import Block
 from pydantic import SecretStr
 
-from flows.model.anthropic import AnthropicModel
 from flows.model.client import EXAMPLE_URLS, Kind
 from flows.model.errors import ModelMisconfigured
 from flows.model.offline import OfflineModel
-from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.model.price_block import ModelPrices
 from flows.model.protocol import ModelClient
+from flows.model.providers import client_class
 from flows.prices import PriceList
 from flows.settings import RunledgerSettings
 
@@ -71,11 +70,8 @@ def model_from_settings(settings: RunledgerSettings | None = None) -> ModelClien
 def client_of(kind: Kind, base_url: str, name: str, key: SecretStr | None, *,
               timeout_seconds: float, max_tokens: int) -> ModelClient:
     """A new client of an endpoint's ``kind`` of API (the caller closes it)."""
-    if kind == "anthropic":
-        return AnthropicModel(base_url, name, key, timeout_seconds=timeout_seconds,
+    return client_class(kind)(base_url, name, key, timeout_seconds=timeout_seconds,
                               max_tokens=max_tokens)
-    return OpenAICompatibleModel(base_url, name, key, timeout_seconds=timeout_seconds,
-                                 max_tokens=max_tokens)
 
 
 def prices_from_settings(settings: RunledgerSettings | None = None) -> PriceList:

@@ -17,8 +17,10 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 from bench.anthropic_batch_provider import AnthropicBatchServer
-from flows.model import AnthropicModel, InvalidModelRequest, Message, Parameters, Request
-from flows.model.batch import INLINE, AnthropicBatchClient, RemoteBatch, ResultLine, Sought
+from flows.model import InvalidModelRequest, Message, Parameters, Request
+from flows.model.anthropic import AnthropicModel
+from flows.model.batch import INLINE, RemoteBatch, ResultLine, Sought
+from flows.model.batch.anthropic import AnthropicBatchClient
 from flows.settle.flow import SettleReport, settle_batches
 from tests.support.pipeline import Env, final_state, probe_job, wait_until
 

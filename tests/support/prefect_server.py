@@ -1,11 +1,12 @@
-"""The drills' Prefect server: a `prefect server start` of their own on a new PostgreSQL
-database, its events through a Redis db of its own (or Prefect's in-memory queues), so that a
-drill's load meets a server built for it instead of the session's temporary SQLite-backed one
-(which answered a busy drill's flow-run creation with HTTP 503: its database was locked)."""
+"""A `prefect server start` on a new PostgreSQL database: the session's (each xdist worker's)
+and the drills' own, whose events go through a Redis db of their own (or Prefect's in-memory
+queues). Not Prefect's SQLite-backed test harness: on a loaded machine its locked database
+answered flow-run creations and block saves with HTTP 503 past every client retry."""
 
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,11 +74,17 @@ def redis_db() -> Iterator[str | None]:
 
 
 @contextmanager
-def prefect_server(postgres_databases: Any, home: Path) -> Iterator[Server]:
+def no_redis() -> Iterator[None]:
+    yield None
+
+
+@contextmanager
+def prefect_server(postgres_databases: Any, home: Path, *,
+                   redis: bool = MESSAGING == "redis") -> Iterator[Server]:
     """A `prefect server start` on a new PostgreSQL database, its events through a Redis db of
-    its own (or in memory), its files under ``home``; stopped, the database dropped and the
-    Redis db flushed at the end."""
-    with redis_db() as redis_url:
+    its own when ``redis`` (else in memory), its files under ``home``; stopped, the database
+    dropped and the Redis db flushed at the end."""
+    with redis_db() if redis else no_redis() as redis_url:
         name = postgres_databases.create(migrated=False)
         database = sa.engine.make_url(name).set(
             drivername="postgresql+asyncpg").render_as_string(hide_password=False)
@@ -95,3 +102,24 @@ def prefect_server(postgres_databases: Any, home: Path) -> Iterator[Server]:
         finally:
             supervisor.stop()
             postgres_databases.drop(name)
+
+
+def drain_prefect_workers() -> None:
+    """Send the logs and events this process still holds before its server stops (else their
+    workers fail to connect as the session ends)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        try:
+            result: Any = APILogWorker.instance().drain()
+            if inspect.isawaitable(result):
+                await result
+        except RuntimeError:
+            pass  # never started
+        result = EventsWorker.drain_all()
+        if inspect.isawaitable(result):
+            await result
+
+    run_coro_as_sync(drain())

@@ -78,7 +78,7 @@ from store.identity import RunIdentity, document_digest, params_fingerprint
 from store.lease import Claim, Registration
 from store.ledger import Ledger
 from store.message import OutboxMessage
-from store.model_calls import AlreadyQueued
+from store.model_calls import AlreadyAnswered, AlreadyQueued
 from store.models import MESSAGE_STATUSES, RUN_STATUSES, Attempt, Occurrence, QueuedMessage, Run
 from store.occurrence_book import OccurrenceBook
 from store.occurrences import RunState, unemitted
@@ -120,6 +120,7 @@ __all__ = [
     "WEBHOOK",
     "WITHDRAWN",
     "Activity",
+    "AlreadyAnswered",
     "AlreadyQueued",
     "Announcement",
     "Attempt",

@@ -41,6 +41,16 @@ calls = model_calls_table
 runs = runs_table
 
 
+class AlreadyAnswered(RunledgerError):
+    """A batch answered this call (position, prompt) of the Run after the Attempt looked for
+    an answer to replay; nothing was written: replay it."""
+
+    def __init__(self, call_id: str) -> None:
+        self.call_id = call_id
+        super().__init__(f"model call {call_id} was answered by its batch; nothing was "
+                         "written: replay its answer")
+
+
 class AlreadyQueued(RunledgerError):
     """The Run has queued this call (position, prompt) for a batch already; nothing was
     written: wait for its batch."""
@@ -76,12 +86,17 @@ _QUEUE = Statement(
     "and request body) instead of sent, only while its Attempt holds the Run's lease.",
     lambda d: _intent(d, queued=True))
 
-_QUEUED_ALREADY = Statement(
-    "find_queued_call", "The Run's call of this position and prompt that waits in a batch, "
-    "if it queued one already (a Run queues a call once).",
-    lambda d: sa.select(calls.c.call_id)
+_BATCHED_ALREADY = Statement(
+    "find_batched_call", "The Run's call of this position and prompt that waits in a batch, or "
+    "that a batch answered (its answer not rejected), if it queued one already (a Run queues a "
+    "call once).",
+    lambda d: sa.select(calls.c.call_id, calls.c.outcome)
     .where(calls.c.run_id == param(runs.c.run_id), calls.c.position == param(calls.c.position),
-           calls.c.prompt_digest == param(calls.c.prompt_digest), calls.c.outcome == "queued"))
+           calls.c.prompt_digest == param(calls.c.prompt_digest),
+           sa.or_(calls.c.outcome == "queued",
+                  sa.and_(calls.c.outcome == "answered", calls.c.batch_key.is_not(None),
+                          calls.c.rejected_at.is_(None))))
+    .order_by(calls.c.started_at, calls.c.call_id).limit(1))
 
 _ANSWERED = sa.and_(calls.c.outcome.is_(None), run_held(calls.c.fence))
 
@@ -200,12 +215,15 @@ def record_intent_txn(conn: Connection, claim: Claim, intent: Intent) -> InFligh
     ``BudgetExhausted``: a window without room). When its endpoint allows no call now, the
     decision that says how long to wait (only the endpoint's buckets' refill is written). A
     call ``queued`` for a batch is recorded queued with its line (``AlreadyQueued``, nothing
-    written, when the Run queued it already)."""
+    written, when the Run queued it already; ``AlreadyAnswered`` when a batch answered it
+    since this Attempt looked for an answer to replay)."""
     if intent.queued is not None:
-        found = _QUEUED_ALREADY.first(conn, run_id=claim.run_id, position=intent.position,
-                                      prompt_digest=intent.prompt_digest)
-        if found is not None:
+        found = _BATCHED_ALREADY.first(conn, run_id=claim.run_id, position=intent.position,
+                                       prompt_digest=intent.prompt_digest)
+        if found is not None and found["outcome"] == "queued":
             raise AlreadyQueued(found["call_id"])
+        if found is not None:
+            raise AlreadyAnswered(found["call_id"])
     for step in intent.steps:
         stopped = step.before_intent(conn)
         if stopped is not None:

@@ -1,7 +1,8 @@
 """Shared fixtures: every ledger test runs on a fresh SQLite file AND a fresh PostgreSQL database.
 
-PostgreSQL databases are cloned from a template migrated once per session. When PostgreSQL is
-unreachable the tests are skipped locally, but FAIL when RUNLEDGER_REQUIRE_POSTGRES=1 (CI)."""
+Both are copies of a ledger migrated once per session (a file copied, a database cloned from a
+template). When PostgreSQL is unreachable the tests are skipped locally, but FAIL when
+RUNLEDGER_REQUIRE_POSTGRES=1 (CI)."""
 
 from __future__ import annotations
 
@@ -139,15 +140,27 @@ def _sqlite_url(directory: Path) -> str:
     return f"sqlite:///{directory / 'ledger.db'}"
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite ledger migrated once per session (closed, so the file holds all of it)."""
+    directory = tmp_path_factory.mktemp("sqlite-template")
+    ledger = Ledger.connect(_sqlite_url(directory))
+    ledger.migrate()
+    ledger.close()
+    return directory / "ledger.db"
+
+
+def _migrated_sqlite(template: Path, directory: Path) -> str:
+    """A URL of a copy of the migrated template in ``directory``, as PostgreSQL's are cloned."""
+    shutil.copyfile(template, directory / "ledger.db")
+    return _sqlite_url(directory)
+
+
 @pytest.fixture(params=DIALECTS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A URL of an empty, migrated ledger database: a SQLite file, or a PostgreSQL database."""
     if request.param == "sqlite":
-        url = _sqlite_url(tmp_path)
-        ledger = Ledger.connect(url)
-        ledger.migrate()
-        ledger.close()
-        yield url
+        yield _migrated_sqlite(request.getfixturevalue("sqlite_template"), tmp_path)
         return
     databases: PostgresDatabases = request.getfixturevalue("postgres_databases")
     url = databases.create()
@@ -172,10 +185,7 @@ def fresh_db_url(db_url: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         if db_url.startswith("sqlite"):
             directory = tmp_path / f"db{len(made)}"
             directory.mkdir()
-            url = _sqlite_url(directory)
-            opened = Ledger.connect(url)
-            opened.migrate()
-            opened.close()
+            url = _migrated_sqlite(request.getfixturevalue("sqlite_template"), directory)
         else:
             url = request.getfixturevalue("postgres_databases").create()
         made.append(url)

@@ -32,6 +32,7 @@ from flows.model.request import Message, Request
 from flows.prices import PriceList
 from store import (
     AFTER_MODEL_ANSWER,
+    AlreadyAnswered,
     AlreadyQueued,
     CallBook,
     Charge,
@@ -169,7 +170,7 @@ class RecordedModel:
             if replayed is not None:
                 return self._checked(request, replayed)
         if self.batch is not None:
-            self._queue(self.batch, request, position, digest)
+            return self._checked(request, self._queue(self.batch, request, position, digest))
         return self._checked(request, self._call(request, position, digest))
 
     def _checked(self, request: Request, answer: Generation) -> Generation:
@@ -230,10 +231,12 @@ class RecordedModel:
             self.spent.cost_nanos += cost
         return answer
 
-    def _queue(self, batch: BatchQueue, request: Request, position: int, digest: str) -> None:
+    def _queue(self, batch: BatchQueue, request: Request, position: int,
+               digest: str) -> Generation:
         """Queue the call for the endpoint's next batch (recorded with the request its provider
         is sent, its charge reserved at the batch price), then end the transform. A call this
-        Run queued already (an attempt that stopped before its Run waited) is not queued twice."""
+        Run queued already (an attempt that stopped before its Run waited) is not queued twice;
+        one its batch answered since this attempt looked for a checkpoint is replayed."""
         bound = request_bound(self.inner.name, request, self.inner.max_tokens, self.inputs)
         if batch.queue_tokens is not None and bound.input_tokens > batch.queue_tokens:
             raise InvalidModelRequest(
@@ -242,7 +245,7 @@ class RecordedModel:
                 f"enqueued-token limit for batches ({batch.queue_tokens}): it could never enter "
                 "a batch; shorten its prompt, raise the endpoint's batch_queue_tokens, or run "
                 "the job without batch")
-        self.queued = True
+        was_queued, self.queued = self.queued, True
         charge = None if self.budgeting is None else self.budgeting.charge(self.inner.name, bound)
         custom_id = custom_id_of(self.claim.run_id, position, digest)
         try:
@@ -250,6 +253,14 @@ class RecordedModel:
                 batch.endpoint, self.inner.name, position, digest, charge,
                 queued=Queued(custom_id, batch.line(request), batch.flow_run_id,
                               bound.input_tokens)))
+        except AlreadyAnswered as exc:
+            self.queued = was_queued
+            replayed = self._replay(position, digest)
+            if replayed is None:
+                raise ModelUnavailable(f"model call {exc.call_id} of run {self.claim.run_id} "
+                                       "was answered by its batch and its answer could not be "
+                                       "replayed; the Run is tried again") from exc
+            return replayed
         except AlreadyQueued as exc:
             call_id = exc.call_id
         else:

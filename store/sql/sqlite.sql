@@ -133,13 +133,14 @@ INSERT INTO model_calls (call_id, run_id, attempt_id, fence, job, endpoint, mode
 FROM runs 
 WHERE runs.run_id = :run_id AND runs.fence = :fence AND runs.owner = :owner AND runs.status = 'running' RETURNING call_id;
 
--- name: find_queued_call
--- The Run's call of this position and prompt that waits in a batch, if it queued one already (a
--- Run queues a call once).
+-- name: find_batched_call
+-- The Run's call of this position and prompt that waits in a batch, or that a batch answered (its
+-- answer not rejected), if it queued one already (a Run queues a call once).
 -- parameters: run_id, position, prompt_digest
-SELECT model_calls.call_id 
+SELECT model_calls.call_id, model_calls.outcome 
 FROM model_calls 
-WHERE model_calls.run_id = :run_id AND model_calls.position = :position AND model_calls.prompt_digest = :prompt_digest AND model_calls.outcome = 'queued';
+WHERE model_calls.run_id = :run_id AND model_calls.position = :position AND model_calls.prompt_digest = :prompt_digest AND (model_calls.outcome = 'queued' OR model_calls.outcome = 'answered' AND model_calls.batch_key IS NOT NULL AND model_calls.rejected_at IS NULL) ORDER BY model_calls.started_at, model_calls.call_id
+ LIMIT 1 OFFSET 0;
 
 -- name: record_call_answer
 -- Record a call answered with its usage and checkpoint its answer, only while its Attempt holds

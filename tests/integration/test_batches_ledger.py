@@ -20,6 +20,7 @@ from flows.batches.submit import submit
 from flows.model.batch import OpenAIBatchClient
 from store import (
     WITHDRAWN,
+    AlreadyAnswered,
     AlreadyQueued,
     BatchClaim,
     BatchCounts,
@@ -502,3 +503,38 @@ def test_a_create_the_provider_refused_is_no_longer_in_doubt(ledger: Ledger) -> 
     assert not ledger.batches.forget_file(stranger)
     assert ledger.batches.forget_file(first)
     assert ledger.batches.record_file(second, "inline", LONG) == "recorded"
+
+
+def test_a_call_its_batch_answered_after_a_takeover_looked_is_never_queued_again(
+    ledger: Ledger,
+) -> None:
+    """A later Attempt that looked for an answer to replay just before the batch settled the
+    call is told AlreadyAnswered when it queues it again: nothing is written, no second call
+    with the same custom_id goes into another batch, and the answer is then replayed."""
+    first = claimed(ledger, "acme", lease=SHORT)
+    ledger.calls.record_intent(first, queued("acme"))
+    wait_for_db_clock(ledger, first.lease_expires_at)
+    second = ledger.claim(first.run_id, "w:2", LONG)
+    assert second is not None
+    assert ledger.calls.replay(second, 0, digest("summarize acme 0")) is None  # not answered yet
+    opened = open_batch(ledger)
+    assert ledger.batches.record_file(opened, "file-1", LONG) == "recorded"
+    assert ledger.batches.record_submitted(opened, "batch_abc", "validating")
+    poller = ledger.batches.claim_batch("b-1", "poller:1", LONG)
+    assert poller is not None
+    assert ledger.batches.settle_results(poller, [("acme-0", answered("yes"))]) == ["acme-0"]
+    before = snapshot(ledger)
+    with pytest.raises(AlreadyAnswered) as raised:
+        ledger.calls.record_intent(second, queued("acme"))
+    assert snapshot(ledger) == before
+    [call] = ledger.calls.of_run(first.run_id)
+    assert raised.value.call_id == call.call_id and call.outcome == "answered"
+    replayed = ledger.calls.replay(second, 0, digest("summarize acme 0"))
+    assert replayed is not None and replayed.answer == {"text": "yes"}
+    assert open_batch_or_none(ledger, "b-2") is None  # nothing left to put in a batch
+
+
+def open_batch_or_none(ledger: Ledger, key: str) -> object:
+    return ledger.batches.open_batch(key, job=JOB, endpoint="openai-main", model="tiny-1",
+                                     kind="openai", owner="submitter:2", lease=LONG,
+                                     max_requests=100, flow_run_id=None, period_start=PERIOD)

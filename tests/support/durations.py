@@ -2,7 +2,8 @@
 time by layer, by xdist group (a group runs on one worker, so its sum is a floor of the wall
 time) and by module, and the slowest tests.
 
-``python -m tests.support.durations reports/junit.xml [--top N]``"""
+``python -m tests.support.durations reports/junit.xml [--top N] [--before EARLIER.xml]``: with
+``--before``, the wall time, each layer and each xdist group of both runs side by side."""
 
 from __future__ import annotations
 
@@ -73,14 +74,40 @@ def render(wall: float, cases: list[Case], top: int) -> str:
     return "\n".join(lines)
 
 
+def compare(before: tuple[float, list[Case]], after: tuple[float, list[Case]]) -> str:
+    """Both runs' wall time, test count, and summed test time by layer and by xdist group."""
+    (wall_0, cases_0), (wall_1, cases_1) = before, after
+
+    def row(name: str, tests: tuple[int, int], seconds: tuple[float, float]) -> str:
+        ratio = f"{seconds[1] / seconds[0]:.2f}" if seconds[0] else "-"
+        return (f"  {name:<22} {tests[0]:>5} -> {tests[1]:<5} tests  "
+                f"{seconds[0]:8.1f} s -> {seconds[1]:8.1f} s  x{ratio}")
+
+    lines = ["before -> after:",
+             row("wall time", (len(cases_0), len(cases_1)), (wall_0, wall_1))]
+    for title, key in (("layer", "layer"), ("xdist group", "group")):
+        lines.append(f"by {title}:")
+        was = {name: (n, s) for name, n, s in totals(cases_0, key)}
+        now = {name: (n, s) for name, n, s in totals(cases_1, key)}
+        for name in sorted(was.keys() | now.keys(), key=lambda k: -now.get(k, (0, 0.0))[1]):
+            (n0, s0), (n1, s1) = was.get(name, (0, 0.0)), now.get(name, (0, 0.0))
+            lines.append(row(name, (n0, n1), (s0, s1)))
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--before", type=Path, help="an earlier run's report, to compare with")
     args = parser.parse_args()
-    if not args.report.is_file():
-        raise SystemExit(f"{args.report}: no such report; run pytest with --junitxml={args.report}")
-    print(render(*read(args.report), args.top))
+    for report in (args.report, args.before):
+        if report is not None and not report.is_file():
+            raise SystemExit(f"{report}: no such report; run pytest with --junitxml={report}")
+    after = read(args.report)
+    print(render(*after, args.top))
+    if args.before is not None:
+        print(compare(read(args.before), after))
 
 
 if __name__ == "__main__":

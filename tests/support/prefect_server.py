@@ -9,13 +9,16 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from prefect.events.worker import EventsWorker
+from prefect.logging.handlers import APILogWorker
+from prefect.utilities.asyncutils import run_coro_as_sync
 
 from flows.ports import free_port
 from flows.stack import commands
@@ -74,17 +77,12 @@ def redis_db() -> Iterator[str | None]:
 
 
 @contextmanager
-def no_redis() -> Iterator[None]:
-    yield None
-
-
-@contextmanager
 def prefect_server(postgres_databases: Any, home: Path, *,
                    redis: bool = MESSAGING == "redis") -> Iterator[Server]:
     """A `prefect server start` on a new PostgreSQL database, its events through a Redis db of
     its own when ``redis`` (else in memory), its files under ``home``; stopped, the database
     dropped and the Redis db flushed at the end."""
-    with redis_db() if redis else no_redis() as redis_url:
+    with redis_db() if redis else nullcontext() as redis_url:
         name = postgres_databases.create(migrated=False)
         database = sa.engine.make_url(name).set(
             drivername="postgresql+asyncpg").render_as_string(hide_password=False)
@@ -107,10 +105,6 @@ def prefect_server(postgres_databases: Any, home: Path, *,
 def drain_prefect_workers() -> None:
     """Send the logs and events this process still holds before its server stops (else their
     workers fail to connect as the session ends)."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-    from prefect.utilities.asyncutils import run_coro_as_sync
-
     async def drain() -> None:
         try:
             result: Any = APILogWorker.instance().drain()

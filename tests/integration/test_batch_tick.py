@@ -254,7 +254,13 @@ def test_a_batch_refused_for_a_full_token_queue_is_sent_again_and_fails_no_run(
 
     wait_until(completed, 120, "the Runs of the refused batch completed by later polls")
     assert Counter(c["outcome"] for c in env.calls()) == {"answered": 2}
-    assert len(selected.created) == 2 and set(selected.creates_by_key.values()) == {1}
+    assert set(selected.creates_by_key.values()) == {1}
+    # Sent again once each: in one new batch, or in two when a loaded machine let only one call
+    # wait the batch lease by the first sweep.
+    later = selected.created[1:]  # after the batch the provider failed
+    resent = Counter(line["custom_id"] for batch in later
+                     for line in selected.batches[batch].lines)
+    assert sorted(resent.values()) == [1, 1] and 1 <= len(later) <= 2, resent
 
 
 def test_a_call_too_large_for_the_enqueued_token_limit_is_refused_before_it_is_queued(

@@ -271,15 +271,15 @@ def test_the_endpoint_kind_chooses_the_client(server: AnthropicServer) -> None:
     assert isinstance(endpoint_named("gpt", settings).model(), OpenAICompatibleModel)
 
 
-SDK_MODULES = ("import sys; print(sorted({m.split('.')[0] for m in sys.modules} "
-               "& {'anthropic', 'openai'}))")
+SDK_MODULES = ("import json, sys; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} "
+               "& {'anthropic', 'openai'})))")
 
 
 def sdks_imported(code: str) -> list[str]:
     """The provider SDKs a fresh interpreter holds after running ``code``."""
     done = subprocess.run([sys.executable, "-c", f"{code}; {SDK_MODULES}"],
                           capture_output=True, text=True, check=True, timeout=120)
-    imported: list[str] = json.loads(done.stdout.strip().replace("'", '"'))
+    imported: list[str] = json.loads(done.stdout)
     return imported
 
 

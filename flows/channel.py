@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
+from flows.lazy import loaded
 from flows.transport import Transport
 
 S = TypeVar("S", bound=BaseSettings)
@@ -29,12 +30,18 @@ class Opening:
 
 @dataclass(frozen=True)
 class TargetBlock:
-    """The Prefect block a channel's targets name: its kind in words, its block class, and the
-    check that a loaded block is usable (raising ``DeliveryConfigurationError`` if not)."""
+    """The Prefect block a channel's targets name: its kind in words, its block class as
+    ``module:class`` (imported when a target is first checked), and the check that a loaded block
+    is usable (raising ``DeliveryConfigurationError`` if not)."""
 
     kind: str
-    block_type: type[Any]
+    block_class: str
     check: Callable[[str, Any], None]
+
+    def block_type(self) -> type[Any]:
+        """The block class, its module imported if it is not yet."""
+        found: type[Any] = loaded(self.block_class)
+        return found
 
 
 def no_block(target: str) -> None:

@@ -66,16 +66,17 @@ def check_target(target: Target) -> None:
     block = channel_named(target.channel).block
     if target.block is None or block is None or target in _USABLE:
         return
+    block_type = block.block_type()
     try:
         # Synchronously: Block.load dispatches on its context, and in a tick's thread (inside
         # an async flow run) it would return a coroutine.
-        found: object = block.block_type.load(target.block, _sync=True)
+        found: object = block_type.load(target.block, _sync=True)
     except (ValueError, ObjectNotFound) as exc:
         raise MissingBlock(
             f"the {block.kind} block {target.block!r} does not exist; create it ({SEE}) or fix "
             "the job's targets and messages. Nothing was written") from exc
     try:
-        if not isinstance(found, block.block_type):
+        if not isinstance(found, block_type):
             raise DeliveryConfigurationError(
                 f"block {target.block!r} is a {type(found).__name__}, not a {block.kind} block")
         block.check(target.block, found)

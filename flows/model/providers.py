@@ -1,15 +1,14 @@
 """Each kind of provider's clients, its module imported when a client of that kind is first
-made: the ``anthropic`` SDK alone costs a process about a second of CPU as it starts, which
-`runledger --help`, every CLI call and every flow run would otherwise pay without calling
-Anthropic."""
+made (``flows.lazy``): the ``anthropic`` SDK alone costs a process about a second of CPU as it
+starts."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import SecretStr
 
+from flows.lazy import loaded
 from flows.model.client import Kind
 
 if TYPE_CHECKING:
@@ -35,12 +34,6 @@ class MakesClient(Protocol):
 class MakesBatchClient(Protocol):
     def __call__(self, base_url: str, name: str, key: SecretStr | None, *,
                  timeout_seconds: float, max_tokens: int) -> BatchClient: ...
-
-
-def loaded(path: str) -> Any:
-    """The class that ``module:class`` names, its module imported if it is not yet."""
-    module, name = path.split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def client_class(kind: Kind) -> MakesClient:

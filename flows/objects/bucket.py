@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from botocore.config import Config
 from prefect_aws import S3Bucket
 
 from flows.errors import DeliveryConfigurationError
-from flows.transport import is_loopback
+from flows.objects.endpoint import check_endpoint
 
 
 @dataclass(frozen=True)
@@ -38,21 +37,6 @@ def client_config(timeout: float) -> Config:
     """One try per call (the ledger's policy retries), the channel's timeouts."""
     return Config(connect_timeout=timeout, read_timeout=timeout,
                   retries={"total_max_attempts": 1, "mode": "standard"})
-
-
-def check_endpoint(name: str, endpoint_url: str | None) -> str:
-    """The block's endpoint URL, https unless its host is loopback (None: AWS itself)."""
-    if endpoint_url is None:
-        return "https://s3.amazonaws.com"
-    parts = urlsplit(endpoint_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise DeliveryConfigurationError(
-            f"bucket block {name!r}: endpoint_url must be an http(s) URL, got {endpoint_url!r}")
-    if parts.scheme == "http" and not is_loopback(parts.hostname):
-        raise DeliveryConfigurationError(
-            f"bucket block {name!r}: endpoint_url must use https unless the host is loopback, "
-            f"got {endpoint_url!r}")
-    return endpoint_url
 
 
 def bucket_from_block(name: str, block: S3Bucket, timeout: float) -> Bucket:

@@ -46,4 +46,5 @@ def endpoint_of(target: str) -> str:
 
 CHANNEL = Channel(
     name=WEBHOOK, settings=WebhookDeliverySettings, open=open_webhook, block_of=endpoint_of,
-    block=TargetBlock("webhook endpoint", WebhookEndpoint, check_endpoint_block))
+    block=TargetBlock("webhook endpoint", "flows.webhook.block:WebhookEndpoint",
+                      check_endpoint_block))

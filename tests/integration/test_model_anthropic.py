@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -269,23 +267,3 @@ def test_the_endpoint_kind_chooses_the_client(server: AnthropicServer) -> None:
         "gpt": {"base_url": "http://127.0.0.1:9/v1", "model_name": "g"}})
     assert isinstance(endpoint_named("claude", settings).model(), AnthropicModel)
     assert isinstance(endpoint_named("gpt", settings).model(), OpenAICompatibleModel)
-
-
-SDK_MODULES = ("import json, sys; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} "
-               "& {'anthropic', 'openai'})))")
-
-
-def sdks_imported(code: str) -> list[str]:
-    """The provider SDKs a fresh interpreter holds after running ``code``."""
-    done = subprocess.run([sys.executable, "-c", f"{code}; {SDK_MODULES}"],
-                          capture_output=True, text=True, check=True, timeout=120)
-    imported: list[str] = json.loads(done.stdout)
-    return imported
-
-
-def test_a_process_that_never_makes_an_anthropic_client_never_imports_its_sdk() -> None:
-    """The CLI, the flows and every deployment's entry point leave the anthropic SDK (about a
-    second of CPU at each process's start) unimported until an Anthropic client is made."""
-    assert sdks_imported("import flows.cli, flows.entrypoints") == ["openai"]
-    assert "anthropic" in sdks_imported(
-        "from flows.model.providers import client_class; client_class('anthropic')")

@@ -1,8 +1,9 @@
 """Models a job's transform can call: an offline extractive summarizer (the default), an
 OpenAI-compatible chat-completions client and an Anthropic Messages API client, and the
 recording wrapper a transform receives (messages, parameters and structured output:
-``Message``, ``Request``, ``Model.generate``). Anthropic's client is imported from its folder,
-``flows.model.anthropic``, and only there: see flows.model.providers."""
+``Message``, ``Request``, ``Model.generate``). The providers' clients are imported from their
+own modules (``flows.model.openai_compatible``, ``flows.model.anthropic``), and only there:
+see flows.model.providers."""
 
 from flows.model.bound import CallBound, InputBound, call_bound, request_bound
 from flows.model.endpoint import DEFAULT, Endpoint, ModelEndpoint, UnknownEndpoint, endpoint_named
@@ -18,7 +19,6 @@ from flows.model.errors import (
 from flows.model.factory import model_from_settings, prices_from_settings
 from flows.model.limiter import EndpointLimiter
 from flows.model.offline import OfflineModel
-from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.model.price_block import ModelPrices
 from flows.model.protocol import Generation, Model, ModelClient
 from flows.model.recorded import (
@@ -54,7 +54,6 @@ __all__ = [
     "ModelRejected",
     "ModelUnavailable",
     "OfflineModel",
-    "OpenAICompatibleModel",
     "Parameters",
     "QueuedForBatch",
     "RecordedModel",

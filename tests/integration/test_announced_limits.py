@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from bench.limited_provider import Announce, LimitedModelServer
-from flows.model import CallCount, EndpointLimiter, OpenAICompatibleModel, RecordedModel
+from flows.model import CallCount, EndpointLimiter, RecordedModel
+from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.prices import PriceList
 from store import Claim, InFlight, Intent, Ledger, Limits, RunIdentity, Slot, Usage
 from tests.support.ledger import claim_of

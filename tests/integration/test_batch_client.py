@@ -20,11 +20,12 @@ from flows.model import (
     Message,
     ModelRejected,
     ModelUnavailable,
-    OpenAICompatibleModel,
     Parameters,
     Request,
 )
-from flows.model.batch import BATCH_KEY, OpenAIBatchClient, RemoteBatch, ResultLine, Sought
+from flows.model.batch import BATCH_KEY, RemoteBatch, ResultLine, Sought
+from flows.model.batch.openai import OpenAIBatchClient
+from flows.model.openai_compatible import OpenAICompatibleModel
 from tests.support.pipeline import ModelServer
 
 

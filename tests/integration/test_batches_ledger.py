@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from bench.batch_provider import BatchServer
 from flows.batches.submit import submit
-from flows.model.batch import OpenAIBatchClient
+from flows.model.batch.openai import OpenAIBatchClient
 from store import (
     WITHDRAWN,
     AlreadyAnswered,

@@ -29,11 +29,11 @@ from flows.model import (
     EndpointLimiter,
     EndpointRefusing,
     ModelEndpoint,
-    OpenAICompatibleModel,
     RecordedModel,
     UnknownEndpoint,
     endpoint_named,
 )
+from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.prices import PriceList
 from flows.run_job.outcomes import TickReport
 from flows.settings import RunledgerSettings

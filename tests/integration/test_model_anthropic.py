@@ -18,11 +18,11 @@ from flows.model import (
     ModelMisconfigured,
     ModelRejected,
     ModelUnavailable,
-    OpenAICompatibleModel,
     endpoint_named,
     model_from_settings,
 )
 from flows.model.anthropic import AnthropicModel
+from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.model.request import Message, Parameters, Request
 from flows.run_job.preflight import preflight
 from flows.settings import RunledgerSettings

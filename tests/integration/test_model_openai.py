@@ -12,11 +12,11 @@ from flows.model import (
     ModelRefused,
     ModelRejected,
     ModelUnavailable,
-    OpenAICompatibleModel,
     Parameters,
     Request,
     model_from_settings,
 )
+from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.settings import RunledgerSettings
 from tests.support.pipeline import ModelServer, Reply
 

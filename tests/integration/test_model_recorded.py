@@ -16,10 +16,10 @@ from flows.model import (
     ModelRejected,
     ModelUnavailable,
     OfflineModel,
-    OpenAICompatibleModel,
     RecordedModel,
     prices_from_settings,
 )
+from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.prices import ModelPrice, PriceList, format_money
 from flows.settings import RunledgerSettings
 from flows.spend import spend_of

@@ -19,9 +19,9 @@ from flows.model import (
     Message,
     ModelRefused,
     OfflineModel,
-    OpenAICompatibleModel,
     RecordedModel,
 )
+from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.prices import PriceList
 from store import Claim, Ledger, RunIdentity
 from tests.support.ledger import claim_of, model_calls, wait_for_db_clock

@@ -1,5 +1,5 @@
 """What a process pays as it starts: the CLI, the flows and every deployment's entry point leave
-the heavy dependencies they may never use (the anthropic SDK, prefect_aws with botocore: each
+the heavy dependencies they may never use (the providers' SDKs, prefect_aws with botocore: each
 about half a second to a second of CPU) unimported until the code that needs them runs."""
 
 from __future__ import annotations
@@ -24,13 +24,16 @@ def heavy_imported(code: str) -> list[str]:
     return imported
 
 
-def test_the_cli_and_the_entry_points_start_without_anthropic_or_prefect_aws() -> None:
-    """Importing the CLI and every deployment's entry point imports the OpenAI SDK (the default
-    model's) and none of the others."""
-    assert heavy_imported(START) == ["openai"]
+def test_the_cli_and_the_entry_points_start_without_the_sdks_or_prefect_aws() -> None:
+    """Importing the CLI and every deployment's entry point imports none of them (the default
+    model is the offline one)."""
+    assert heavy_imported(START) == []
 
 
 @pytest.mark.parametrize(("needed", "code"), [
+    ("openai", "from flows.model.providers import client_class; client_class('openai')"),
+    ("openai", "from flows.model.providers import batch_client_class; "
+               "batch_client_class('openai')"),
     ("anthropic", "from flows.model.providers import client_class; client_class('anthropic')"),
     ("prefect_aws", "from flows.channels import channel_named; "
                     "channel_named('object').block.block_type()"),
@@ -39,6 +42,6 @@ def test_the_cli_and_the_entry_points_start_without_anthropic_or_prefect_aws() -
 ])
 def test_a_heavy_dependency_is_imported_when_the_code_that_needs_it_runs(
         needed: str, code: str) -> None:
-    """Making an Anthropic client imports its SDK; checking an object target's block imports
+    """Making a provider's client (or Batch API client) imports its SDK; checking an object target's block imports
     prefect_aws; opening the object channel imports botocore."""
     assert needed in heavy_imported(f"{START}; {code}")

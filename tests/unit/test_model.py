@@ -9,8 +9,9 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, SecretStr
 
-from flows.model import ModelMisconfigured, OfflineModel, OpenAICompatibleModel, model_from_settings
+from flows.model import ModelMisconfigured, OfflineModel, model_from_settings
 from flows.model.offline import sentences, summarize
+from flows.model.openai_compatible import OpenAICompatibleModel
 from flows.retry_after import retry_after_seconds
 from flows.settings import RunledgerSettings
 

@@ -40,17 +40,28 @@ LAYERS = ("unit", "integration", "acceptance")
 DIALECT_FIXTURES = ("db_url", "empty_db_url")
 
 
-# One pytest-xdist worker runs each group: the acceptance tests (so the session's stack starts
-# once) and the host drills (so two clusters never compete for the two cores).
+# One pytest-xdist worker runs each group: the acceptance tests on the shared stack (the
+# ``stack`` fixture, so that it starts once) and the host drills (so two clusters never compete
+# for the two cores). The acceptance tests that start stacks of their own run on any worker.
 XDIST_GROUPS = ("acceptance", "hosts")
+SHARED_STACK = "stack"
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test: its layer's, for a host test or an acceptance test on the
+    shared stack; None for any other."""
+    layer = item.path.relative_to(TESTS).parts[0]
+    if layer == "acceptance" and SHARED_STACK not in getattr(item, "fixturenames", ()):
+        return None
+    return layer if layer in XDIST_GROUPS else None
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Put each acceptance and host test in its layer's xdist group as it is collected:
-    ``--dist loadgroup`` reads the group before any ``pytest_collection_modifyitems`` runs."""
-    layer = item.path.relative_to(TESTS).parts[0]
-    if layer in XDIST_GROUPS:
-        item.add_marker(pytest.mark.xdist_group(layer))
+    """Put each test of a group in it as it is collected: ``--dist loadgroup`` reads the group
+    before any ``pytest_collection_modifyitems`` runs."""
+    group = xdist_group(item)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

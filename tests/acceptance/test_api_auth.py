@@ -57,7 +57,7 @@ class AuthStack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
+def auth_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
     """The stack on every interface with the auth string set for the server only (the stack
     gives its clients the same string), the reference job and one delivery pass kicked off."""
     folder = tmp_path_factory.mktemp("auth-stack")
@@ -86,43 +86,43 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
 
 
 def test_an_unauthenticated_or_wrongly_authenticated_api_call_is_refused_with_401(
-        stack: AuthStack) -> None:
+        auth_stack: AuthStack) -> None:
     """No Authorization header, a wrong password or another scheme: 401 on reads and on
     starting a run; only the health probe answers without credentials."""
     wrong = base64.b64encode(b"admin:not-the-password").decode()
     for headers in ({}, {"Authorization": f"Basic {wrong}"}, {"Authorization": f"Bearer {TOKEN}"}):
         for path in ("/flow_runs/filter", "/deployments/filter", "/artifacts/filter"):
-            response = httpx.post(f"{stack.api}{path}", json={}, headers=headers, timeout=30)
+            response = httpx.post(f"{auth_stack.api}{path}", json={}, headers=headers, timeout=30)
             assert response.status_code == 401, (path, headers, response.text)
-    assert httpx.get(f"{stack.api}/health", timeout=30).status_code == 200
-    assert stack.api_post("/deployments/filter", {})  # the right string is let in
+    assert httpx.get(f"{auth_stack.api}/health", timeout=30).status_code == 200
+    assert auth_stack.api_post("/deployments/filter", {})  # the right string is let in
 
 
 def test_the_worker_given_the_string_ran_the_reference_job_and_delivered_its_mail(
-        stack: AuthStack) -> None:
+        auth_stack: AuthStack) -> None:
     """The stack's worker (with PREFECT_API_AUTH_STRING from the stack) ran both kicked-off
     flow runs to Completed (the tick a Duplicate when the 5-minute reconcile, due as the worker
     started, completed today's period first), and the sink has the emails."""
-    assert "flow run" in stack.banner
-    finished = [line for line in stack.banner.splitlines() if line.strip().startswith("flow run")]
-    assert len(finished) == 2, stack.banner
+    assert "flow run" in auth_stack.banner
+    finished = [line for line in auth_stack.banner.splitlines() if line.strip().startswith("flow run")]
+    assert len(finished) == 2, auth_stack.banner
     assert all(": Completed" in line or ": Cached - Duplicate: " in line for line in finished), \
-        stack.banner
-    assert sorted((stack.folder / "home" / "mail").glob("*.eml"))
-    assert "admin:****" in stack.banner and "plain HTTP" in stack.banner
+        auth_stack.banner
+    assert sorted((auth_stack.folder / "home" / "mail").glob("*.eml"))
+    assert "admin:****" in auth_stack.banner and "plain HTTP" in auth_stack.banner
 
 
 @pytest.fixture(scope="module")
-def cli_runs(stack: AuthStack) -> tuple[subprocess.CompletedProcess[str],
+def cli_runs(auth_stack: AuthStack) -> tuple[subprocess.CompletedProcess[str],
                                         subprocess.CompletedProcess[str]]:
     """`runledger run` of a new period without the string, then with it (outputs kept)."""
     argv = commands.runledger_argv("run", "competitor-summary", "--period", "2026-02-02",
                                    "--subject", "acme", "--json")
     runs = []
     for auth in (None, SECRET):
-        done = subprocess.run(argv, env=stack.env(auth), cwd=stack.folder, capture_output=True,
+        done = subprocess.run(argv, env=auth_stack.env(auth), cwd=auth_stack.folder, capture_output=True,
                               text=True, timeout=300)
-        stack.cli_outputs.append(done.stdout + done.stderr)
+        auth_stack.cli_outputs.append(done.stdout + done.stderr)
         runs.append(done)
     return runs[0], runs[1]
 
@@ -143,37 +143,37 @@ def test_runledger_run_works_with_the_string_and_is_refused_without_it(
     assert subject["outcome"] == "new"
 
 
-def test_stack_automations_needs_the_string_too(stack: AuthStack) -> None:
+def test_stack_automations_needs_the_string_too(auth_stack: AuthStack) -> None:
     """`runledger stack automations` (compose's setup runs it) is refused in one line without
     PREFECT_API_AUTH_STRING and installs the crash detector with it."""
     argv = commands.runledger_argv("stack", "automations")
-    refused = subprocess.run(argv, env=stack.env(None), capture_output=True, text=True,
+    refused = subprocess.run(argv, env=auth_stack.env(None), capture_output=True, text=True,
                              timeout=120)
-    done = subprocess.run(argv, env=stack.env(SECRET), capture_output=True, text=True,
+    done = subprocess.run(argv, env=auth_stack.env(SECRET), capture_output=True, text=True,
                           timeout=120)
-    stack.cli_outputs += [refused.stdout + refused.stderr, done.stdout + done.stderr]
+    auth_stack.cli_outputs += [refused.stdout + refused.stderr, done.stdout + done.stderr]
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "(401 Unauthorized): set PREFECT_API_AUTH_STRING" in refused.stderr.replace("\n", " ")
     assert done.returncode == 0 and "installed the crash detector" in done.stdout
 
 
 def test_the_auth_string_never_appears_in_logs_errors_parameters_or_artifacts(
-        stack: AuthStack, cli_runs: Any) -> None:
+        auth_stack: AuthStack, cli_runs: Any) -> None:
     """Neither the string, its password nor the basic-auth token is in any log file of the
     stack (server, worker, sink), any CLI output, or what the API shows: flow runs (parameters,
     job variables, states), deployments, artifacts, logs, variables and events."""
-    readable = [p.read_text(errors="replace") for p in (stack.folder / "home").rglob("*.log")]
+    readable = [p.read_text(errors="replace") for p in (auth_stack.folder / "home").rglob("*.log")]
     assert readable, "the stack wrote no logs"
-    readable += stack.cli_outputs
+    readable += auth_stack.cli_outputs
     for path in ("/flow_runs/filter", "/deployments/filter", "/artifacts/filter",
                  "/logs/filter", "/variables/filter", "/task_runs/filter"):
-        found = stack.api_post(path, {"limit": 200})
+        found = auth_stack.api_post(path, {"limit": 200})
         readable.append(json.dumps(found))
         if path == "/flow_runs/filter":
             assert len(found) >= 3 and any(run["parameters"] for run in found)
         if path == "/artifacts/filter":
             assert found, "the runs made no artifacts to check"
-    events = httpx.post(f"{stack.api}/events/filter", json={"limit": 200}, timeout=30,
+    events = httpx.post(f"{auth_stack.api}/events/filter", json={"limit": 200}, timeout=30,
                         headers={"Authorization": f"Basic {TOKEN}"})
     readable.append(events.text)
     for text in readable:

@@ -95,6 +95,14 @@ def running_on(ledger: Ledger, job: str, host: str, hosts: Cluster) -> int:
                if r.owner is not None and r.owner.split(":")[1] in pids)
 
 
+def leases_ended(ledger: Ledger, job: str) -> bool:
+    """No Run of ``job`` is leased now (the database's clock): a dead or cut-off holder's Runs
+    are claimable."""
+    now = ledger.now()
+    return all(r.lease_expires_at is None or r.lease_expires_at <= now
+               for r in ledger.runs(job=job, status="running", limit=1000))
+
+
 def drain(hosts: Cluster, ledger: Ledger, job: str, on: str, timeout: float = 240) -> int:
     """deliver-outbox flow runs on ``on`` until every message of ``job`` is sent, or uncertain
     and held for an operator (no retry scheduled); returns how many it took."""
@@ -157,7 +165,9 @@ def test_a_worker_cut_off_from_the_database_mid_transform_changes_nothing_after_
         hosts.network.cut("w1", "db")
         cut_at, cut_clock = time.monotonic(), datetime.now()
         try:
-            time.sleep(2 * LEASE)  # longer than the lease: the Runs are claimable now
+            # The cut outlasts w1's leases: its Runs are claimable once they end.
+            wait_until(lambda: leases_ended(ledger, job), 4 * LEASE,
+                       "w1's leases to end while it is cut off")
             takeover = tick(hosts, job, "w2")
             hosts.wait_final([takeover], 240)
             first_run = hosts.wait_final([first], 180)[0]
@@ -233,7 +243,7 @@ def test_a_lost_worker_host_and_a_lost_api_host_need_no_manual_step(hosts: Clust
         wait_until(lambda: running_on(ledger, job, "w1", hosts) > 0, 180, "w1 to hold leases")
         wait_until(lambda: called(ledger, job), 60, "w1's first model call")
         killed = hosts.lose("w1")
-        time.sleep(2 * LEASE)
+        wait_until(lambda: leases_ended(ledger, job), 4 * LEASE, "the lost host's leases to end")
         reconciles: list[UUID] = []
         while len(ledger.runs(job=job, status="completed", limit=1000)) < JOBS[job][0]:
             assert len(reconciles) < 6, "reconcile did not re-drive the stranded Runs"

@@ -5,6 +5,7 @@ policy decides."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,4 +62,7 @@ async def load_bucket(name: str, timeout: float) -> Bucket:
             "its AWS or MinIO credentials) or fix the message's target") from exc
     if not isinstance(block, S3Bucket):
         raise DeliveryConfigurationError(f"block {name!r} is not an S3Bucket block")
-    return bucket_from_block(name, block, timeout)
+    # In a thread: making a boto3 client reads botocore's service models for a second or more
+    # of CPU, which on the event loop would stall the other channels' sends (a webhook's POST
+    # ran past its timeout and ended uncertain).
+    return await asyncio.to_thread(bucket_from_block, name, block, timeout)

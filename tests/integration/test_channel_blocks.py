@@ -6,9 +6,11 @@ anything is written."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from prefect.blocks.system import Secret
@@ -17,7 +19,8 @@ from flows.delivery.flow import deliver_outbox
 from flows.delivery.settings import DeliverySettings, open_transport
 from flows.errors import DeliveryConfigurationError
 from flows.mail.sink import Sink
-from flows.objects.bucket import load_bucket
+from flows.objects import bucket as bucket_module
+from flows.objects.bucket import Bucket, bucket_from_block, load_bucket
 from flows.targets import InvalidBlock, MissingBlock, check_targets
 from flows.transport import OutcomeKind, Parcel
 from flows.webhook.block import WebhookEndpoint, load_endpoint
@@ -73,6 +76,27 @@ def test_missing_blocks_are_configuration_errors_naming_them() -> None:
         asyncio.run(load_bucket(unique("absent"), 5.0))
 
 
+def test_a_bucket_block_becomes_a_client_off_the_event_loop(
+        s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making the boto3 client (a second or more of CPU reading botocore's models) runs in a
+    worker thread, so that the other channels' sends on the loop go on meanwhile."""
+    name = unique("reports")
+    s3.block().save(name)
+    made_on: list[threading.Thread] = []
+
+    def recorded(*args: Any) -> Bucket:
+        made_on.append(threading.current_thread())
+        return bucket_from_block(*args)
+
+    monkeypatch.setattr(bucket_module, "bucket_from_block", recorded)
+
+    async def load() -> tuple[Bucket, threading.Thread]:
+        return await load_bucket(name, 5.0), threading.current_thread()
+
+    found, loop_thread = asyncio.run(load())
+    assert found.name == name and len(made_on) == 1 and made_on[0] is not loop_thread
+
+
 def test_the_delivery_settings_open_transports_that_send_through_the_blocks(
         s3: MotoS3) -> None:
     """open_transport's webhook and object transports load their blocks and deliver."""
@@ -82,7 +106,7 @@ def test_the_delivery_settings_open_transports_that_send_through_the_blocks(
     settings = DeliverySettings(channels="email,webhook,object")
     with WebhookReceiver() as receiver:
         WebhookEndpoint(url=receiver.url, secret_block=secret, lookup_url="{url}/{key}",
-                        timeout=2).save(endpoint)
+                        timeout=10).save(endpoint)
         webhook = open_transport(settings, "webhook")
         sent = asyncio.run(webhook.send(Parcel("k" * 64, "webhook", endpoint, {"x": 1},
                                                datetime.now(UTC))))
@@ -133,7 +157,7 @@ def test_one_flow_run_delivers_every_channel_it_is_given(
     key = unique("daily") + ".json"
     with WebhookReceiver() as receiver, Sink() as sink:
         WebhookEndpoint(url=receiver.url, secret_block=secret, lookup_url="{url}/{key}",
-                        timeout=2).save(endpoint)
+                        timeout=10).save(endpoint)
         complete_with(ledger, [OutboxMessage("ops@example.com", "Digest", "Hello\n"),
                                OutboxMessage.webhook(endpoint, {"summary": "ok"}),
                                OutboxMessage.object(bucket, key, '{"summary": "ok"}')])

@@ -1,7 +1,7 @@
 """Classes named ``module:class``, their module imported when first asked for: a few of the
-dependencies (the ``anthropic`` SDK, ``prefect_aws`` with botocore) cost every process a second
-or so of CPU as it starts, which `runledger --help`, every CLI call and every flow run would
-otherwise pay without using them."""
+dependencies (the providers' SDKs, ``prefect_aws`` with botocore) cost every process half a
+second to a second of CPU as it starts, which `runledger --help`, every CLI call and every flow
+run would otherwise pay without using them."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ endpoint is https or loopback) and its transport."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -13,6 +13,9 @@ from flows.channel import Channel, Opening, TargetBlock
 from flows.objects.endpoint import check_endpoint
 from flows.transport import Transport
 from store import OBJECT, split_object_target
+
+if TYPE_CHECKING:
+    from prefect_aws import S3Bucket
 
 
 class ObjectDeliverySettings(BaseSettings):
@@ -40,7 +43,7 @@ def open_objects(settings: ObjectDeliverySettings, opening: Opening) -> Transpor
     return ObjectStoreTransport(bucket, timeout=timeout)
 
 
-def check_bucket_block(name: str, found: Any) -> None:
+def check_bucket_block(name: str, found: S3Bucket) -> None:
     """Its endpoint URL rules."""
     params = found.credentials.aws_client_parameters.get_params_override()
     check_endpoint(name, params.get("endpoint_url"))

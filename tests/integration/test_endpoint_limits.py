@@ -80,13 +80,13 @@ def take(ledger: Ledger, subject: str, tokens: int = 10) -> InFlight | SlotDecis
 
 
 def test_acquisitions_take_no_more_than_the_request_bucket_holds(ledger: Ledger) -> None:
-    """60 a minute (a bucket of 1): the first call goes, the next waits for the refill, and
-    nothing of the refused one is recorded."""
-    ledger.calls.configure_endpoint("ep", Limits(requests_per_minute=60))
+    """6 a minute (a bucket of 1, refilled in 10 s): the first call goes, the next waits for the
+    refill, and nothing of the refused one is recorded."""
+    ledger.calls.configure_endpoint("ep", Limits(requests_per_minute=6))
     assert isinstance(take(ledger, "a"), InFlight)
     refused = take(ledger, "b")
     assert isinstance(refused, SlotDecision) and not refused.granted
-    assert 0 < refused.wait_seconds(0.05) <= 1.0
+    assert 0 < refused.wait_seconds(0.05) <= 10.0
     assert [c["subject"] for c in model_calls(ledger)] == ["a"]
     row = ledger.calls.endpoint_limit("ep")
     assert row is not None and row.calls == 1
@@ -94,9 +94,10 @@ def test_acquisitions_take_no_more_than_the_request_bucket_holds(ledger: Ledger)
 
 def test_a_slot_taken_while_another_taker_holds_the_row_counts_the_slot_that_taker_took(
         ledger: Ledger) -> None:
-    """60 a minute (a bucket of 1), no bound on calls in flight: a taker that waits on the row
-    for another's uncommitted slot goes on from the level that slot left, and is refused."""
-    ledger.calls.configure_endpoint("ep", Limits(requests_per_minute=60))
+    """6 a minute (a bucket of 1, refilled in 10 s), no bound on calls in flight: a taker that
+    waits on the row for another's uncommitted slot goes on from the level that slot left, and
+    is refused."""
+    ledger.calls.configure_endpoint("ep", Limits(requests_per_minute=6))
     slot = Slot("ep", 10, 60.0)
     with ThreadPoolExecutor(1) as pool, ledger.engine.connect() as holder:
         with holder.begin():
@@ -105,7 +106,7 @@ def test_a_slot_taken_while_another_taker_holds_the_row_counts_the_slot_that_tak
             time.sleep(0.5)  # the second taker reaches the row and waits on it
             assert not waiting.done()
         second = waiting.result(timeout=30)
-    assert not second.granted and 0 < second.wait_seconds(0.05) <= 1.0
+    assert not second.granted and 0 < second.wait_seconds(0.05) <= 10.0
     row = ledger.calls.endpoint_limit("ep")
     assert row is not None and row.calls == 1
 
@@ -156,16 +157,18 @@ def test_tokens_per_minute_are_taken_by_estimate_and_settled_to_the_real_usage(
 
 def test_a_refusal_pauses_every_acquisition_until_the_time_named_and_cuts_the_rate_once(
         ledger: Ledger) -> None:
-    """A 429 asking 3 s: acquisitions wait until then (the ledger's clock); a second refusal
+    """A 429 asking 30 s: acquisitions wait until then (the ledger's clock); a second refusal
     during the pause does not cut the rate again, nor shorten the pause."""
     ledger.calls.configure_endpoint("ep", Limits(requests_per_minute=6_000))
     call = take(ledger, "a")
     assert isinstance(call, InFlight)
-    until = ledger.calls.endpoint_refused(call, 3.0, 60.0)
+    until = ledger.calls.endpoint_refused(call, 30.0, 60.0)
     assert until is not None
     waiting = take(ledger, "b")
     assert isinstance(waiting, SlotDecision)
-    assert waiting.paused_until == until and 2.5 < waiting.wait_seconds(0.05) <= 3.0
+    assert waiting.paused_until == until
+    assert waiting.wait_seconds(0.05) == (until - waiting.now).total_seconds()
+    assert 0 < waiting.wait_seconds(0.05) <= 30.0
     assert ledger.calls.endpoint_refused(call, 1.0, 60.0) == until
     row = ledger.calls.endpoint_limit("ep")
     assert row is not None and (row.rate, row.refused) == (4_200, 2)

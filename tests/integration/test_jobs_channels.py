@@ -38,7 +38,7 @@ def test_a_summary_is_emailed_posted_and_written_once_each(
     s3.block(folder="runledger").save(bucket)
     with WebhookReceiver() as receiver, Sink() as sink:
         WebhookEndpoint(url=receiver.url, secret_block=secret, lookup_url="{url}/{key}",
-                        timeout=2).save(endpoint)
+                        timeout=10).save(endpoint)
         env.set(competitor_summary_webhook=endpoint, competitor_summary_bucket=bucket,
                 delivery_channels="email,webhook,object", smtp_host=sink.host,
                 smtp_port=sink.port, smtp_tls="none", mail_from=SENDER)

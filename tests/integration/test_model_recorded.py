@@ -38,8 +38,8 @@ def claimed(ledger: Ledger, lease: timedelta = timedelta(minutes=15)) -> Claim:
 
 
 def recorded(server: ModelServer, ledger: Ledger, claim: Claim,
-             prices: PriceList = PRICES) -> RecordedModel:
-    inner = OpenAICompatibleModel(server.base_url, "probe-model", timeout_seconds=0.5)
+             prices: PriceList = PRICES, timeout: float = 10.0) -> RecordedModel:
+    inner = OpenAICompatibleModel(server.base_url, "probe-model", timeout_seconds=timeout)
     return RecordedModel(inner, ledger.calls, claim, prices, CallCount())
 
 
@@ -119,8 +119,9 @@ def test_refusals_and_failures_are_recorded_as_such(server: ModelServer, ledger:
     """429 and 400 are refused (the provider answered: not billed); a timeout and a malformed
     reply are failed (no usable answer: maybe billed)."""
     claim = claimed(ledger)
-    model = recorded(server, ledger, claim)
-    server.script.extend([Reply(429), Reply(400), Reply(delay=2.0), Reply(raw=b"not json")])
+    # Answers within 2 s on a loaded machine; the slow one's 6 s never does.
+    model = recorded(server, ledger, claim, timeout=2.0)
+    server.script.extend([Reply(429), Reply(400), Reply(delay=6.0), Reply(raw=b"not json")])
     for error in (ModelUnavailable, ModelRejected, ModelUnavailable, ModelRejected):
         with pytest.raises(error):
             model.generate("x")

@@ -30,7 +30,7 @@ def letter(key: str, recipient: str = "ana@example.com") -> bytes:
 
 async def send_all(port: int, keys: list[str]) -> list[str]:
     """Send one message per key over one connection; the outcome of each as text."""
-    smtp = aiosmtplib.SMTP(hostname="127.0.0.1", port=port, start_tls=False, timeout=1)
+    smtp = aiosmtplib.SMTP(hostname="127.0.0.1", port=port, start_tls=False, timeout=10)
     await smtp.connect()
     results = []
     for key in keys:

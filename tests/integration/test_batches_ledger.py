@@ -75,10 +75,13 @@ def queued(subject: str, position: int = 0, endpoint: str = "openai-main",
 def queue(ledger: Ledger, subject: str, *, positions: tuple[int, ...] = (0,),
           endpoint: str = "openai-main", estimate: int | None = None,
           job: str = JOB, tokens: int | None = None) -> Claim:
-    """A Run of ``subject`` claimed, its calls queued and waiting for their batch."""
+    """A Run of ``subject`` claimed, its calls queued and waiting for their batch; each call
+    queued after the database clock moved past the one before (SQLite's keeps milliseconds:
+    two calls in one would tie on "oldest first")."""
     claim = claimed(ledger, subject, job=job)
     for position in positions:
         ledger.calls.record_intent(claim, queued(subject, position, endpoint, estimate, tokens))
+        wait_for_db_clock(ledger, ledger.now())
     ledger.batches.wait_for_batch(claim, "waiting for a batch")
     return claim
 

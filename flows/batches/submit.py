@@ -76,26 +76,23 @@ def submit(ledger: Ledger, client: BatchClient, claim: BatchClaim, lines: list[B
     """Create the batch at its provider once, under the batch's lease: a claim that took over
     a batch whose file id was stored adopts the provider's batch it finds before creating one;
     a create whose reply was lost is settled the same way; a holder whose lease ran out while
-    it uploaded creates nothing (``LeaseLost``): the file's id is stored, and the lease
-    extended by ``lease_seconds``, before the create. The provider's batch."""
+    it uploaded, or a taker whose lease ran out before it looked, creates nothing
+    (``LeaseLost``): the file's id is stored, and the lease extended by ``lease_seconds``,
+    before the create. The provider's batch."""
     # A create is only ever sent once the file id is stored: without one, nothing to find.
-    took_over = claim.fence > 1 and claim.provider_file_id is not None
-    remote = find(ledger, client, claim) if took_over else None
+    remote = None
+    if claim.fence > 1 and claim.provider_file_id is not None:
+        # A taker extends the lease before looking: no later taker looks (and creates) while
+        # this one may still create, and a taker whose lease ran out creates nothing.
+        hold_for_create(ledger, claim, claim.provider_file_id, lease_seconds)
+        remote = find(ledger, client, claim)
     if remote is None:
         sent = [(line.custom_id, line.request) for line in lines]
         file_id = claim.provider_file_id
         if file_id is None:
             file_id = client.upload(claim.key, sent)
             fault_point(AFTER_BATCH_UPLOAD)  # uploaded, its id not stored
-            recorded = ledger.batches.record_file(claim, file_id, lease_seconds)
-            if recorded == "busy":
-                raise CreateInDoubt(f"batch {claim.key}: another {claim.kind} batch's create "
-                                    "is in doubt; this one is created once that is settled, "
-                                    "by the next poll")
-            if recorded == "lost":
-                raise LeaseLost(f"batch {claim.key}: fence {claim.fence} of {claim.owner} lost "
-                                "its lease while uploading its file; the holder that took it "
-                                "creates it")
+            hold_for_create(ledger, claim, file_id, lease_seconds)
         try:
             remote = client.create(claim.key, file_id, sent)
         except ModelUnavailable:
@@ -112,6 +109,20 @@ def submit(ledger: Ledger, client: BatchClient, claim: BatchClaim, lines: list[B
         fault_point(AFTER_BATCH_CREATE)  # created, its id not stored
     ledger.batches.record_submitted(claim, remote.id, remote.status)
     return remote
+
+
+def hold_for_create(ledger: Ledger, claim: BatchClaim, file_id: str,
+                    lease_seconds: float) -> None:
+    """Store the batch's file id and extend its lease by ``lease_seconds`` before a create:
+    ``LeaseLost`` when the lease ran out (the holder that took it creates the batch),
+    ``CreateInDoubt`` when another create of the kind is in doubt (the lease given back)."""
+    recorded = ledger.batches.record_file(claim, file_id, lease_seconds)
+    if recorded == "busy":
+        raise CreateInDoubt(f"batch {claim.key}: another {claim.kind} batch's create is in "
+                            "doubt; this one is created once that is settled, by the next poll")
+    if recorded == "lost":
+        raise LeaseLost(f"batch {claim.key}: fence {claim.fence} of {claim.owner} lost its "
+                        "lease before its create; the holder that took it creates it")
 
 
 def find(ledger: Ledger, client: BatchClient, claim: BatchClaim) -> RemoteBatch | None:

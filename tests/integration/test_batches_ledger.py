@@ -384,7 +384,7 @@ def test_a_submitter_whose_lease_ran_out_while_uploading_creates_no_batch(
     [taken] = ledger.batches.claim_due("poller:1", LONG, 10)
     client = OpenAIBatchClient(batch_server.base_url, "tiny-1", SecretStr("sk-test"))
     try:
-        with pytest.raises(LeaseLost, match="lost its lease while uploading"):
+        with pytest.raises(LeaseLost, match="lost its lease before its create"):
             submit(ledger, client, opened.claim, opened.lines, LONG.total_seconds())
         assert batch_server.created == [] and len(batch_server.files) == 1
         remote = submit(ledger, client, taken, ledger.batches.lines("b-1"),
@@ -395,6 +395,36 @@ def test_a_submitter_whose_lease_ran_out_while_uploading_creates_no_batch(
     batch = ledger.batches.get("b-1")
     assert batch is not None and (batch.status, batch.provider_batch_id) == (
         "submitted", remote.id)
+
+
+def test_a_taker_whose_lease_ran_out_before_it_looked_creates_nothing(
+    ledger: Ledger, batch_server: BatchServer,
+) -> None:
+    """A batch whose file id is stored and create in doubt, taken over twice: the first taker's
+    lease ran out before it looked at the provider, so it raises LeaseLost and sends no create;
+    the second looks, finds nothing and creates the one batch."""
+    queue(ledger, "acme")
+    opened = ledger.batches.open_batch("b-1", job=JOB, endpoint="openai-main", model="tiny-1",
+                                       kind="openai", owner="s:1", lease=SHORT, max_requests=9)
+    assert opened is not None
+    client = OpenAIBatchClient(batch_server.base_url, "tiny-1", SecretStr("sk-test"))
+    try:
+        file_id = client.upload("b-1", [(line.custom_id, line.request) for line in opened.lines])
+        assert ledger.batches.record_file(opened.claim, file_id, SHORT.total_seconds()) == \
+            "recorded"
+        wait_for_db_clock(ledger, lease_end(ledger, "b-1"))
+        [stale] = ledger.batches.claim_due("poller:1", SHORT, 10)
+        wait_for_db_clock(ledger, lease_end(ledger, "b-1"))
+        [taken] = ledger.batches.claim_due("poller:2", LONG, 10)
+        assert (stale.fence, taken.fence, taken.provider_file_id) == (2, 3, file_id)
+        with pytest.raises(LeaseLost, match="lost its lease before its create"):
+            submit(ledger, client, stale, ledger.batches.lines("b-1"), LONG.total_seconds())
+        assert batch_server.created == []
+        remote = submit(ledger, client, taken, ledger.batches.lines("b-1"),
+                        LONG.total_seconds())
+    finally:
+        client.close()
+    assert batch_server.created == [remote.id] and dict(batch_server.creates_by_key) == {"b-1": 1}
 
 
 def test_an_expired_batch_lease_lets_another_claimer_in(ledger: Ledger) -> None:

@@ -1,0 +1,32 @@
+"""The drills' bound on a wait that keeps moving: it fails on a stall, never on a long total."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.waiting import Stall
+
+
+def test_a_wait_that_keeps_changing_never_fails_however_long_it_takes() -> None:
+    """A state that changes within each limit passes, an hour after the start."""
+    stall = Stall(60, "every Run completed", now=0)
+    for second in range(0, 3600, 50):
+        stall.check({"completed": second}, now=second)
+
+
+def test_a_state_unchanged_for_longer_than_the_limit_fails_naming_the_wait_and_the_state() -> None:
+    """The same state past the limit fails with what was awaited, the time and the state."""
+    stall = Stall(60, "every Run completed", now=0)
+    stall.check({"completed": 3}, now=10)
+    stall.check({"completed": 3}, now=70)
+    with pytest.raises(AssertionError, match=r"waited for every Run completed, but nothing "
+                       r"changed for 61 s \(the bound is 60 s\): \{'completed': 3\}"):
+        stall.check({"completed": 3}, now=71)
+
+
+def test_a_change_restarts_the_limit() -> None:
+    """After a change the state has the whole limit again."""
+    stall = Stall(60, "every Run completed", now=0)
+    stall.check({"completed": 3}, now=0)
+    stall.check({"completed": 4}, now=59)
+    stall.check({"completed": 4}, now=118)

@@ -226,7 +226,8 @@ def test_random_sigkills_across_workers_and_dispatchers_lose_nothing_and_duplica
             began = shown = time.monotonic()
             stall = Stall(STALL_SECONDS, "every Run completed and every message sent", began)
             while crew.ticking() or unsettled(ledger) or crew.armed():
-                stall.check(f"outbox {ledger.outbox.message_counts()}, kills {crew.kills}",
+                stall.check(f"outbox {sorted(ledger.outbox.message_counts().items())}, "
+                            f"kills {crew.kills}",
                             time.monotonic())
                 if time.monotonic() - shown > PROGRESS_SECONDS:
                     progress(ledger, crew, began)

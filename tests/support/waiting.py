@@ -10,13 +10,14 @@ T = TypeVar("T")
 
 
 def wait_until(check: Callable[[], T | None], timeout: float, what: str,
-               every: float = 0.5) -> T:
+               every: float = 0.5, state: Callable[[], object] | None = None) -> T:
     """Poll ``check`` every ``every`` seconds until it returns something truthy, and return
-    that; fail naming ``what`` after ``timeout`` seconds."""
+    that; fail naming ``what`` after ``timeout`` seconds, and what ``state`` reads then."""
     deadline = time.monotonic() + timeout
     while not (value := check()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            seen = "" if state is None else f"; what it saw: {state()}"
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{seen}")
         time.sleep(every)
     return value
 

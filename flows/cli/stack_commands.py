@@ -30,7 +30,8 @@ from store import RunledgerError
 @app.command("serve", rich_help_panel=RUN_WORK)
 def serve(
     limit: int | None = typer.Option(None, "--limit", min=1,
-                                     help="Most flow runs executed at once."),
+                                     help="Most flow runs executed at once; default: no limit, "
+                                          "as Prefect's serve (each is a process of its own)."),
     file: Annotated[Path | None, typer.Option(
         "--file", exists=True, dir_okay=False,
         help="A prefect.yaml to serve instead (entrypoints flows.entrypoints.<flow>, or "

@@ -34,11 +34,11 @@ def _job(name: str, policy: MissedRunPolicy) -> Job:
         return [OutboxMessage(recipient(name, subject), f"{name} {subject} {period.label}",
                               output["text"])]
 
-    # While serving, a tick starts seconds after its slot on a quiet machine, minutes on a busy
-    # one (its flow-run process starts slowly, and `serve` runs five at once, reconcile and
-    # delivery passes among them). A served tick is on time, not missed, so the policy decides
-    # only after three minutes (and reconcile does not race the schedule); what is under test
-    # is what the policies do with slots nothing served, not how short the allowance can be.
+    # While serving, a tick starts seconds after its slot on a quiet machine and can start
+    # minutes late on a busy one (each flow run is a Python process of its own, started beside
+    # the reconcile and delivery passes'). A served tick is on time, not missed, so the policy
+    # decides only after three minutes (and reconcile does not race the schedule); what is under
+    # test is what the policies do with slots nothing served, not how short the allowance can be.
     # Overdue 10 s later; the dead man's switch waits one cadence plus that grace.
     return Job(name=name, version="1", cadence="* * * * *", timezone="UTC",
                subjects=list(SUBJECTS), collect=_collect, transform=_transform,

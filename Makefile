@@ -65,12 +65,13 @@ test-fast: setup
 # PostgreSQL, drill 4 with 2,000 messages per ledger, drill 5 with ticks of 1,000 and 10,000
 # subjects, the batch drill (issue 48) with 1,000 Runs and 100 kills per ledger, and the host
 # drills (tests/hosts: network namespaces, as root) with all six scenarios (the suite runs them
-# reduced; scenario 4 needs Debian's faketime, installed here when missing); at the end, the
-# wall time of each drill.
+# reduced; scenario 4 needs Debian's faketime, installed here when missing), the installed
+# package's tests and the full `make run` drill; at the end, the wall time of each drill.
 drills: setup
 	@test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 || apt-get install -y -q faketime
 	RUNLEDGER_FULL=1 $(UV) run pytest -q -s --durations=40 tests/integration/test_fault_points.py \
-		tests/integration/test_commit_cut.py tests/drills tests/hosts tests/acceptance/test_installed_package.py
+		tests/integration/test_commit_cut.py tests/drills tests/hosts tests/acceptance/test_installed_package.py \
+		"tests/acceptance/test_local_stack.py::test_stack_up_runs_the_reference_job_delivers_mail_and_stops_cleanly_on_ctrl_c"
 
 bench: setup
 	$(UV) run python bench/ledger_bench.py
